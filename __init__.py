@@ -1,0 +1,3 @@
+"""mlxcel: local MLX language models behind the OpenAI Responses API."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,1 @@
+"""The actors: scheduler, store, and the response builder they share."""

@@ -1,0 +1,203 @@
+"""Command line: `mlxcel serve ...`, `mlxcel fetch-model ...` and `mlxcel-server ...`.
+
+`mlxcel serve` and `mlxcel-server` take one flag set, named as llama-server names them;
+each flag may also come from an environment variable, and a flag given on the command
+line wins over its variable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from mlxcel import __version__
+from mlxcel.config import Settings, StoreLimits
+from mlxcel.errors import ConfigError
+
+
+@dataclass(frozen=True, slots=True)
+class Flag:
+    names: tuple[str, ...]
+    dest: str
+    kind: Callable[[str], Any]
+    default: Any
+    env: str | None
+    help: str
+
+
+def _nonneg_float(text: str) -> float:
+    return float(text)
+
+
+FLAGS: tuple[Flag, ...] = (
+    Flag(("-m", "--model"), "model", Path, None, "LLAMA_ARG_MODEL",
+         "local MLX model folder to serve (default: the embedded default model, "
+         "Qwen2.5-Coder-0.5B-Instruct, obtained by `mlxcel fetch-model`)"),
+    Flag(("-a", "--alias"), "alias", str, None, "LLAMA_ARG_ALIAS",
+         "name clients use in `model` (default: the model folder's name)"),
+    Flag(("--host",), "host", str, "127.0.0.1", "LLAMA_ARG_HOST", "address to listen on"),
+    Flag(("--port",), "port", int, 8080, "LLAMA_ARG_PORT", "port to listen on"),
+    Flag(("-c", "--ctx-size"), "ctx_size", int, None, "LLAMA_ARG_CTX_SIZE",
+         "context window in tokens (default: the model's maximum)"),
+    Flag(("-np", "--parallel"), "parallel", int, 4, "LLAMA_ARG_N_PARALLEL",
+         "generation slots: sequences decoded together in one batch"),
+    Flag(("--max-queue-depth",), "max_queue_depth", int, 32, "MLXCEL_MAX_QUEUE_DEPTH",
+         "requests that may wait for a free slot; more get 503"),
+    Flag(("--prefill-step-size",), "prefill_step_size", int, 256, "MLXCEL_PREFILL_STEP_SIZE",
+         "prompt tokens prefilled per engine step between decode steps"),
+    Flag(("--sse-keepalive-secs",), "sse_keepalive_secs", float, 10.0,
+         "MLXCEL_SSE_KEEPALIVE_SECS", "idle seconds before a stream sends a keep-alive comment"),
+    Flag(("--api-key",), "api_key", str, None, "LLAMA_API_KEY",
+         "require `Authorization: Bearer KEY` (comma-separate several keys)"),
+    Flag(("--responses-store-max-entries",), "responses_store_max_entries", int, 1024,
+         "LLAMA_ARG_RESPONSES_STORE_MAX_ENTRIES", "stored responses kept; 0 disables storage"),
+    Flag(("--responses-store-max-bytes",), "responses_store_max_bytes", int, 268_435_456,
+         "MLXCEL_RESPONSES_STORE_MAX_BYTES",
+         "rough budget of retained response JSON bytes; 0 evicts at once"),
+    Flag(("--responses-store-ttl-secs",), "responses_store_ttl_secs", _nonneg_float, 3600,
+         "LLAMA_ARG_RESPONSES_STORE_TTL_SECS", "seconds a stored response lives; 0 = no expiry"),
+    Flag(("--responses-background-max-jobs", "--max-jobs"), "background_max_jobs", int, 64,
+         "MLXCEL_RESPONSES_BACKGROUND_MAX_JOBS",
+         "concurrently active background responses; 0 disables background mode"),
+    Flag(("--responses-background-ephemeral-ttl-secs",), "background_ephemeral_ttl_secs",
+         _nonneg_float, 600, "MLXCEL_RESPONSES_BACKGROUND_EPHEMERAL_TTL_SECS",
+         "seconds the result of a `background, store: false` request stays pollable (>= 1)"),
+    Flag(("--conversation-store-max-entries",), "conversation_store_max_entries", int, 256,
+         "LLAMA_ARG_CONVERSATION_STORE_MAX_ENTRIES", "conversation transcripts kept; 0 disables"),
+    Flag(("--conversation-store-max-bytes",), "conversation_store_max_bytes", int, 67_108_864,
+         "MLXCEL_CONVERSATION_STORE_MAX_BYTES",
+         "rough budget of retained transcript JSON bytes; 0 evicts at once"),
+    Flag(("--conversation-store-ttl-secs",), "conversation_store_ttl_secs", _nonneg_float, 3600,
+         "LLAMA_ARG_CONVERSATION_STORE_TTL_SECS", "seconds a transcript lives; 0 = no expiry"),
+    Flag(("--log-level",), "log_level", str, "info", "MLXCEL_LOG_LEVEL",
+         "debug, info, warning or error"),
+)
+
+
+def _env_default(flag: Flag, environ: dict[str, str]) -> Any:
+    if flag.env is None or flag.env not in environ:
+        return flag.default
+    raw = environ[flag.env]
+    try:
+        return flag.kind(raw)
+    except ValueError as exc:
+        raise ConfigError(f"{flag.env}={raw!r} is not valid for {flag.names[-1]}") from exc
+
+
+def build_parser(prog: str, environ: dict[str, str]) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description="Serve a local MLX language model behind the OpenAI Responses API.",
+        epilog="Every flag can also be set by the environment variable named in its help; "
+        "a flag on the command line wins.",
+    )
+    add_serve_flags(parser, environ)
+    return parser
+
+
+def add_serve_flags(parser: argparse.ArgumentParser, environ: dict[str, str]) -> None:
+    for flag in FLAGS:
+        env_note = f" [env {flag.env}]" if flag.env else ""
+        default_note = "" if flag.default is None else f" (default: {flag.default})"
+        parser.add_argument(
+            *flag.names,
+            dest=flag.dest,
+            type=flag.kind,
+            default=_env_default(flag, environ),
+            help=f"{flag.help}{default_note}{env_note}",
+        )
+    parser.add_argument("--version", action="version", version=f"mlxcel {__version__}")
+
+
+def settings_from_args(args: argparse.Namespace, environ: dict[str, str]) -> Settings:
+    echo_bytes = environ.get("MLXCEL_REASONING_ECHO_MAX_BYTES", str(16 * 1024 * 1024))
+    try:
+        reasoning_echo_max_bytes = int(echo_bytes)
+    except ValueError as exc:
+        raise ConfigError(f"MLXCEL_REASONING_ECHO_MAX_BYTES={echo_bytes!r} is not a number") from exc
+    keys = tuple(k.strip() for k in (args.api_key or "").split(",") if k.strip())
+    return Settings(
+        model=args.model,
+        alias=args.alias,
+        host=args.host,
+        port=args.port,
+        ctx_size=args.ctx_size,
+        parallel=args.parallel,
+        max_queue_depth=args.max_queue_depth,
+        prefill_step_size=args.prefill_step_size,
+        sse_keepalive_secs=args.sse_keepalive_secs,
+        api_keys=keys,
+        responses=StoreLimits(
+            args.responses_store_max_entries,
+            args.responses_store_max_bytes,
+            args.responses_store_ttl_secs,
+        ),
+        conversations=StoreLimits(
+            args.conversation_store_max_entries,
+            args.conversation_store_max_bytes,
+            args.conversation_store_ttl_secs,
+        ),
+        background_max_jobs=args.background_max_jobs,
+        background_ephemeral_ttl_secs=args.background_ephemeral_ttl_secs,
+        reasoning_echo_max_bytes=reasoning_echo_max_bytes,
+    )
+
+
+def _serve(prog: str, argv: Sequence[str]) -> int:
+    environ = dict(os.environ)
+    try:
+        parser = build_parser(prog, environ)
+        args = parser.parse_args(argv)
+        settings = settings_from_args(args, environ)
+    except ConfigError as exc:
+        print(f"{prog}: error: {exc.message}", file=sys.stderr)
+        return 2
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    from mlxcel.app import run
+
+    try:
+        run(settings)
+    except ConfigError as exc:
+        print(f"{prog}: error: {exc.message}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 0
+    return 0
+
+
+def server_main(argv: Sequence[str] | None = None) -> int:
+    """`mlxcel-server [flags]`."""
+    return _serve("mlxcel-server", sys.argv[1:] if argv is None else argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`mlxcel serve [flags]` and `mlxcel fetch-model [...]`."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    commands = "serve, fetch-model"
+    if not args or args[0] in ("-h", "--help"):
+        print(
+            "usage: mlxcel {serve,fetch-model} ...\n\n"
+            "  serve        serve the Responses API (same flags as mlxcel-server)\n"
+            "  fetch-model  obtain and convert the embedded default model once\n"
+        )
+        return 0 if args else 2
+    if args[0] == "--version":
+        print(f"mlxcel {__version__}")
+        return 0
+    if args[0] == "serve":
+        return _serve("mlxcel serve", args[1:])
+    if args[0] == "fetch-model":
+        from mlxcel.model.fetch import main as fetch_main
+
+        return fetch_main(args[1:])
+    print(f"mlxcel: unknown command {args[0]!r} (commands: {commands})", file=sys.stderr)
+    return 2

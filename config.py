@@ -1,0 +1,78 @@
+"""Settings: one frozen record built from flags and environment (flags win)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from mlxcel.errors import ConfigError
+
+
+@dataclass(frozen=True, slots=True)
+class StoreLimits:
+    """Bounds of one store (responses or conversations); see the spec's Store flags."""
+
+    max_entries: int
+    max_bytes: int
+    ttl_secs: float
+
+    @property
+    def enabled(self) -> bool:
+        return self.max_entries > 0
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    model: Path | None = None
+    """A local MLX model folder; None means the embedded default model."""
+    alias: str | None = None
+    host: str = "127.0.0.1"
+    port: int = 8080
+    ctx_size: int | None = None
+    """Context window in tokens; None means the model's own maximum."""
+    parallel: int = 4
+    """Generation slots: sequences decoded together in one batch."""
+    max_queue_depth: int = 32
+    """Requests allowed to wait for a slot; beyond it, 503."""
+    prefill_step_size: int = 256
+    """Prompt tokens prefilled per engine step, so a long prompt cannot stall decoding."""
+    sse_keepalive_secs: float = 10.0
+    api_keys: tuple[str, ...] = ()
+    responses: StoreLimits = StoreLimits(1024, 268_435_456, 3600)
+    conversations: StoreLimits = StoreLimits(256, 67_108_864, 3600)
+    background_max_jobs: int = 64
+    background_ephemeral_ttl_secs: float = 600
+    reasoning_echo_max_bytes: int = 16 * 1024 * 1024
+
+    def __post_init__(self) -> None:
+        checks: list[tuple[bool, str]] = [
+            (0 <= self.port <= 65535, "--port must be between 0 (any free port) and 65535"),
+            (self.parallel >= 1, "--parallel must be at least 1"),
+            (self.max_queue_depth >= 0, "--max-queue-depth must be 0 or more"),
+            (self.prefill_step_size >= 16, "--prefill-step-size must be at least 16"),
+            (self.ctx_size is None or self.ctx_size >= 16, "--ctx-size must be at least 16"),
+            (self.sse_keepalive_secs > 0, "--sse-keepalive-secs must be positive"),
+            (self.responses.max_entries >= 0, "--responses-store-max-entries must be >= 0"),
+            (self.responses.max_bytes >= 0, "--responses-store-max-bytes must be >= 0"),
+            (self.responses.ttl_secs >= 0, "--responses-store-ttl-secs must be >= 0"),
+            (self.conversations.max_entries >= 0, "--conversation-store-max-entries must be >= 0"),
+            (self.conversations.max_bytes >= 0, "--conversation-store-max-bytes must be >= 0"),
+            (self.conversations.ttl_secs >= 0, "--conversation-store-ttl-secs must be >= 0"),
+            (self.background_max_jobs >= 0, "--responses-background-max-jobs must be >= 0"),
+            (
+                self.background_ephemeral_ttl_secs >= 1,
+                "--responses-background-ephemeral-ttl-secs must be at least 1",
+            ),
+            (self.reasoning_echo_max_bytes >= 0, "MLXCEL_REASONING_ECHO_MAX_BYTES must be >= 0"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ConfigError(message)
+
+    @property
+    def background_enabled(self) -> bool:
+        return (
+            self.background_max_jobs > 0
+            and self.responses.max_entries > 0
+            and self.responses.max_bytes > 0
+        )

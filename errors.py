@@ -1,0 +1,78 @@
+"""The exception tree of mlxcel. No HTTP knowledge lives here: `mlxcel.http.errors`
+is the one place that maps these to status codes and OpenAI error bodies.
+
+    MlxcelError
+    ├── InvalidRequest            the request itself is wrong (bad field, bad value)
+    │   ├── ContextLengthExceeded the rendered prompt does not fit the context window
+    │   └── UnsupportedFeature    a valid OpenAI feature this server does not offer
+    ├── NotFound                  an id or route names nothing
+    │   └── ModelNotFound         `model` names no loaded model
+    ├── Overloaded                no room now; retrying later may work
+    │   └── QueueFull             the generation queue is full
+    ├── ModelNotReady             the model is still loading
+    ├── GenerationFailed          the engine failed while generating
+    └── ConfigError               flags or environment are invalid at start-up
+"""
+
+from __future__ import annotations
+
+
+class MlxcelError(Exception):
+    """Base of every error mlxcel raises on purpose."""
+
+    def __init__(self, message: str, *, param: str | None = None, code: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.code = code
+
+
+class InvalidRequest(MlxcelError):
+    """The request is malformed or asks for something impossible."""
+
+
+class ContextLengthExceeded(InvalidRequest):
+    """The rendered input (plus room for output) is longer than the context window."""
+
+    def __init__(self, message: str, *, param: str | None = "input"):
+        super().__init__(message, param=param, code="context_length_exceeded")
+
+
+class UnsupportedFeature(InvalidRequest):
+    """A feature of the OpenAI API that this server does not provide."""
+
+
+class NotFound(MlxcelError):
+    """The named object does not exist (or has expired)."""
+
+
+class ModelNotFound(NotFound):
+    """The request names a model that is not loaded."""
+
+    def __init__(self, model: str, available: list[str]):
+        names = ", ".join(repr(a) for a in available)
+        super().__init__(
+            f"The model {model!r} does not exist or is not loaded here; available: {names}.",
+            param="model",
+            code="model_not_found",
+        )
+
+
+class Overloaded(MlxcelError):
+    """The server has no room for the request right now."""
+
+
+class QueueFull(Overloaded):
+    """Every generation slot is busy and the waiting queue is full."""
+
+
+class ModelNotReady(MlxcelError):
+    """The model is still loading; the server answers once it is ready."""
+
+
+class GenerationFailed(MlxcelError):
+    """The engine raised while generating this sequence."""
+
+
+class ConfigError(MlxcelError):
+    """Invalid command-line flags or environment variables."""

@@ -1,0 +1,89 @@
+"""The one map from exceptions to HTTP status codes and OpenAI error bodies.
+
+Every error leaves the server as `{"error": {"message", "type", "param", "code"}}`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+from mlxcel.errors import (
+    ConfigError,
+    GenerationFailed,
+    InvalidRequest,
+    MlxcelError,
+    ModelNotReady,
+    NotFound,
+    Overloaded,
+    QueueFull,
+)
+from pydantic import ValidationError
+from werkzeug.exceptions import HTTPException
+
+log = logging.getLogger(__name__)
+
+_STATUS: list[tuple[type[MlxcelError], int, str]] = [
+    (InvalidRequest, 400, "invalid_request_error"),
+    (NotFound, 404, "invalid_request_error"),
+    (QueueFull, 503, "server_error"),
+    (Overloaded, 429, "rate_limit_error"),
+    (ModelNotReady, 503, "server_error"),
+    (GenerationFailed, 500, "server_error"),
+    (ConfigError, 500, "server_error"),
+]
+
+
+def error_body(
+    message: str, type_: str, *, param: str | None = None, code: str | None = None
+) -> dict[str, Any]:
+    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+
+
+def map_error(exc: BaseException) -> tuple[int, dict[str, Any]]:
+    """Status and body for any exception a route let through."""
+    if isinstance(exc, MlxcelError):
+        for cls, status, type_ in _STATUS:
+            if isinstance(exc, cls):
+                return status, error_body(exc.message, type_, param=exc.param, code=exc.code)
+    if isinstance(exc, ValidationError):
+        return 400, validation_body(exc)
+    if isinstance(exc, HTTPException):
+        status = exc.code or 500
+        code = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}.get(status)
+        type_ = "invalid_request_error" if status < 500 else "server_error"
+        return status, error_body(exc.description or exc.name, type_, code=code)
+    log.error("unhandled error", exc_info=exc)
+    return 500, error_body("The server had an error while processing your request.", "server_error")
+
+
+def validation_body(exc: ValidationError) -> dict[str, Any]:
+    """A 400 body naming the first offending field, as OpenAI does (`input[0].content`)."""
+    first = exc.errors(include_url=False)[0]
+    param = ""
+    for part in first["loc"]:
+        if isinstance(part, int):
+            param += f"[{part}]"
+        elif "[" in str(part) or "-" in str(part) or part in ("function-after", "str"):
+            continue  # pydantic's union-branch labels are not field names
+        else:
+            param += f".{part}" if param else str(part)
+    message = first["msg"]
+    if first["type"] == "missing":
+        message = f"Missing required parameter: '{param}'."
+    elif first["type"] == "extra_forbidden":
+        message = f"Unknown parameter: '{param}'."
+    else:
+        message = f"Invalid value for '{param}': {message}."
+    return error_body(message, "invalid_request_error", param=param or None, code="invalid_value")
+
+
+def parse_json(data: bytes) -> Any:
+    try:
+        return json.loads(data)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise InvalidRequest(
+            "We could not parse the JSON body of your request. The body must be a JSON object.",
+            code="invalid_json",
+        ) from exc

@@ -1,0 +1,122 @@
+"""The HTTP actor's routes: a thin layer from requests to actor commands and back.
+
+Synchronous requests wait for the final record; streaming ones are a dumb pipe from the
+reply channel to SSE frames. Every route is mounted with and without `/v1`.
+"""
+
+from __future__ import annotations
+
+import hmac
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import trio
+from mlxcel.actors.messages import Generate, ResponseEvent, ResponseFinished
+from mlxcel.actors.scheduler import SchedulerHandle
+from mlxcel.actors.store import StoreHandle
+from mlxcel.errors import GenerationFailed
+from mlxcel.http.errors import error_body, map_error, parse_json
+from mlxcel.http.intake import ModelNames, build_request
+from mlxcel.http.schemas import CreateResponseBody, response_json
+from mlxcel.http.sse import SseEncoder
+from mlxcel.model.actor import ModelHandle
+from quart import Response, request
+from quart_trio import QuartTrio
+
+
+@dataclass(frozen=True, slots=True)
+class Handles:
+    """What the routes talk to."""
+
+    model: ModelHandle
+    scheduler: SchedulerHandle
+    store: StoreHandle
+    names: ModelNames
+    api_keys: tuple[str, ...] = ()
+
+
+def json_response(body: Any, status: int = 200) -> Response:
+    import json
+
+    return Response(json.dumps(body), status=status, content_type="application/json")
+
+
+def create_app(handles: Handles) -> QuartTrio:
+    app = QuartTrio("mlxcel")
+    # Generation can take minutes; streams end when generation ends, not on a timer.
+    app.config["RESPONSE_TIMEOUT"] = None
+    app.config["BODY_TIMEOUT"] = 120
+    app.config["MAX_CONTENT_LENGTH"] = 64 * 1024 * 1024
+    started = int(time.time())
+
+    def route(rule: str, **options: Any) -> Callable[[Any], Any]:
+        def register(view: Any) -> Any:
+            app.add_url_rule(rule, view_func=view, **options)
+            app.add_url_rule(f"/v1{rule}", endpoint=f"v1{rule}", view_func=view, **options)
+            return view
+
+        return register
+
+    @app.errorhandler(Exception)
+    async def handle_error(exc: Exception) -> Response:
+        status, body = map_error(exc)
+        return json_response(body, status)
+
+    @app.before_request
+    async def check_api_key() -> Response | None:
+        if not handles.api_keys or request.path == "/health":
+            return None
+        given = request.headers.get("Authorization", "").removeprefix("Bearer ").strip()
+        if any(hmac.compare_digest(given, key) for key in handles.api_keys):
+            return None
+        body = error_body("Invalid or missing API key.", "invalid_request_error")
+        return json_response(body, 401)
+
+    @app.get("/health")
+    async def health() -> Response:
+        if handles.model.ready.is_set():
+            return json_response({"status": "ok"})
+        return json_response(
+            error_body("The model is still loading.", "server_error", code="loading"), 503
+        )
+
+    @route("/models", methods=["GET"])
+    async def models() -> Response:
+        entry = {"id": handles.names.alias, "object": "model", "created": started,
+                 "owned_by": "mlxcel"}
+        return json_response({"object": "list", "data": [entry]})
+
+    @route("/responses", methods=["POST"])
+    async def create_response() -> Response:
+        body = CreateResponseBody.model_validate(parse_json(await request.get_data()))
+        loaded = handles.model.loaded
+        generation = build_request(body, handles.names, loaded.info, loaded.codec)
+        # Unbuffered: a slow client slows its own slot, never the model thread.
+        send, recv = trio.open_memory_channel[ResponseEvent](0)
+        handles.scheduler.submit_nowait(Generate(generation, send))
+        if body.stream:
+            return Response(
+                _sse(recv),
+                content_type="text/event-stream",
+                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+            )
+        return json_response(response_json(await _final(recv)))
+
+    return app
+
+
+async def _final(events: trio.MemoryReceiveChannel[ResponseEvent]) -> Any:
+    async with events:
+        async for event in events:
+            if isinstance(event, ResponseFinished):
+                return event.record
+    raise GenerationFailed("The response ended without a result.")
+
+
+async def _sse(events: trio.MemoryReceiveChannel[ResponseEvent]) -> AsyncIterator[bytes]:
+    encoder = SseEncoder()
+    async with events:
+        async for event in events:
+            yield encoder.encode(event)

@@ -1,0 +1,251 @@
+"""The API's shapes at the edge: pydantic models of requests, and the JSON of responses.
+
+Requests are validated here and turned into plain `mlxcel.items` data; everything past
+this module is free of pydantic. Response JSON follows the `openai` SDK's types.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from mlxcel.items import (
+    ContentPart,
+    FunctionCall,
+    FunctionCallOutput,
+    InputText,
+    Item,
+    Message,
+    OutputText,
+    Reasoning,
+    Refusal,
+    ResponseRecord,
+)
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, JsonValue
+
+
+class _Model(BaseModel):
+    # Clients send fields newer than any server; unknown ones are accepted and ignored.
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+
+class InputTextPart(_Model):
+    type: Literal["input_text"]
+    text: str
+
+
+class OutputTextPart(_Model):
+    type: Literal["output_text"]
+    text: str
+
+
+class RefusalPart(_Model):
+    type: Literal["refusal"]
+    refusal: str
+
+
+ContentPartIn = Annotated[InputTextPart | OutputTextPart | RefusalPart, Field(discriminator="type")]
+
+
+class MessageIn(_Model):
+    type: Literal["message"] = "message"
+    role: Literal["user", "assistant", "system", "developer"]
+    content: str | list[ContentPartIn]
+    id: str | None = None
+
+
+class FunctionCallIn(_Model):
+    type: Literal["function_call"]
+    call_id: str
+    name: str
+    arguments: str
+    id: str | None = None
+
+
+class FunctionCallOutputIn(_Model):
+    type: Literal["function_call_output"]
+    call_id: str
+    output: str | list[InputTextPart]
+    id: str | None = None
+
+
+class ReasoningContentIn(_Model):
+    type: Literal["reasoning_text"]
+    text: str
+
+
+class ReasoningIn(_Model):
+    type: Literal["reasoning"]
+    id: str | None = None
+    content: list[ReasoningContentIn] | None = None
+
+
+def _default_message_type(value: Any) -> Any:
+    """An item with a `role` and no `type` is a message."""
+    if isinstance(value, dict) and "type" not in value and "role" in value:
+        return {**value, "type": "message"}
+    return value
+
+
+InputItemIn = Annotated[
+    MessageIn | FunctionCallIn | FunctionCallOutputIn | ReasoningIn,
+    BeforeValidator(_default_message_type),
+    Field(discriminator="type"),
+]
+
+
+class CreateResponseBody(_Model):
+    model: str
+    input: str | list[InputItemIn]
+    instructions: str | None = None
+    max_output_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    top_p: float | None = Field(default=None, ge=0, le=1)
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    store: bool | None = None
+    stream: bool | None = None
+    background: bool | None = None
+    metadata: dict[str, Annotated[str, Field(max_length=512)]] | None = Field(
+        default=None, max_length=16
+    )
+    truncation: Literal["disabled", "auto"] | None = None
+    tools: list[dict[str, JsonValue]] | None = None
+    tool_choice: str | dict[str, JsonValue] | None = None
+    parallel_tool_calls: bool | None = None
+    text: dict[str, JsonValue] | None = None
+    reasoning: dict[str, JsonValue] | None = None
+    previous_response_id: str | None = None
+    conversation: str | dict[str, JsonValue] | None = None
+    user: str | None = None
+
+
+def _part(part: InputTextPart | OutputTextPart | RefusalPart) -> ContentPart:
+    match part:
+        case InputTextPart(text=text):
+            return InputText(text)
+        case OutputTextPart(text=text):
+            return OutputText(text)
+        case RefusalPart(refusal=refusal):
+            return Refusal(refusal)
+    raise AssertionError(part)
+
+
+def to_items(body: CreateResponseBody) -> tuple[Item, ...]:
+    """The request's input as conversation items."""
+    if isinstance(body.input, str):
+        return (Message("user", (InputText(body.input),)),)
+    items: list[Item] = []
+    for raw in body.input:
+        match raw:
+            case MessageIn(role=role, content=str(text), id=item_id):
+                part: ContentPart = OutputText(text) if role == "assistant" else InputText(text)
+                items.append(Message(role, (part,), id=item_id))
+            case MessageIn(role=role, content=list(parts), id=item_id):
+                items.append(Message(role, tuple(_part(p) for p in parts), id=item_id))
+            case FunctionCallIn(call_id=call_id, name=name, arguments=arguments, id=item_id):
+                items.append(FunctionCall(call_id, name, arguments, id=item_id))
+            case FunctionCallOutputIn(call_id=call_id, output=output, id=item_id):
+                text = output if isinstance(output, str) else "".join(p.text for p in output)
+                items.append(FunctionCallOutput(call_id, text, id=item_id))
+            case ReasoningIn(id=item_id, content=content):
+                text = "".join(c.text for c in content or [])
+                items.append(Reasoning(text, id=item_id))
+    return tuple(items)
+
+
+# --- JSON out ------------------------------------------------------------------------
+
+
+def part_json(part: ContentPart) -> dict[str, Any]:
+    match part:
+        case OutputText(text=text):
+            return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+        case InputText(text=text):
+            return {"type": "input_text", "text": text}
+        case Refusal(refusal=refusal):
+            return {"type": "refusal", "refusal": refusal}
+    raise AssertionError(part)
+
+
+def item_json(item: Item) -> dict[str, Any]:
+    match item:
+        case Message():
+            return {
+                "id": item.id,
+                "type": "message",
+                "role": item.role,
+                "status": item.status,
+                "content": [part_json(p) for p in item.content],
+            }
+        case FunctionCall():
+            return {
+                "id": item.id,
+                "type": "function_call",
+                "call_id": item.call_id,
+                "name": item.name,
+                "arguments": item.arguments,
+                "status": item.status,
+            }
+        case FunctionCallOutput():
+            return {
+                "id": item.id,
+                "type": "function_call_output",
+                "call_id": item.call_id,
+                "output": item.output,
+            }
+        case Reasoning():
+            return {
+                "id": item.id,
+                "type": "reasoning",
+                "summary": [],
+                "content": [{"type": "reasoning_text", "text": item.text}],
+                "status": item.status,
+            }
+    raise AssertionError(item)
+
+
+def response_json(record: ResponseRecord) -> dict[str, Any]:
+    """The Responses API object for a record, as the `openai` SDK's `Response` parses it."""
+    echo = record.echo
+    usage = record.usage
+    body: dict[str, Any] = {
+        "id": record.id,
+        "object": "response",
+        "created_at": record.created_at,
+        "status": record.status,
+        "completed_at": record.completed_at,
+        "error": (
+            {"code": record.error.code, "message": record.error.message} if record.error else None
+        ),
+        "incomplete_details": (
+            {"reason": record.incomplete_reason} if record.incomplete_reason else None
+        ),
+        "instructions": echo.instructions,
+        "max_output_tokens": echo.max_output_tokens,
+        "model": echo.model,
+        "output": [item_json(i) for i in record.output],
+        "parallel_tool_calls": echo.parallel_tool_calls,
+        "previous_response_id": echo.previous_response_id,
+        "reasoning": echo.reasoning if echo.reasoning is not None else {"effort": None, "summary": None},
+        "store": echo.store,
+        "temperature": echo.temperature,
+        "text": echo.text,
+        "tool_choice": echo.tool_choice,
+        "tools": list(echo.tools),
+        "top_logprobs": echo.top_logprobs,
+        "top_p": echo.top_p,
+        "truncation": echo.truncation,
+        "usage": None
+        if usage is None
+        else {
+            "input_tokens": usage.input_tokens,
+            "input_tokens_details": {"cached_tokens": usage.cached_tokens},
+            "output_tokens": usage.output_tokens,
+            "output_tokens_details": {"reasoning_tokens": usage.reasoning_tokens},
+            "total_tokens": usage.total_tokens,
+        },
+        "user": echo.user,
+        "metadata": echo.metadata,
+    }
+    if echo.background:
+        body["background"] = True
+    return body

@@ -1,0 +1,21 @@
+"""Hypercorn serving the routes inside the root nursery."""
+
+from __future__ import annotations
+
+import trio
+from hypercorn.config import Config
+from hypercorn.trio import serve
+from quart_trio import QuartTrio
+
+
+async def serve_http(
+    app: QuartTrio, host: str, port: int, *, task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED
+) -> None:
+    """Serve until cancelled; reports the bound URLs (port 0 picks a free one)."""
+    config = Config()
+    config.bind = [f"{host}:{port}"]
+    config.accesslog = None
+    config.errorlog = "-"
+    config.graceful_timeout = 2.0
+    config.keep_alive_timeout = 75.0
+    await serve(app, config, shutdown_trigger=trio.sleep_forever, task_status=task_status)

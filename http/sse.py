@@ -1,0 +1,82 @@
+"""Server-sent events: Responses stream events as typed SSE frames.
+
+Each frame is `event: <type>` plus `data: <json>` whose `type` matches, numbered by
+`sequence_number` from 0 in the order sent. Keep-alives are SSE comments, which the
+`openai` SDK skips.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+from mlxcel.actors.messages import (
+    ContentPartAdded,
+    ContentPartDone,
+    KeepAlive,
+    OutputItemAdded,
+    OutputItemDone,
+    OutputTextDelta,
+    OutputTextDone,
+    ResponseCreated,
+    ResponseEvent,
+    ResponseFinished,
+    ResponseInProgress,
+    StreamError,
+)
+from mlxcel.http.schemas import item_json, part_json, response_json
+
+KEEPALIVE_FRAME = b": keep-alive\n\n"
+
+_FINISHED = {
+    "completed": "response.completed",
+    "incomplete": "response.incomplete",
+    "failed": "response.failed",
+    "cancelled": "response.failed",
+}
+
+
+def event_json(event: ResponseEvent) -> dict[str, Any]:
+    """The event's JSON without its sequence number."""
+    match event:
+        case ResponseCreated(record):
+            return {"type": "response.created", "response": response_json(record)}
+        case ResponseInProgress(record):
+            return {"type": "response.in_progress", "response": response_json(record)}
+        case OutputItemAdded(index, item):
+            return {"type": "response.output_item.added", "output_index": index,
+                    "item": item_json(item)}
+        case OutputItemDone(index, item):
+            return {"type": "response.output_item.done", "output_index": index,
+                    "item": item_json(item)}
+        case ContentPartAdded() | ContentPartDone():
+            kind = "added" if isinstance(event, ContentPartAdded) else "done"
+            return {"type": f"response.content_part.{kind}", "item_id": event.item_id,
+                    "output_index": event.output_index, "content_index": event.content_index,
+                    "part": part_json(event.part)}
+        case OutputTextDelta() | OutputTextDone():
+            body = dataclasses.asdict(event)
+            kind = "delta" if isinstance(event, OutputTextDelta) else "done"
+            return {"type": f"response.output_text.{kind}", **body, "logprobs": []}
+        case ResponseFinished(record):
+            return {"type": _FINISHED[record.status], "response": response_json(record)}
+        case StreamError(code, message):
+            return {"type": "error", "code": code, "message": message, "param": None}
+    raise AssertionError(event)
+
+
+class SseEncoder:
+    """Numbers and encodes one stream's events."""
+
+    def __init__(self) -> None:
+        self._sequence = 0
+
+    def encode(self, event: ResponseEvent) -> bytes:
+        if isinstance(event, KeepAlive):
+            return KEEPALIVE_FRAME
+        body = event_json(event)
+        body["sequence_number"] = self._sequence
+        self._sequence += 1
+        data = json.dumps(body, ensure_ascii=False, separators=(",", ":"))
+        return f"event: {body['type']}\ndata: {data}\n\n".encode()

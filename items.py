@@ -1,0 +1,154 @@
+"""Conversation items: the nouns every layer speaks.
+
+Input items arrive from clients, output items leave in responses, and stored output
+items come back as input along `previous_response_id` chains, so one set of frozen
+dataclasses serves all three. Validation happens at the HTTP edge; these are plain data.
+"""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass, field
+from typing import Literal, TypeAlias
+
+Role: TypeAlias = Literal["user", "assistant", "system", "developer"]
+ItemStatus: TypeAlias = Literal["in_progress", "completed", "incomplete"]
+ResponseStatus: TypeAlias = Literal[
+    "queued", "in_progress", "completed", "incomplete", "failed", "cancelled"
+]
+JsonValue: TypeAlias = (
+    dict[str, "JsonValue"] | list["JsonValue"] | str | int | float | bool | None
+)
+
+
+@dataclass(frozen=True, slots=True)
+class InputText:
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class OutputText:
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    refusal: str
+
+
+ContentPart: TypeAlias = InputText | OutputText | Refusal
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    role: Role
+    content: tuple[ContentPart, ...]
+    id: str | None = None
+    status: ItemStatus = "completed"
+
+    @property
+    def text(self) -> str:
+        """The message's text as a chat template sees it (refusals included)."""
+        return "".join(p.refusal if isinstance(p, Refusal) else p.text for p in self.content)
+
+
+@dataclass(frozen=True, slots=True)
+class FunctionCall:
+    call_id: str
+    name: str
+    arguments: str
+    id: str | None = None
+    status: ItemStatus = "completed"
+
+
+@dataclass(frozen=True, slots=True)
+class FunctionCallOutput:
+    call_id: str
+    output: str
+    id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Reasoning:
+    text: str
+    id: str | None = None
+    status: ItemStatus = "completed"
+
+
+Item: TypeAlias = Message | FunctionCall | FunctionCallOutput | Reasoning
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cached_tokens: int = 0
+    reasoning_tokens: int = 0
+
+    @property
+    def total_tokens(self) -> int:
+        return self.input_tokens + self.output_tokens
+
+
+@dataclass(frozen=True, slots=True)
+class ResponseError:
+    code: str
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class RequestEcho:
+    """The request fields a response object echoes back (OpenAI's defaults when unsent).
+
+    Client-shaped values this server only echoes (tools, text, reasoning, metadata,
+    tool_choice) are kept as the JSON the client sent.
+    """
+
+    model: str
+    instructions: str | None = None
+    max_output_tokens: int | None = None
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_logprobs: int = 0
+    store: bool = True
+    background: bool = False
+    metadata: dict[str, str] = field(default_factory=dict)
+    previous_response_id: str | None = None
+    tool_choice: JsonValue = "auto"
+    tools: tuple[JsonValue, ...] = ()
+    parallel_tool_calls: bool = True
+    text: JsonValue = field(default_factory=lambda: {"format": {"type": "text"}})
+    reasoning: JsonValue = None
+    truncation: str = "disabled"
+    user: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ResponseRecord:
+    """A response object, in whatever state it is in."""
+
+    id: str
+    created_at: int
+    status: ResponseStatus
+    echo: RequestEcho
+    output: tuple[Item, ...] = ()
+    usage: Usage | None = None
+    incomplete_reason: str | None = None
+    error: ResponseError | None = None
+    completed_at: int | None = None
+    input_items: tuple[Item, ...] = ()
+
+    @property
+    def output_text(self) -> str:
+        return "".join(
+            p.text
+            for item in self.output
+            if isinstance(item, Message)
+            for p in item.content
+            if isinstance(p, OutputText)
+        )
+
+
+def new_id(prefix: str) -> str:
+    """An OpenAI-style id: `resp_…`, `msg_…`, `fc_…`, `call_…`."""
+    return f"{prefix}_{secrets.token_hex(24)}"

@@ -1,0 +1,227 @@
+"""The model actor: one long-lived thread that owns the engine (and so MLX).
+
+Every MLX call happens on this one thread, so prefill and decode are serialised and
+MLX is never touched from two threads. The thread talks to Trio only through
+`trio.from_thread`: once per engine step it hands over the step's events and takes the
+new sequences and the aborted ones in the same round trip.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from dataclasses import dataclass
+
+import trio
+from mlxcel.errors import ModelNotReady
+from mlxcel.model.engine import (
+    Engine,
+    EngineFactory,
+    LoadedModel,
+    ModelInfo,
+    PromptCodec,
+    Sampling,
+    SequenceSpec,
+    TokenStep,
+)
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class SequenceFailed:
+    """The engine raised while this sequence was in it; the sequence is gone."""
+
+    seq_id: int
+    message: str
+
+
+ModelEvent = TokenStep | SequenceFailed
+
+
+@dataclass(frozen=True, slots=True)
+class _Exchange:
+    """What the model thread takes back from Trio after delivering a step's events."""
+
+    new: list[SequenceSpec]
+    aborted: list[int]
+
+
+class ModelHandle:
+    """What other actors hold: open sequences, read the loaded model's codec and info."""
+
+    def __init__(self, actor: ModelActor) -> None:
+        self._actor = actor
+        self.ready = trio.Event()
+
+    @property
+    def loaded(self) -> LoadedModel:
+        if self._actor.loaded is None:
+            raise ModelNotReady("The model is still loading; retry shortly.")
+        return self._actor.loaded
+
+    @property
+    def codec(self) -> PromptCodec:
+        return self.loaded.codec
+
+    @property
+    def info(self) -> ModelInfo:
+        return self.loaded.info
+
+    def open_sequence(
+        self, prompt: list[int], sampling: Sampling
+    ) -> AbstractAsyncContextManager[trio.MemoryReceiveChannel[ModelEvent]]:
+        """Admit a sequence; yields its events. Leaving early aborts it in the engine."""
+        return self._actor.open_sequence(prompt, sampling)
+
+
+class ModelActor:
+    def __init__(self, factory: EngineFactory, max_sequences: int) -> None:
+        self._factory = factory
+        self._max_sequences = max_sequences
+        self._ids = itertools.count(1)
+        # Per-sequence event channels; touched only on the Trio thread.
+        self._routes: dict[int, trio.MemorySendChannel[ModelEvent]] = {}
+        self._aborted: set[int] = set()
+        self._inbox_send: trio.MemorySendChannel[SequenceSpec] | None = None
+        self._inbox_recv: trio.MemoryReceiveChannel[SequenceSpec] | None = None
+        self.loaded: LoadedModel | None = None
+        self.handle = ModelHandle(self)
+
+    async def run(self, *, task_status: trio.TaskStatus[ModelHandle] = trio.TASK_STATUS_IGNORED) -> None:
+        """Run the model thread until cancelled.
+
+        Resource handling: the inbox holds at most one new sequence per generation slot
+        (the scheduler never has more in flight), so it is bounded by `max_sequences`.
+        The engine is created, used and closed on the model thread only.
+
+        Error handling: an engine error while loading propagates (the server cannot
+        serve without a model). An engine error while stepping fails every sequence in
+        the engine with `SequenceFailed` and the actor carries on with an empty engine.
+        Cancellation reaches the thread between steps and ends it after closing the engine.
+        """
+        self._inbox_send, self._inbox_recv = trio.open_memory_channel[SequenceSpec](
+            self._max_sequences
+        )
+        task_status.started(self.handle)
+        await trio.to_thread.run_sync(self._thread_main, abandon_on_cancel=False)
+
+    # --- Trio side -------------------------------------------------------------
+
+    @asynccontextmanager
+    async def open_sequence(
+        self, prompt: list[int], sampling: Sampling
+    ) -> AsyncIterator[trio.MemoryReceiveChannel[ModelEvent]]:
+        """Admit a sequence; yields its events. Leaving early aborts it in the engine."""
+        if self.loaded is None or self._inbox_send is None:
+            raise ModelNotReady("The model is still loading; retry shortly.")
+        seq_id = next(self._ids)
+        # A sequence emits at most max_tokens steps (or one failure), so this buffer can
+        # never fill: the model thread never waits on a slow consumer.
+        send, recv = trio.open_memory_channel[ModelEvent](sampling.max_tokens + 1)
+        self._routes[seq_id] = send
+        try:
+            await self._inbox_send.send(SequenceSpec(seq_id, tuple(prompt), sampling))
+            async with recv:
+                yield recv
+        finally:
+            if self._routes.pop(seq_id, None) is not None:
+                self._aborted.add(seq_id)
+                send.close()
+
+    def _on_loaded(self, loaded: LoadedModel) -> None:
+        self.loaded = loaded
+        self.handle.ready.set()
+
+    def _exchange(self, events: list[ModelEvent]) -> _Exchange:
+        aborted = self._deliver(events)
+        new: list[SequenceSpec] = []
+        assert self._inbox_recv is not None
+        while True:
+            try:
+                spec = self._inbox_recv.receive_nowait()
+            except trio.WouldBlock:
+                break
+            if spec.seq_id in self._aborted:
+                self._aborted.discard(spec.seq_id)
+            else:
+                new.append(spec)
+        aborted.extend(self._aborted)
+        self._aborted.clear()
+        return _Exchange(new, aborted)
+
+    def _deliver(self, events: list[ModelEvent]) -> list[int]:
+        """Send each event to its sequence's channel; returns sequences whose reader left."""
+        gone: list[int] = []
+        for event in events:
+            route = self._routes.get(event.seq_id)
+            if route is None:
+                continue
+            finished = isinstance(event, SequenceFailed) or event.finish is not None
+            try:
+                route.send_nowait(event)
+            except (trio.BrokenResourceError, trio.ClosedResourceError, trio.WouldBlock):
+                finished = True
+                if not isinstance(event, SequenceFailed) and event.finish is None:
+                    gone.append(event.seq_id)
+            if finished:
+                del self._routes[event.seq_id]
+                route.close()
+        return gone
+
+    async def _wait_for_work(self) -> SequenceSpec:
+        assert self._inbox_recv is not None
+        return await self._inbox_recv.receive()
+
+    # --- model thread ----------------------------------------------------------
+
+    def _thread_main(self) -> None:
+        loaded = self._factory()
+        engine = loaded.engine
+        log.info("model %s loaded (%s)", loaded.info.name, loaded.info.backend)
+        trio.from_thread.run_sync(self._on_loaded, loaded)
+        active: set[int] = set()
+        try:
+            events: list[ModelEvent] = []
+            while True:
+                trio.from_thread.check_cancelled()
+                if not events and not engine.has_work():
+                    first = trio.from_thread.run(self._wait_for_work)
+                    self._insert(engine, first, active)
+                exchange = trio.from_thread.run_sync(self._exchange, events)
+                for seq_id in exchange.aborted:
+                    if seq_id in active:
+                        active.discard(seq_id)
+                        engine.remove(seq_id)
+                for spec in exchange.new:
+                    self._insert(engine, spec, active)
+                events = self._step(engine, active) if engine.has_work() else []
+        finally:
+            engine.close()
+
+    @staticmethod
+    def _insert(engine: Engine, spec: SequenceSpec, active: set[int]) -> None:
+        engine.insert(spec)
+        active.add(spec.seq_id)
+
+    @staticmethod
+    def _step(engine: Engine, active: set[int]) -> list[ModelEvent]:
+        try:
+            steps = engine.step()
+        except Exception as exc:
+            log.exception("engine step failed; failing %d sequence(s)", len(active))
+            failed: list[ModelEvent] = []
+            for seq_id in sorted(active):
+                try:
+                    engine.remove(seq_id)
+                except Exception:
+                    log.exception("engine could not drop sequence %d", seq_id)
+                failed.append(SequenceFailed(seq_id, f"generation failed: {exc}"))
+            active.clear()
+            return failed
+        for step in steps:
+            if step.finish is not None:
+                active.discard(step.seq_id)
+        return list(steps)

@@ -1,0 +1,86 @@
+"""The engine protocol: what the model actor drives, one call at a time, on its thread.
+
+An engine holds sequences. `insert` queues one (its prompt is prefilled in chunks by
+later steps), `step` advances every sequence by at most one token (plus one prefill
+chunk) and reports what happened, `remove` drops one at any stage, `close` frees all.
+The MLX engine and the deterministic fake both implement it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal, Protocol, TypeAlias
+
+FinishReason: TypeAlias = Literal["stop", "length"]
+
+
+@dataclass(frozen=True, slots=True)
+class Sampling:
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_tokens: int = 256
+    seed: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SequenceSpec:
+    """One sequence to generate: its prompt tokens and how to sample."""
+
+    seq_id: int
+    prompt: tuple[int, ...]
+    sampling: Sampling
+
+
+@dataclass(frozen=True, slots=True)
+class TokenStep:
+    """A sequence produced a token. `text` is the newly decodable text (may be empty);
+    `finish` is set on the sequence's last step, after which it is gone from the engine."""
+
+    seq_id: int
+    token: int
+    text: str
+    finish: FinishReason | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ModelInfo:
+    name: str
+    path: str
+    context_length: int
+    backend: str
+
+
+class PromptCodec(Protocol):
+    """Renders chat messages into prompt tokens; pure Python, safe off the MLX thread."""
+
+    def render(
+        self, messages: Sequence[dict[str, object]], tools: Sequence[dict[str, object]] | None
+    ) -> list[int]: ...
+
+
+class Engine(Protocol):
+    def insert(self, spec: SequenceSpec) -> None: ...
+
+    def step(self) -> list[TokenStep]: ...
+
+    def remove(self, seq_id: int) -> None: ...
+
+    def has_work(self) -> bool: ...
+
+    def close(self) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class LoadedModel:
+    """What an engine factory returns, on the model thread: the engine and its codec."""
+
+    engine: Engine
+    codec: PromptCodec
+    info: ModelInfo
+
+
+class EngineFactory(Protocol):
+    """Builds the engine. Called once, on the model actor's thread."""
+
+    def __call__(self) -> LoadedModel: ...

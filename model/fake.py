@@ -1,0 +1,106 @@
+"""A deterministic scripted engine, for fast tests of everything above the model.
+
+Prompts are rendered to one token per character; the reply to a prompt is scripted by
+the last user message: `echo: TEXT` answers TEXT, anything else answers a fixed pangram.
+Each step yields one word. `step_delay` (seconds of real time per step) lets tests hold
+sequences in flight; `prefill_chunk` makes prefill take several steps, as the MLX engine's
+chunked prefill does.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from mlxcel.model.engine import LoadedModel, ModelInfo, SequenceSpec, TokenStep
+
+DEFAULT_REPLY = "The quick brown fox jumps over the lazy dog."
+_MARK = "\x00ASSISTANT\x00"
+
+
+class FakeCodec:
+    """One token per character; the rendered prompt keeps the last user message findable."""
+
+    def render(
+        self, messages: Sequence[dict[str, object]], tools: Sequence[dict[str, object]] | None
+    ) -> list[int]:
+        text = "".join(f"<{m['role']}>{m.get('content') or ''}" for m in messages) + _MARK
+        return [ord(c) for c in text]
+
+
+def scripted_reply(prompt: Sequence[int]) -> list[str]:
+    """The words the fake model answers to a rendered prompt."""
+    text = "".join(chr(t) for t in prompt)
+    last_user = text.rsplit("<user>", 1)[-1].split("<", 1)[0].removesuffix(_MARK)
+    reply = last_user[len("echo:") :].strip() if last_user.startswith("echo:") else DEFAULT_REPLY
+    words = reply.split(" ")
+    return [w if i == 0 else " " + w for i, w in enumerate(words)]
+
+
+@dataclass
+class _Seq:
+    spec: SequenceSpec
+    words: list[str]
+    prefill_left: int
+    emitted: int = 0
+
+
+@dataclass
+class FakeEngine:
+    step_delay: float = 0.0
+    prefill_chunk: int = 10_000
+    fail_on: str | None = None
+    """Raise in `step` when a reply contains this word, to test engine failures."""
+    _seqs: dict[int, _Seq] = field(default_factory=dict)
+    closed: bool = False
+    steps: int = 0
+
+    def insert(self, spec: SequenceSpec) -> None:
+        self._seqs[spec.seq_id] = _Seq(spec, scripted_reply(spec.prompt), len(spec.prompt))
+
+    def remove(self, seq_id: int) -> None:
+        self._seqs.pop(seq_id, None)
+
+    def has_work(self) -> bool:
+        return bool(self._seqs)
+
+    def close(self) -> None:
+        self._seqs.clear()
+        self.closed = True
+
+    @property
+    def active(self) -> int:
+        return len(self._seqs)
+
+    def step(self) -> list[TokenStep]:
+        self.steps += 1
+        if self.step_delay:
+            time.sleep(self.step_delay)
+        out: list[TokenStep] = []
+        for seq in list(self._seqs.values()):
+            if seq.prefill_left > 0:
+                seq.prefill_left -= self.prefill_chunk
+                continue
+            word = seq.words[seq.emitted]
+            if self.fail_on is not None and self.fail_on in word:
+                raise RuntimeError(f"scripted engine failure on {word!r}")
+            seq.emitted += 1
+            finish = None
+            if seq.emitted >= seq.spec.sampling.max_tokens:
+                finish = "length"
+            elif seq.emitted >= len(seq.words):
+                finish = "stop"
+            out.append(TokenStep(seq.spec.seq_id, seq.emitted, word, finish))
+            if finish is not None:
+                del self._seqs[seq.spec.seq_id]
+        return out
+
+
+def fake_factory(engine: FakeEngine | None = None, context_length: int = 4096) -> LoadedModel:
+    """A LoadedModel around a fake engine (a new one unless given)."""
+    return LoadedModel(
+        engine=engine or FakeEngine(),
+        codec=FakeCodec(),
+        info=ModelInfo(name="fake", path="fake", context_length=context_length, backend="fake"),
+    )

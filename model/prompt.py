@@ -1,0 +1,100 @@
+"""Conversation items → chat-template messages → prompt tokens.
+
+`to_chat` is model-independent: it maps Responses items onto the message dicts chat
+templates read (system/user/assistant/tool, `tool_calls`). `TemplateCodec` applies a
+tokenizer's chat template; when a template accepts only one leading system message it
+retries with every system message merged into it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from mlxcel.errors import InvalidRequest
+from mlxcel.items import FunctionCall, FunctionCallOutput, Item, Message, Reasoning
+
+ChatMessage = dict[str, Any]
+
+
+def to_chat(instructions: str | None, items: Sequence[Item]) -> list[ChatMessage]:
+    """The chat messages for `instructions` followed by `items`."""
+    messages: list[ChatMessage] = []
+    if instructions:
+        messages.append({"role": "system", "content": instructions})
+    for item in items:
+        match item:
+            case Message(role=role):
+                chat_role = "system" if role == "developer" else role
+                messages.append({"role": chat_role, "content": item.text})
+            case FunctionCall(call_id=call_id, name=name, arguments=arguments):
+                call = {
+                    "id": call_id,
+                    "type": "function",
+                    "function": {"name": name, "arguments": _arguments(arguments)},
+                }
+                last = messages[-1] if messages else None
+                if last is not None and last["role"] == "assistant":
+                    last.setdefault("tool_calls", []).append(call)
+                else:
+                    messages.append({"role": "assistant", "content": "", "tool_calls": [call]})
+            case FunctionCallOutput(call_id=call_id, output=output):
+                messages.append({"role": "tool", "tool_call_id": call_id, "content": output})
+            case Reasoning():
+                pass  # rendered by templates that keep reasoning; none of ours yet
+    if not any(m["role"] in ("user", "tool") for m in messages):
+        raise InvalidRequest("The input must contain at least one user message.", param="input")
+    return messages
+
+
+def _arguments(arguments: str) -> Any:
+    """Templates expect parsed arguments (they `tojson` them); keep text that isn't JSON."""
+    try:
+        return json.loads(arguments)
+    except ValueError:
+        return arguments
+
+
+def merge_system(messages: Sequence[ChatMessage]) -> list[ChatMessage]:
+    """All system messages merged, in order, into one leading system message."""
+    system = [m["content"] for m in messages if m["role"] == "system" and m["content"]]
+    rest = [m for m in messages if m["role"] != "system"]
+    return ([{"role": "system", "content": "\n\n".join(system)}] if system else []) + rest
+
+
+class ChatTokenizer(Protocol):
+    def apply_chat_template(self, conversation: Any, **kwargs: Any) -> Any: ...
+
+    def encode(self, text: str, add_special_tokens: bool = ...) -> list[int]: ...
+
+
+class TemplateCodec:
+    """Renders with the tokenizer's chat template; used off the MLX thread."""
+
+    def __init__(self, tokenizer: ChatTokenizer) -> None:
+        self._tokenizer = tokenizer
+
+    def render(
+        self, messages: Sequence[ChatMessage], tools: Sequence[dict[str, Any]] | None
+    ) -> list[int]:
+        try:
+            text = self._apply(list(messages), tools)
+        except Exception as first:
+            merged = merge_system(messages)
+            if merged == list(messages):
+                raise InvalidRequest(f"The chat template rejected the input: {first}",
+                                     param="input", code="invalid_prompt") from first
+            try:
+                text = self._apply(merged, tools)
+            except Exception as exc:
+                raise InvalidRequest(f"The chat template rejected the input: {exc}",
+                                     param="input", code="invalid_prompt") from exc
+        return list(self._tokenizer.encode(text, add_special_tokens=False))
+
+    def _apply(self, messages: list[ChatMessage], tools: Sequence[dict[str, Any]] | None) -> str:
+        text = self._tokenizer.apply_chat_template(
+            messages, tools=list(tools) if tools else None, add_generation_prompt=True,
+            tokenize=False,
+        )
+        return str(text)
