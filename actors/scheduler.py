@@ -71,11 +71,19 @@ class Scheduler:
         send, recv = trio.open_memory_channel[Generate](self._depth)
         async with trio.open_nursery() as nursery:
             for _ in range(self._parallel):
-                nursery.start_soon(self._slot, recv.clone())
+                # `start` returns once the slot waits on the inbox, so a queue depth of
+                # 0 still admits `parallel` requests from the first moment.
+                await nursery.start(self._slot, recv.clone())
             recv.close()
             task_status.started(SchedulerHandle(send, self._depth))
 
-    async def _slot(self, inbox: trio.MemoryReceiveChannel[Generate]) -> None:
+    async def _slot(
+        self,
+        inbox: trio.MemoryReceiveChannel[Generate],
+        *,
+        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        task_status.started()
         async with inbox:
             async for command in inbox:
                 async with command.reply:

@@ -19,6 +19,7 @@ from mlxcel.errors import (
     Overloaded,
     QueueFull,
 )
+from mlxcel.http.schemas import ITEM_TAGS
 from pydantic import ValidationError
 from werkzeug.exceptions import HTTPException
 
@@ -59,24 +60,35 @@ def map_error(exc: BaseException) -> tuple[int, dict[str, Any]]:
 
 
 def validation_body(exc: ValidationError) -> dict[str, Any]:
-    """A 400 body naming the first offending field, as OpenAI does (`input[0].content`)."""
-    first = exc.errors(include_url=False)[0]
-    param = ""
-    for part in first["loc"]:
-        if isinstance(part, int):
-            param += f"[{part}]"
-        elif "[" in str(part) or "-" in str(part) or part in ("function-after", "str"):
-            continue  # pydantic's union-branch labels are not field names
-        else:
-            param += f".{part}" if param else str(part)
+    """A 400 body naming the offending field as OpenAI does (`input[0].content`).
+
+    Of a union's errors the deepest is the most telling, so it is the one reported.
+    """
+    errors = exc.errors(include_url=False)
+    located = [(_param(e["loc"]), e) for e in errors]
+    param, first = max(located, key=lambda pair: len(pair[0]))
     message = first["msg"]
     if first["type"] == "missing":
         message = f"Missing required parameter: '{param}'."
-    elif first["type"] == "extra_forbidden":
-        message = f"Unknown parameter: '{param}'."
     else:
         message = f"Invalid value for '{param}': {message}."
     return error_body(message, "invalid_request_error", param=param or None, code="invalid_value")
+
+
+_BRANCH_LABELS = frozenset({"str", "int", "float", "bool", "list", "dict", "none"})
+
+
+def _param(loc: tuple[int | str, ...]) -> str:
+    """Field path of an error location, without pydantic's union-branch labels."""
+    param = ""
+    for part in loc:
+        if isinstance(part, int):
+            param += f"[{part}]"
+        elif "[" in part or part in _BRANCH_LABELS or part in ITEM_TAGS:
+            continue
+        else:
+            param += f".{part}" if param else part
+    return param
 
 
 def parse_json(data: bytes) -> Any:

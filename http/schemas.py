@@ -25,7 +25,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, JsonValue
 
 class _Model(BaseModel):
     # Clients send fields newer than any server; unknown ones are accepted and ignored.
-    model_config = ConfigDict(extra="ignore", frozen=True)
+    model_config = ConfigDict(extra="ignore", frozen=True, strict=True)
 
 
 class InputTextPart(_Model):
@@ -86,11 +86,15 @@ def _default_message_type(value: Any) -> Any:
     return value
 
 
-InputItemIn = Annotated[
-    MessageIn | FunctionCallIn | FunctionCallOutputIn | ReasoningIn,
-    BeforeValidator(_default_message_type),
-    Field(discriminator="type"),
+_TaggedItem = Annotated[
+    MessageIn | FunctionCallIn | FunctionCallOutputIn | ReasoningIn, Field(discriminator="type")
 ]
+InputItemIn = Annotated[_TaggedItem, BeforeValidator(_default_message_type)]
+# The tags pydantic puts in error locations between field names.
+ITEM_TAGS = frozenset(
+    {"message", "function_call", "function_call_output", "reasoning", "input_text",
+     "output_text", "refusal", "reasoning_text"}
+)
 
 
 class CreateResponseBody(_Model):

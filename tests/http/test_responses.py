@@ -1,0 +1,272 @@
+"""POST /v1/responses over real HTTP with the `openai` SDK, on the fake engine."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import openai
+import pytest
+import trio
+from mlxcel.model.fake import DEFAULT_REPLY
+from openai.types.responses import Response
+from support import FakeServer, StartServer, in_thread
+
+
+async def test_sync_create_returns_an_sdk_response(fake_server: FakeServer) -> None:
+    client = fake_server.client()
+    resp = await in_thread(
+        client.responses.create, model="fake-model", input="echo: hello there",
+        max_output_tokens=64, metadata={"k": "v"},
+    )
+    assert isinstance(resp, Response)
+    assert resp.id.startswith("resp_")
+    assert resp.status == "completed"
+    assert resp.output_text == "hello there"
+    message = resp.output[0]
+    assert message.type == "message"
+    assert message.id.startswith("msg_")
+    assert message.content[0].type == "output_text"
+    assert message.content[0].annotations == []
+    assert resp.usage is not None
+    assert resp.usage.output_tokens == 2
+    assert resp.usage.input_tokens > 0
+    assert resp.usage.input_tokens_details.cached_tokens == 0
+    assert resp.usage.output_tokens_details.reasoning_tokens == 0
+    assert resp.usage.total_tokens == resp.usage.input_tokens + 2
+    assert resp.metadata == {"k": "v"}
+    assert resp.tools == []
+    assert resp.tool_choice == "auto"
+    assert resp.parallel_tool_calls is True
+    assert resp.temperature == 1.0
+    assert resp.max_output_tokens == 64
+    assert resp.background is None
+
+
+async def test_stream_helper_yields_final_response(fake_server: FakeServer) -> None:
+    client = fake_server.client()
+
+    def run() -> tuple[list[str], Response]:
+        deltas = []
+        with client.responses.stream(model="fake-model", input="hi") as stream:
+            for event in stream:
+                if event.type == "response.output_text.delta":
+                    deltas.append(event.delta)
+            return deltas, stream.get_final_response()
+
+    deltas, final = await in_thread(run)
+    assert "".join(deltas) == DEFAULT_REPLY
+    assert final.output_text == DEFAULT_REPLY
+    assert final.status == "completed"
+
+
+async def _raw_events(url: str, body: dict[str, object]) -> list[tuple[str, dict[str, object]]]:
+    events = []
+    async with (
+        httpx.AsyncClient(timeout=30) as http,
+        http.stream("POST", f"{url}/v1/responses", json=body) as resp,
+    ):
+        assert resp.status_code == 200
+        assert resp.headers["content-type"].startswith("text/event-stream")
+        name = None
+        async for line in resp.aiter_lines():
+            if line.startswith("event: "):
+                name = line.removeprefix("event: ")
+            elif line.startswith("data: "):
+                assert name is not None
+                events.append((name, json.loads(line.removeprefix("data: "))))
+                name = None
+    return events
+
+
+async def test_raw_sse_order_numbering_and_ids(fake_server: FakeServer) -> None:
+    events = await _raw_events(
+        fake_server.url, {"model": "fake-model", "input": "echo: one two three", "stream": True}
+    )
+    types = [name for name, _ in events]
+    assert types == [
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+        "response.output_text.delta",
+        "response.output_text.delta",
+        "response.output_text.delta",
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.completed",
+    ]
+    assert all(data["type"] == name for name, data in events)
+    assert [data["sequence_number"] for _, data in events] == list(range(len(events)))
+    created = events[0][1]["response"]
+    assert isinstance(created, dict)
+    assert created["status"] == "in_progress"
+    assert created["output"] == []
+    added = events[2][1]["item"]
+    assert isinstance(added, dict)
+    assert added["status"] == "in_progress"
+    assert added["content"] == []
+    item_ids = {data["item_id"] for _, data in events if "item_id" in data}
+    completed = events[-1][1]["response"]
+    assert isinstance(completed, dict)
+    assert item_ids == {completed["output"][0]["id"]} == {added["id"]}
+    assert completed["id"] == created["id"]
+    assert completed["output"][0]["content"][0]["text"] == "one two three"
+
+
+async def test_length_stop_is_incomplete(fake_server: FakeServer) -> None:
+    client = fake_server.client()
+    resp = await in_thread(client.responses.create, model="fake-model", input="hi",
+                           max_output_tokens=3)
+    assert resp.status == "incomplete"
+    assert resp.incomplete_details is not None
+    assert resp.incomplete_details.reason == "max_output_tokens"
+    assert resp.output_text == "The quick brown"
+    events = await _raw_events(
+        fake_server.url,
+        {"model": "fake-model", "input": "hi", "stream": True, "max_output_tokens": 2},
+    )
+    assert events[-1][0] == "response.incomplete"
+
+
+async def test_input_item_arrays_and_echoed_assistant_output(fake_server: FakeServer) -> None:
+    client = fake_server.client()
+    first = await in_thread(client.responses.create, model="fake-model", input="echo: ok")
+    history = [
+        {"role": "user", "content": "echo: ok"},
+        *[item.model_dump() for item in first.output],
+        {"type": "message", "role": "developer", "content": [
+            {"type": "input_text", "text": "be brief"}]},
+        {"role": "assistant", "content": [{"type": "refusal", "refusal": "no"}]},
+        {"role": "user", "content": [{"type": "input_text", "text": "echo: again"}]},
+    ]
+    resp = await in_thread(client.responses.create, model="fake-model", input=history,
+                           instructions="system words")
+    assert resp.output_text == "again"
+    assert resp.instructions == "system words"
+
+
+async def test_unknown_top_level_fields_are_ignored(fake_server: FakeServer) -> None:
+    async with httpx.AsyncClient(timeout=30) as http:
+        r = await http.post(f"{fake_server.url}/v1/responses", json={
+            "model": "fake-model", "input": "echo: fine", "client_metadata": {"a": 1},
+            "prompt_cache_key": "k", "include": ["reasoning.encrypted_content"],
+            "reasoning": {"effort": "low"}, "store": False, "brand_new_field": [1, 2],
+        })
+    assert r.status_code == 200
+    assert r.json()["output"][0]["content"][0]["text"] == "fine"
+    assert r.json()["store"] is False
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"model": "fake-model", "input": 3}, "input"),
+        ({"input": "hi"}, "model"),
+        ({"model": "fake-model", "input": "hi", "temperature": 9}, "temperature"),
+        ({"model": "fake-model", "input": "hi", "top_p": -1}, "top_p"),
+        ({"model": "fake-model", "input": "hi", "max_output_tokens": 0}, "max_output_tokens"),
+        ({"model": "fake-model", "input": "hi", "max_output_tokens": "many"}, "max_output_tokens"),
+        ({"model": "fake-model", "input": [{"role": "robot", "content": "x"}]}, "input[0]"),
+        ({"model": "fake-model", "input": [{"type": "input_image", "image_url": "x"}]}, "input[0]"),
+        ({"model": "fake-model", "input": "hi", "truncation": "auto"}, "truncation"),
+        ({"model": "fake-model", "input": "hi", "tools": [{"type": "web_search"}]},
+         "tools[0].type"),
+        ({"model": "fake-model", "input": "hi", "stream": "yes"}, "stream"),
+        ({"model": "fake-model", "input": []}, "input"),
+    ],
+)
+async def test_bad_fields_get_openai_shaped_400(
+    fake_server: FakeServer, body: dict[str, object], param: str
+) -> None:
+    async with httpx.AsyncClient(timeout=30) as http:
+        r = await http.post(f"{fake_server.url}/v1/responses", json=body)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["type"] == "invalid_request_error"
+    assert error["param"] is not None
+    assert error["param"].startswith(param)
+    assert error["message"]
+
+
+async def test_malformed_json_and_non_object_bodies_are_400(fake_server: FakeServer) -> None:
+    async with httpx.AsyncClient(timeout=30) as http:
+        for content in (b"{not json", b"[1, 2]", b"", "\xff".encode("latin-1")):
+            r = await http.post(f"{fake_server.url}/v1/responses", content=content,
+                                headers={"content-type": "application/json"})
+            assert r.status_code == 400, content
+            assert r.json()["error"]["type"] == "invalid_request_error"
+
+
+async def test_unknown_model_is_404_model_not_found(fake_server: FakeServer) -> None:
+    client = fake_server.client()
+    with pytest.raises(openai.NotFoundError) as info:
+        await in_thread(client.responses.create, model="gpt-9", input="hi")
+    assert info.value.body["code"] == "model_not_found"  # type: ignore[index]
+
+
+async def test_model_may_be_named_by_path_or_folder(fake_server: FakeServer) -> None:
+    client = fake_server.client()
+    for name in ("/models/fake", "fake", "FAKE-MODEL"):
+        resp = await in_thread(client.responses.create, model=name, input="echo: y")
+        assert resp.output_text == "y"
+
+
+async def test_aliases_without_v1_and_models_and_health(fake_server: FakeServer) -> None:
+    async with httpx.AsyncClient(base_url=fake_server.url, timeout=30) as http:
+        r = await http.post("/responses", json={"model": "fake-model", "input": "echo: bare"})
+        assert r.json()["output"][0]["content"][0]["text"] == "bare"
+        for path in ("/models", "/v1/models"):
+            data = (await http.get(path)).json()
+            assert data["object"] == "list"
+            assert [m["id"] for m in data["data"]] == ["fake-model"]
+        assert (await http.get("/health")).json() == {"status": "ok"}
+        missing = await http.get("/v1/nothing-here")
+        assert missing.status_code == 404
+        assert missing.json()["error"]["code"] == "not_found"
+        wrong = await http.get("/v1/responses")
+        assert wrong.status_code == 405
+        assert "error" in wrong.json()
+
+
+async def test_health_is_503_while_loading(nursery: trio.Nursery) -> None:
+
+    from mlxcel.app import serve
+    from mlxcel.config import Settings
+    from mlxcel.http.intake import ModelNames
+    from mlxcel.model.fake import fake_factory
+
+    loaded = trio.Event()
+    token = trio.lowlevel.current_trio_token()
+
+    def slow_factory():  # type: ignore[no-untyped-def]
+        trio.from_thread.run(loaded.wait, trio_token=token)
+        return fake_factory()
+
+    urls = await nursery.start(serve, Settings(port=0), slow_factory, ModelNames("m", "m"))
+    async with httpx.AsyncClient(base_url=urls[0], timeout=30) as http:
+        r = await http.get("/health")
+        assert r.status_code == 503
+        r = await http.post("/v1/responses", json={"model": "m", "input": "hi"})
+        assert r.status_code == 503
+        assert r.json()["error"]["message"]
+        loaded.set()
+        with trio.fail_after(10):
+            while (await http.get("/health")).status_code != 200:  # noqa: ASYNC110 - polls as clients do
+                await trio.sleep(0.01)
+        assert (await http.post("/v1/responses", json={"model": "m", "input": "hi"})).is_success
+
+
+async def test_api_key_is_required_when_configured(start_fake_server: StartServer) -> None:
+    server = await start_fake_server(api_keys=("secret-1", "secret-2"))
+    async with httpx.AsyncClient(base_url=server.url, timeout=30) as http:
+        r = await http.get("/v1/models")
+        assert r.status_code == 401
+        assert r.json()["error"]["message"]
+        r = await http.get("/v1/models", headers={"Authorization": "Bearer wrong"})
+        assert r.status_code == 401
+        r = await http.get("/v1/models", headers={"Authorization": "Bearer secret-2"})
+        assert r.status_code == 200
+        assert (await http.get("/health")).status_code == 200

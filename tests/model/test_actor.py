@@ -1,0 +1,84 @@
+"""The model actor: its thread, sequences, aborts and engine failures (fake engine)."""
+
+from __future__ import annotations
+
+import functools
+
+import trio
+from mlxcel.model.actor import ModelActor, ModelHandle, SequenceFailed
+from mlxcel.model.engine import Sampling, TokenStep
+from mlxcel.model.fake import FakeCodec, FakeEngine, fake_factory
+from support import wait_until
+
+
+def prompt(text: str) -> list[int]:
+    return FakeCodec().render([{"role": "user", "content": text}], None)
+
+
+async def start(nursery: trio.Nursery, engine: FakeEngine) -> ModelHandle:
+    handle: ModelHandle = await nursery.start(
+        ModelActor(functools.partial(fake_factory, engine), 4).run
+    )
+    with trio.fail_after(5):
+        await handle.ready.wait()
+    return handle
+
+
+async def test_starts_generates_and_stops_cleanly() -> None:
+    engine = FakeEngine()
+    async with trio.open_nursery() as nursery:
+        model = await start(nursery, engine)
+        async with model.open_sequence(prompt("echo: a b c"), Sampling(max_tokens=10)) as seq:
+            steps = [step async for step in seq]
+        assert all(isinstance(s, TokenStep) for s in steps)
+        assert "".join(s.text for s in steps if isinstance(s, TokenStep)) == "a b c"
+        assert steps[-1].finish == "stop"  # type: ignore[union-attr]
+        nursery.cancel_scope.cancel()
+    assert engine.closed
+
+
+async def test_sequences_decode_together(nursery: trio.Nursery) -> None:
+    engine = FakeEngine(step_delay=0.001)
+    model = await start(nursery, engine)
+    results: dict[str, str] = {}
+
+    async def run(word: str) -> None:
+        async with model.open_sequence(prompt(f"echo: {word} {word}"), Sampling()) as seq:
+            results[word] = "".join([s.text async for s in seq if isinstance(s, TokenStep)])
+
+    async with trio.open_nursery() as inner:
+        for word in ("x", "y", "z"):
+            inner.start_soon(run, word)
+    assert results == {"x": "x x", "y": "y y", "z": "z z"}
+    assert engine.steps <= 4  # three sequences of two words share the steps
+
+
+async def test_leaving_a_sequence_aborts_it(nursery: trio.Nursery) -> None:
+    engine = FakeEngine(step_delay=0.005)
+    model = await start(nursery, engine)
+    long = "echo: " + " ".join(["w"] * 300)
+    async with model.open_sequence(prompt(long), Sampling(max_tokens=1000)) as seq:
+        await seq.receive()
+    with trio.fail_after(5):
+        await wait_until(lambda: engine.active == 0)
+    assert engine.steps < 300
+
+
+async def test_engine_failure_fails_sequences_and_the_actor_lives_on(
+    nursery: trio.Nursery,
+) -> None:
+    model = await start(nursery, FakeEngine(fail_on="boom"))
+    async with model.open_sequence(prompt("echo: ok boom"), Sampling()) as seq:
+        events = [e async for e in seq]
+    assert isinstance(events[-1], SequenceFailed)
+    assert "boom" in events[-1].message
+    async with model.open_sequence(prompt("echo: still here"), Sampling()) as seq:
+        text = "".join([e.text async for e in seq if isinstance(e, TokenStep)])
+    assert text == "still here"
+
+
+async def test_length_limit_finishes_with_length(nursery: trio.Nursery) -> None:
+    model = await start(nursery, FakeEngine())
+    async with model.open_sequence(prompt("echo: a b c d"), Sampling(max_tokens=2)) as seq:
+        steps = [s async for s in seq]
+    assert [s.finish for s in steps if isinstance(s, TokenStep)] == [None, "length"]

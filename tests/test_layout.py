@@ -1,0 +1,28 @@
+"""The repository root is the `mlxcel` package; its `http/` must not shadow the stdlib."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_stdlib_http_is_not_shadowed_from_the_repository_root() -> None:
+    code = "import http, http.client, hypercorn, httpx; print(http.__file__)"
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    assert Path(out.stdout.strip()).parent.parent != ROOT
+    assert "site-packages" not in out.stdout  # the standard library's, not a package's
+
+
+def test_mlxcel_http_still_imports_as_a_namespace_portion() -> None:
+    code = "import mlxcel.http.routes as r, http; assert r.__name__ == 'mlxcel.http.routes'"
+    subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)
+
+
+def test_no_init_files_that_could_shadow() -> None:
+    assert not (ROOT / "http" / "__init__.py").exists()
+    assert not list((ROOT / "tests").rglob("__init__.py"))
