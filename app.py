@@ -9,6 +9,7 @@ import logging
 from pathlib import Path
 
 import trio
+
 from mlxcel.actors.scheduler import Scheduler
 from mlxcel.actors.store import StoreActor
 from mlxcel.config import Settings

@@ -198,6 +198,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args[0] == "fetch-model":
         from mlxcel.model.fetch import main as fetch_main
 
-        return fetch_main(args[1:])
+        return int(fetch_main(args[1:]))
     print(f"mlxcel: unknown command {args[0]!r} (commands: {commands})", file=sys.stderr)
     return 2

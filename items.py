@@ -96,6 +96,9 @@ class ResponseError:
     message: str
 
 
+_TEXT_FORMAT_DEFAULT: JsonValue = {"format": {"type": "text"}}
+
+
 @dataclass(frozen=True, slots=True)
 class RequestEcho:
     """The request fields a response object echoes back (OpenAI's defaults when unsent).
@@ -117,7 +120,7 @@ class RequestEcho:
     tool_choice: JsonValue = "auto"
     tools: tuple[JsonValue, ...] = ()
     parallel_tool_calls: bool = True
-    text: JsonValue = field(default_factory=lambda: {"format": {"type": "text"}})
+    text: JsonValue = field(default_factory=lambda: _TEXT_FORMAT_DEFAULT)
     reasoning: JsonValue = None
     truncation: str = "disabled"
     user: str | None = None

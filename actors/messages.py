@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import trio
+
 from mlxcel.items import ContentPart, Item, ResponseRecord
 from mlxcel.model.engine import Sampling
 

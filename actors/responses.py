@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from typing import Literal
 
 from mlxcel.actors.messages import (
     ContentPartAdded,
@@ -70,7 +71,9 @@ class ResponseBuilder:
         assert self._message_id is not None
         text = "".join(self._text)
         part = OutputText(text)
-        status = "completed" if reason == "stop" else "incomplete"
+        status: Literal["completed", "incomplete"] = (
+            "completed" if reason == "stop" else "incomplete"
+        )
         item = Message("assistant", (part,), id=self._message_id, status=status)
         events += [
             OutputTextDone(self._message_id, 0, 0, text),

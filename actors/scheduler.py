@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 
 import trio
+
 from mlxcel.actors.messages import Generate, KeepAlive, ResponseEvent, ResponseFinished
 from mlxcel.actors.responses import ResponseBuilder
 from mlxcel.actors.store import StoreHandle

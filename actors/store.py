@@ -16,6 +16,7 @@ from typing import TypeVar
 
 import trio
 from cachetools import TTLCache
+
 from mlxcel.actors.messages import DeleteResponse, GetResponse, PutResponse, StoreCommand
 from mlxcel.config import StoreLimits
 from mlxcel.items import ResponseRecord

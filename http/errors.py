@@ -9,6 +9,9 @@ import json
 import logging
 from typing import Any
 
+from pydantic import ValidationError
+from werkzeug.exceptions import HTTPException
+
 from mlxcel.errors import (
     ConfigError,
     GenerationFailed,
@@ -20,8 +23,6 @@ from mlxcel.errors import (
     QueueFull,
 )
 from mlxcel.http.schemas import ITEM_TAGS
-from pydantic import ValidationError
-from werkzeug.exceptions import HTTPException
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +92,7 @@ def _param(loc: tuple[int | str, ...]) -> str:
     return param
 
 
-def parse_json(data: bytes) -> Any:
+def parse_json(data: str | bytes) -> Any:
     try:
         return json.loads(data)
     except (ValueError, UnicodeDecodeError) as exc:

@@ -13,6 +13,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import trio
+from quart import Response, request
+from quart_trio import QuartTrio
+
 from mlxcel.actors.messages import Generate, ResponseEvent, ResponseFinished
 from mlxcel.actors.scheduler import SchedulerHandle
 from mlxcel.actors.store import StoreHandle
@@ -22,8 +25,6 @@ from mlxcel.http.intake import ModelNames, build_request
 from mlxcel.http.schemas import CreateResponseBody, response_json
 from mlxcel.http.sse import SseEncoder
 from mlxcel.model.actor import ModelHandle
-from quart import Response, request
-from quart_trio import QuartTrio
 
 
 @dataclass(frozen=True, slots=True)

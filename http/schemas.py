@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, JsonValue
+
 from mlxcel.items import (
     ContentPart,
     FunctionCall,
@@ -20,7 +22,6 @@ from mlxcel.items import (
     Refusal,
     ResponseRecord,
 )
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, JsonValue
 
 
 class _Model(BaseModel):

@@ -15,6 +15,7 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 
 import trio
+
 from mlxcel.errors import ModelNotReady
 from mlxcel.model.engine import (
     Engine,

@@ -13,7 +13,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from mlxcel.model.engine import LoadedModel, ModelInfo, SequenceSpec, TokenStep
+from mlxcel.model.engine import FinishReason, LoadedModel, ModelInfo, SequenceSpec, TokenStep
 
 DEFAULT_REPLY = "The quick brown fox jumps over the lazy dog."
 _MARK = "\x00ASSISTANT\x00"
@@ -86,7 +86,7 @@ class FakeEngine:
             if self.fail_on is not None and self.fail_on in word:
                 raise RuntimeError(f"scripted engine failure on {word!r}")
             seq.emitted += 1
-            finish = None
+            finish: FinishReason | None = None
             if seq.emitted >= seq.spec.sampling.max_tokens:
                 finish = "length"
             elif seq.emitted >= len(seq.words):

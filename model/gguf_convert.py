@@ -28,8 +28,9 @@ import numpy as np
 import numpy.typing as npt
 from gguf import GGUFReader, ReaderTensor
 from gguf.quants import dequantize
-from mlxcel.model.gguf_tokenizer import TokenizerFacts, build_tokenizer, field, tokenizer_config
 from tqdm import tqdm  # type: ignore[import-untyped, unused-ignore]
+
+from mlxcel.model.gguf_tokenizer import TokenizerFacts, build_tokenizer, field, tokenizer_config
 
 log = logging.getLogger(__name__)
 

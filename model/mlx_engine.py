@@ -109,7 +109,7 @@ def load_mlx_model(
     ctx_size: int | None = None,
 ) -> LoadedModel:
     """Load a local MLX model folder and wrap it as an engine (on the model thread)."""
-    model, tokenizer = load(str(path))
+    model, tokenizer = load(str(path))[:2]
     generator = BatchGenerator(
         model,
         stop_tokens=[[t] for t in sorted(tokenizer.eos_token_ids)],
@@ -118,7 +118,8 @@ def load_mlx_model(
         prefill_step_size=prefill_step_size,
     )
     engine = MlxEngine(generator, tokenizer)
-    backend = f"mlx {mx.__version__} on {mx.default_device()}, BLAS: {blas.name}"
+    version = getattr(mx, "__version__", "?")
+    backend = f"mlx {version} on {mx.default_device()}, BLAS: {blas.name}"
     info = ModelInfo(
         name=name, path=str(path), context_length=ctx_size or context_length(path),
         backend=backend,

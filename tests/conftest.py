@@ -9,10 +9,12 @@ from typing import Any
 
 import pytest
 import trio
+
 from mlxcel.app import serve
 from mlxcel.config import Settings
 from mlxcel.http.intake import ModelNames
 from mlxcel.model.fake import FakeEngine, fake_factory
+
 from support import FakeServer, StartServer
 
 

@@ -3,14 +3,22 @@
 from __future__ import annotations
 
 import functools
-from collections.abc import Awaitable, Callable
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+import httpx
 import trio
+from openai import OpenAI
+
+from mlxcel.app import DEFAULT_ALIAS
 from mlxcel.config import Settings
 from mlxcel.model.fake import FakeEngine
-from openai import OpenAI
 
 
 @dataclass
@@ -45,3 +53,48 @@ async def wait_until(predicate: Callable[[], bool]) -> None:
     Callers bound the wait with `trio.fail_after`."""
     while not predicate():  # noqa: ASYNC110 - the state is not ours to signal
         await trio.sleep(0.01)
+
+
+@dataclass
+class RealServer:
+    url: str
+    alias: str
+    log: Path
+
+    def client(self) -> OpenAI:
+        return OpenAI(base_url=f"{self.url}/v1", api_key="sk-no-auth", max_retries=0,
+                      timeout=600)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start_server(log: Path, *flags: str) -> Iterator[RealServer]:
+    port = _free_port()
+    exe = Path(sys.executable).with_name("mlxcel-server")
+    with log.open("w") as out:
+        proc = subprocess.Popen([str(exe), "--port", str(port), *flags],
+                                stdout=out, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            assert proc.poll() is None, f"server exited:\n{log.read_text()}"
+            assert time.monotonic() < deadline, f"server not ready:\n{log.read_text()}"
+            try:
+                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            time.sleep(0.5)
+        yield RealServer(url, DEFAULT_ALIAS, log)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

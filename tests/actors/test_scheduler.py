@@ -6,6 +6,7 @@ import functools
 
 import pytest
 import trio
+
 from mlxcel.actors.messages import (
     Generate,
     GenerationRequest,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import trio
 import trio.testing
+
 from mlxcel.actors.store import StoreActor, StoreHandle, approx_json_size
 from mlxcel.config import StoreLimits
 from mlxcel.items import InputText, Message, RequestEcho, ResponseRecord

@@ -6,7 +6,9 @@ import json
 
 import httpx
 import trio
+
 from mlxcel.model.fake import FakeEngine
+
 from support import StartServer, in_thread
 
 LONG = "echo: " + " ".join(f"w{i}" for i in range(400))

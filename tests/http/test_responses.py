@@ -8,8 +8,10 @@ import httpx
 import openai
 import pytest
 import trio
-from mlxcel.model.fake import DEFAULT_REPLY
 from openai.types.responses import Response
+
+from mlxcel.model.fake import DEFAULT_REPLY
+
 from support import FakeServer, StartServer, in_thread
 
 

@@ -5,9 +5,11 @@ from __future__ import annotations
 import functools
 
 import trio
+
 from mlxcel.model.actor import ModelActor, ModelHandle, SequenceFailed
 from mlxcel.model.engine import Sampling, TokenStep
 from mlxcel.model.fake import FakeCodec, FakeEngine, fake_factory
+
 from support import wait_until
 
 

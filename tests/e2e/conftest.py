@@ -1,0 +1,25 @@
+"""The real server, as users start it, on the real default model."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from support import RealServer, start_server
+
+
+@pytest.fixture(scope="session")
+def real_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealServer]:
+    """The default model with 16 generation slots."""
+    log = tmp_path_factory.mktemp("server") / "server.log"
+    yield from start_server(log, "--parallel", "16", "--max-queue-depth", "32")
+
+
+@pytest.fixture(scope="session")
+def one_slot_server(
+    tmp_path_factory: pytest.TempPathFactory, real_server: RealServer
+) -> Iterator[RealServer]:
+    """The default model with one slot and no waiting queue."""
+    log = tmp_path_factory.mktemp("server") / "one-slot.log"
+    yield from start_server(log, "--parallel", "1", "--max-queue-depth", "0")

@@ -1,0 +1,115 @@
+"""Flags, environment variables and their precedence; `--help`."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mlxcel.cli import FLAGS, build_parser, main, server_main, settings_from_args
+from mlxcel.config import Settings
+from mlxcel.errors import ConfigError
+
+
+def settings(argv: list[str], env: dict[str, str] | None = None) -> Settings:
+    environ = env or {}
+    return settings_from_args(build_parser("t", environ).parse_args(argv), environ)
+
+
+def test_defaults_match_the_spec() -> None:
+    s = settings([])
+    assert (s.host, s.port, s.parallel, s.max_queue_depth) == ("127.0.0.1", 8080, 4, 32)
+    assert (s.responses.max_entries, s.responses.max_bytes, s.responses.ttl_secs) == (
+        1024, 268435456, 3600)
+    assert (s.conversations.max_entries, s.conversations.max_bytes) == (256, 67108864)
+    assert s.conversations.ttl_secs == 3600
+    assert s.background_max_jobs == 64
+    assert s.background_ephemeral_ttl_secs == 600
+    assert s.reasoning_echo_max_bytes == 16 * 1024 * 1024
+    assert s.model is None
+
+
+def test_flags_and_short_aliases() -> None:
+    s = settings(["-m", "/m", "-a", "local", "--port", "9", "-c", "2048", "--parallel", "8",
+                  "--max-queue-depth", "3", "--max-jobs", "7",
+                  "--responses-store-ttl-secs", "0"])
+    assert s.model == Path("/m")
+    assert (s.alias, s.port, s.ctx_size, s.parallel, s.max_queue_depth) == (
+        "local", 9, 2048, 8, 3)
+    assert s.background_max_jobs == 7
+    assert s.responses.ttl_secs == 0
+
+
+def test_environment_variables_and_flags_win() -> None:
+    env = {
+        "LLAMA_ARG_RESPONSES_STORE_MAX_ENTRIES": "5",
+        "MLXCEL_RESPONSES_STORE_MAX_BYTES": "1000",
+        "LLAMA_ARG_RESPONSES_STORE_TTL_SECS": "7",
+        "MLXCEL_RESPONSES_BACKGROUND_MAX_JOBS": "3",
+        "MLXCEL_RESPONSES_BACKGROUND_EPHEMERAL_TTL_SECS": "9",
+        "LLAMA_ARG_CONVERSATION_STORE_MAX_ENTRIES": "0",
+        "MLXCEL_CONVERSATION_STORE_MAX_BYTES": "0",
+        "LLAMA_ARG_CONVERSATION_STORE_TTL_SECS": "11",
+        "LLAMA_ARG_PORT": "1234",
+        "MLXCEL_REASONING_ECHO_MAX_BYTES": "0",
+    }
+    s = settings([], env)
+    assert (s.responses.max_entries, s.responses.max_bytes, s.responses.ttl_secs) == (5, 1000, 7)
+    assert (s.background_max_jobs, s.background_ephemeral_ttl_secs) == (3, 9)
+    assert (s.conversations.max_entries, s.conversations.max_bytes) == (0, 0)
+    assert s.conversations.ttl_secs == 11
+    assert s.port == 1234
+    assert s.reasoning_echo_max_bytes == 0
+    assert not s.conversations.enabled
+    assert settings(["--port", "99", "--max-jobs", "1"], env).port == 99
+    assert settings(["--responses-background-max-jobs", "1"], env).background_max_jobs == 1
+
+
+def test_zero_disables_background_mode() -> None:
+    assert settings([]).background_enabled
+    for flag in ("--max-jobs", "--responses-store-max-entries", "--responses-store-max-bytes"):
+        assert not settings([flag, "0"]).background_enabled
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--responses-background-ephemeral-ttl-secs", "0"],
+        ["--parallel", "0"],
+        ["--responses-store-max-entries", "-1"],
+        ["--port", "70000"],
+    ],
+)
+def test_invalid_values_fail_start_up_with_a_clear_message(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(ConfigError):
+        settings(argv)
+    assert server_main(argv) == 2
+    err = capsys.readouterr().err
+    assert "error:" in err
+    assert argv[0].lstrip("-").split("-")[0] in err
+
+
+def test_bad_environment_value_is_a_clear_error(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(ConfigError, match="LLAMA_ARG_PORT"):
+        build_parser("t", {"LLAMA_ARG_PORT": "eighty"})
+
+
+def test_help_lists_every_flag_with_its_environment_variable() -> None:
+    for prog in (["mlxcel-server"], ["mlxcel", "serve"]):
+        exe = Path(sys.executable).with_name(prog[0])
+        out = subprocess.run([str(exe), *prog[1:], "--help"], capture_output=True, text=True,
+                             check=True).stdout
+        for flag in FLAGS:
+            assert flag.names[-1] in out
+            if flag.env:
+                assert flag.env in out
+
+
+def test_mlxcel_without_a_known_command(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["frobnicate"]) == 2
+    assert "unknown command" in capsys.readouterr().err
+    assert main([]) == 2
