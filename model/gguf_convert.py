@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import logging
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +65,8 @@ _TIED_TOLERANCE = 0.15
 Array = npt.NDArray[Any]
 Transform = Callable[[Array], Array]
 Plan = list[tuple[str, ReaderTensor, Transform | None]]
+#: ``(name, shape, produce)``: a tensor to write and how to compute it when its turn comes.
+Entry = tuple[str, tuple[int, ...], Callable[[], Array]]
 
 
 def convert_gguf(
@@ -90,17 +92,18 @@ def convert_gguf(
     config["tie_word_embeddings"] = all(name != "lm_head.weight" for name, _, _ in plan)
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    _write_safetensors(out_dir / "model.safetensors", plan, dtype, progress)
+    entries = [(name, _np_shape(t), _producer(t, fn)) for name, t, fn in plan]
+    write_safetensors(out_dir / "model.safetensors", entries, dtype, progress)
     tokenizer.save(str(out_dir / "tokenizer.json"))
-    _write_json(out_dir / "config.json", config)
+    write_json(out_dir / "config.json", config)
     max_length = int(config["max_position_embeddings"])
-    _write_json(out_dir / "tokenizer_config.json", tokenizer_config(facts, max_length))
+    write_json(out_dir / "tokenizer_config.json", tokenizer_config(facts, max_length))
     generation = {
         "bos_token_id": facts.bos_id,
         "eos_token_id": facts.eos_ids,
         "pad_token_id": facts.pad_id,
     }
-    _write_json(out_dir / "generation_config.json", generation)
+    write_json(out_dir / "generation_config.json", generation)
 
 
 def model_config(
@@ -223,9 +226,13 @@ def _np_shape(tensor: ReaderTensor) -> tuple[int, ...]:
     return tuple(int(d) for d in reversed(tensor.shape.tolist()))
 
 
-def _dequantized(tensor: ReaderTensor) -> Array:
-    values = dequantize(tensor.data, tensor.tensor_type)
-    return np.asarray(values, dtype=np.float32).reshape(_np_shape(tensor))
+def _producer(tensor: ReaderTensor, transform: Transform | None) -> Callable[[], Array]:
+    def produce() -> Array:
+        values = dequantize(tensor.data, tensor.tensor_type)
+        values = np.asarray(values, dtype=np.float32).reshape(_np_shape(tensor))
+        return values if transform is None else transform(values)
+
+    return produce
 
 
 def _encode(values: Array, dtype: str) -> bytes:
@@ -237,14 +244,20 @@ def _encode(values: Array, dtype: str) -> bytes:
     return np.ascontiguousarray(values, dtype=DTYPES[dtype][1]).tobytes()
 
 
-def _write_safetensors(path: Path, plan: Plan, dtype: str, progress: bool) -> None:
-    """Stream tensors into a safetensors file; the header is known up front from shapes."""
+def write_safetensors(
+    path: Path, entries: Sequence[Entry], dtype: str = "float32", progress: bool = False
+) -> None:
+    """Stream tensors into a safetensors file, producing each only when it is written.
+
+    The header needs every shape up front, which the GGUF tensor table (or
+    the caller) already knows, so no tensor has to be held in memory
+    before its turn.
+    """
     st_dtype, np_dtype = DTYPES[dtype]
     itemsize = np.dtype(np_dtype).itemsize
     header: dict[str, Any] = {"__metadata__": {"format": "mlx"}}
     offset = 0
-    for name, tensor, _ in plan:
-        shape = _np_shape(tensor)
+    for name, shape, _ in entries:
         size = int(np.prod(shape, dtype=np.int64)) * itemsize
         header[name] = {
             "dtype": st_dtype,
@@ -254,21 +267,18 @@ def _write_safetensors(path: Path, plan: Plan, dtype: str, progress: bool) -> No
         offset += size
     blob = json.dumps(header, separators=(",", ":")).encode()
     blob += b" " * (-len(blob) % 8)
-    bar = tqdm(total=len(plan), unit="tensor", desc="Converting", disable=not progress)
+    bar = tqdm(total=len(entries), unit="tensor", desc="Converting", disable=not progress)
     with path.open("wb") as out, bar:
         out.write(len(blob).to_bytes(8, "little"))
         out.write(blob)
-        for name, tensor, transform in plan:
-            values = _dequantized(tensor)
-            if transform is not None:
-                values = transform(values)
-            data = _encode(values, dtype)
-            begin, end = header[name]["data_offsets"]
-            if len(data) != end - begin:
-                raise ValueError(f"size mismatch writing {name}")
-            out.write(data)
+        for name, shape, produce in entries:
+            values = produce()
+            if tuple(values.shape) != tuple(shape):
+                raise ValueError(f"{name}: produced shape {values.shape}, expected {shape}")
+            out.write(_encode(values, dtype))
             bar.update(1)
 
 
-def _write_json(path: Path, data: dict[str, Any]) -> None:
+def write_json(path: Path, data: dict[str, Any]) -> None:
+    """Pretty JSON, UTF-8, as Hugging Face tooling writes its config files."""
     path.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")

