@@ -41,7 +41,7 @@ async def serve(
     a half-working server is worse than a stopped one.
     """
     async with trio.open_nursery() as nursery:
-        store = await nursery.start(StoreActor(settings.responses).run)
+        store = await nursery.start(StoreActor(settings.responses, settings.conversations).run)
         model = await nursery.start(ModelActor(factory, settings.parallel).run)
         scheduler_actor = Scheduler(
             model,

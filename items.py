@@ -124,6 +124,7 @@ class RequestEcho:
     reasoning: JsonValue = None
     truncation: str = "disabled"
     user: str | None = None
+    conversation_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,6 +151,16 @@ class ResponseRecord:
             for p in item.content
             if isinstance(p, OutputText)
         )
+
+
+@dataclass(frozen=True, slots=True)
+class Conversation:
+    """A conversation transcript: the items of its turns, in order."""
+
+    id: str
+    created_at: int
+    metadata: dict[str, str] = field(default_factory=dict)
+    items: tuple[Item, ...] = ()
 
 
 def new_id(prefix: str) -> str:

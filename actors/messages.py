@@ -7,11 +7,12 @@ brings; the producer closes it when done.
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 
 import trio
 
-from mlxcel.items import ContentPart, Item, ResponseRecord
+from mlxcel.items import ContentPart, Conversation, Item, ResponseRecord
 from mlxcel.model.engine import Sampling
 
 # --- scheduler ---------------------------------------------------------------------
@@ -31,6 +32,26 @@ class GenerationRequest:
 class Generate:
     request: GenerationRequest
     reply: trio.MemorySendChannel[ResponseEvent]
+
+
+@dataclass(frozen=True, slots=True)
+class Submit:
+    """Queue `command` for a slot; the reply says whether the queue had room."""
+
+    command: Generate
+    reply: trio.MemorySendChannel[bool]
+
+
+@dataclass(frozen=True, slots=True)
+class CancelResponse:
+    """Stop a queued or running response; the reply is its final (cancelled) record,
+    or None when the scheduler does not hold it."""
+
+    response_id: str
+    reply: trio.MemorySendChannel[ResponseRecord | None]
+
+
+SchedulerCommand = Submit | CancelResponse
 
 
 # --- response events (scheduler -> HTTP) -------------------------------------------
@@ -128,23 +149,60 @@ ResponseEvent = (
 # --- store -------------------------------------------------------------------------
 
 
+class Table(enum.Enum):
+    RESPONSES = "responses"
+    CONVERSATIONS = "conversations"
+
+
+Stored = ResponseRecord | Conversation
+
+
 @dataclass(frozen=True, slots=True)
-class PutResponse:
-    record: ResponseRecord
+class Put:
+    table: Table
+    value: Stored
     reply: trio.MemorySendChannel[bool]
-    """Receives True once stored (False when the store retains nothing)."""
+    """Receives True once stored, False when the store retains nothing of this size."""
 
 
 @dataclass(frozen=True, slots=True)
-class GetResponse:
-    response_id: str
-    reply: trio.MemorySendChannel[ResponseRecord | None]
+class Get:
+    table: Table
+    key: str
+    reply: trio.MemorySendChannel[Stored | None]
 
 
 @dataclass(frozen=True, slots=True)
-class DeleteResponse:
-    response_id: str
+class Delete:
+    table: Table
+    key: str
     reply: trio.MemorySendChannel[bool]
 
 
-StoreCommand = PutResponse | GetResponse | DeleteResponse
+@dataclass(frozen=True, slots=True)
+class AppendItems:
+    """Append items to a conversation transcript, creating it when missing."""
+
+    conversation_id: str
+    items: tuple[Item, ...]
+    reply: trio.MemorySendChannel[Conversation | None]
+
+
+@dataclass(frozen=True, slots=True)
+class TableStatistics:
+    entries: int
+    bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class StoreStatistics:
+    responses: TableStatistics
+    conversations: TableStatistics
+
+
+@dataclass(frozen=True, slots=True)
+class ReadStatistics:
+    reply: trio.MemorySendChannel[StoreStatistics]
+
+
+StoreCommand = Put | Get | Delete | AppendItems | ReadStatistics

@@ -17,7 +17,6 @@ from mlxcel.actors.messages import (
     OutputItemDone,
     OutputTextDelta,
     OutputTextDone,
-    ResponseCreated,
     ResponseEvent,
     ResponseInProgress,
     StreamError,
@@ -41,7 +40,8 @@ class ResponseBuilder:
         return self._record
 
     def start(self) -> list[ResponseEvent]:
-        return [ResponseCreated(self._record), ResponseInProgress(self._record)]
+        """A slot took the response (the HTTP edge already announced it as created)."""
+        return [ResponseInProgress(self._record)]
 
     def feed(self, step: TokenStep) -> list[ResponseEvent]:
         """Events for one generated token (none when it adds no text yet)."""
@@ -102,6 +102,9 @@ class ResponseBuilder:
         return [StreamError(code, message)], self._record
 
     def cancel(self) -> ResponseRecord:
+        """The record as cancelled; a response that already ended is returned unchanged."""
+        if self._record.status in ("completed", "incomplete", "failed", "cancelled"):
+            return self._record
         self._record = dataclasses.replace(self._record, status="cancelled", usage=self._usage())
         return self._record
 

@@ -1,9 +1,10 @@
-"""The store actor: the only owner of stored responses.
+"""The store actor: the only owner of stored responses and conversation transcripts.
 
-Entries are charged their approximate serialised JSON size against a byte budget, kept
-in LRU order, and expire a fixed time after insertion; the clock is Trio's, so tests run
-on the fake clock. The interface stays narrow (put, get, delete) so another backend can
-sit behind it later.
+Each table charges its entries their approximate serialised JSON size against a byte
+budget, caps their number, keeps them in LRU order (a read refreshes recency), and
+expires them a fixed time after they were written; the clock is Trio's, so tests run on
+the fake clock. The interface is narrow (put, get, delete, append, statistics) so another
+backend can sit behind it later.
 """
 
 from __future__ import annotations
@@ -12,14 +13,27 @@ import contextlib
 import dataclasses
 import json
 import logging
+import time
+from collections.abc import Callable
 from typing import TypeVar
 
 import trio
 from cachetools import TTLCache
 
-from mlxcel.actors.messages import DeleteResponse, GetResponse, PutResponse, StoreCommand
+from mlxcel.actors.messages import (
+    AppendItems,
+    Delete,
+    Get,
+    Put,
+    ReadStatistics,
+    StoreCommand,
+    Stored,
+    StoreStatistics,
+    Table,
+    TableStatistics,
+)
 from mlxcel.config import StoreLimits
-from mlxcel.items import ResponseRecord
+from mlxcel.items import Conversation, Item, ResponseRecord
 
 log = logging.getLogger(__name__)
 
@@ -27,76 +41,141 @@ _NO_EXPIRY = float("inf")
 T = TypeVar("T")
 
 
-def approx_json_size(record: ResponseRecord) -> int:
-    """Roughly the bytes the record takes as JSON; what the byte budget counts."""
-    return len(json.dumps(dataclasses.asdict(record), default=str).encode())
+def approx_json_size(value: Stored) -> int:
+    """Roughly the bytes the value takes as JSON; what the byte budgets count."""
+    return len(json.dumps(dataclasses.asdict(value), default=str).encode())
+
+
+class BoundedTable:
+    """One table: an entry cap on top of cachetools' TTL + LRU + size-budget cache."""
+
+    def __init__(self, limits: StoreLimits) -> None:
+        self.limits = limits
+        ttl = limits.ttl_secs if limits.ttl_secs > 0 else _NO_EXPIRY
+        self._cache: TTLCache[str, Stored] = TTLCache(
+            maxsize=limits.max_bytes, ttl=ttl, timer=trio.current_time, getsizeof=approx_json_size
+        )
+
+    def put(self, key: str, value: Stored) -> bool:
+        if not self.limits.enabled:
+            return False
+        self._cache.pop(key, None)  # replacing a key never double-counts
+        try:
+            self._cache[key] = value
+        except ValueError:  # larger than the whole budget
+            log.info("%s is larger than its store's byte budget; not kept", key)
+            return False
+        while len(self._cache) > self.limits.max_entries:
+            self._cache.popitem()
+        return True
+
+    def get(self, key: str) -> Stored | None:
+        return self._cache.get(key)
+
+    def delete(self, key: str) -> bool:
+        return self._cache.pop(key, None) is not None
+
+    def statistics(self) -> TableStatistics:
+        self._cache.expire()
+        return TableStatistics(entries=len(self._cache), bytes=int(self._cache.currsize))
 
 
 class StoreHandle:
-    def __init__(self, inbox: trio.MemorySendChannel[StoreCommand], limits: StoreLimits) -> None:
+    """What other actors hold: one method per store command."""
+
+    def __init__(
+        self,
+        inbox: trio.MemorySendChannel[StoreCommand],
+        responses: StoreLimits,
+        conversations: StoreLimits,
+    ) -> None:
         self._inbox = inbox
-        self.limits = limits
+        self.responses_limits = responses
+        self.conversations_limits = conversations
 
     async def put(self, record: ResponseRecord) -> bool:
-        send, recv = trio.open_memory_channel[bool](1)
-        await self._inbox.send(PutResponse(record, send))
-        return await recv.receive()
+        return await self._ask(lambda reply: Put(Table.RESPONSES, record, reply))
 
     async def get(self, response_id: str) -> ResponseRecord | None:
-        send, recv = trio.open_memory_channel[ResponseRecord | None](1)
-        await self._inbox.send(GetResponse(response_id, send))
-        return await recv.receive()
+        value: Stored | None = await self._ask(lambda reply: Get(Table.RESPONSES, response_id, reply))
+        return value if isinstance(value, ResponseRecord) else None
 
     async def delete(self, response_id: str) -> bool:
-        send, recv = trio.open_memory_channel[bool](1)
-        await self._inbox.send(DeleteResponse(response_id, send))
+        return await self._ask(lambda reply: Delete(Table.RESPONSES, response_id, reply))
+
+    async def put_conversation(self, conversation: Conversation) -> bool:
+        return await self._ask(lambda reply: Put(Table.CONVERSATIONS, conversation, reply))
+
+    async def get_conversation(self, conversation_id: str) -> Conversation | None:
+        value: Stored | None = await self._ask(lambda reply: Get(Table.CONVERSATIONS, conversation_id, reply))
+        return value if isinstance(value, Conversation) else None
+
+    async def delete_conversation(self, conversation_id: str) -> bool:
+        return await self._ask(lambda reply: Delete(Table.CONVERSATIONS, conversation_id, reply))
+
+    async def append(self, conversation_id: str, items: tuple[Item, ...]) -> Conversation | None:
+        return await self._ask(lambda reply: AppendItems(conversation_id, items, reply))
+
+    async def statistics(self) -> StoreStatistics:
+        return await self._ask(ReadStatistics)
+
+    async def _ask(self, make: Callable[[trio.MemorySendChannel[T]], StoreCommand]) -> T:
+        send, recv = trio.open_memory_channel[T](1)
+        await self._inbox.send(make(send))
         return await recv.receive()
 
 
 class StoreActor:
-    def __init__(self, limits: StoreLimits) -> None:
-        self._limits = limits
-        ttl = limits.ttl_secs if limits.ttl_secs > 0 else _NO_EXPIRY
-        self._responses: TTLCache[str, ResponseRecord] = TTLCache(
-            maxsize=limits.max_bytes, ttl=ttl, timer=trio.current_time, getsizeof=approx_json_size
-        )
+    def __init__(self, responses: StoreLimits, conversations: StoreLimits) -> None:
+        self._tables = {
+            Table.RESPONSES: BoundedTable(responses),
+            Table.CONVERSATIONS: BoundedTable(conversations),
+        }
 
-    async def run(self, *, task_status: trio.TaskStatus[StoreHandle] = trio.TASK_STATUS_IGNORED) -> None:
+    async def run(
+        self, *, task_status: trio.TaskStatus[StoreHandle] = trio.TASK_STATUS_IGNORED
+    ) -> None:
         """Serve store commands until cancelled.
 
-        Resource handling: the inbox is unbuffered; every command is answered at once
-        on its own one-slot reply channel, so callers never queue behind each other long.
+        Resource handling: the inbox is unbuffered; every command is answered at once on
+        its own one-slot reply channel, so callers never queue behind each other for long.
+        Memory is bounded by each table's entry cap and byte budget.
 
-        Error handling: a caller that left before its reply gets none (the closed reply
+        Error handling: a caller that left before its reply gets none (its closed reply
         channel is ignored); nothing else raises here.
         """
         send, recv = trio.open_memory_channel[StoreCommand](0)
-        task_status.started(StoreHandle(send, self._limits))
+        responses = self._tables[Table.RESPONSES].limits
+        conversations = self._tables[Table.CONVERSATIONS].limits
+        task_status.started(StoreHandle(send, responses, conversations))
         async with recv:
             async for command in recv:
                 self._handle(command)
 
     def _handle(self, command: StoreCommand) -> None:
         match command:
-            case PutResponse(record, reply):
-                _answer(reply, self._put(record))
-            case GetResponse(response_id, reply):
-                _answer(reply, self._responses.get(response_id))
-            case DeleteResponse(response_id, reply):
-                _answer(reply, self._responses.pop(response_id, None) is not None)
+            case Put(table, value, reply):
+                _answer(reply, self._tables[table].put(value.id, value))
+            case Get(table, key, reply):
+                _answer(reply, self._tables[table].get(key))
+            case Delete(table, key, reply):
+                _answer(reply, self._tables[table].delete(key))
+            case AppendItems(conversation_id, items, reply):
+                _answer(reply, self._append(conversation_id, items))
+            case ReadStatistics(reply):
+                stats = StoreStatistics(
+                    responses=self._tables[Table.RESPONSES].statistics(),
+                    conversations=self._tables[Table.CONVERSATIONS].statistics(),
+                )
+                _answer(reply, stats)
 
-    def _put(self, record: ResponseRecord) -> bool:
-        if not self._limits.enabled:
-            return False
-        self._responses.pop(record.id, None)  # replacing an id never double-counts
-        try:
-            self._responses[record.id] = record
-        except ValueError:
-            log.info("response %s is larger than the store's byte budget; not kept", record.id)
-            return False
-        while len(self._responses) > self._limits.max_entries:
-            self._responses.popitem()
-        return True
+    def _append(self, conversation_id: str, items: tuple[Item, ...]) -> Conversation | None:
+        table = self._tables[Table.CONVERSATIONS]
+        current = table.get(conversation_id)
+        if not isinstance(current, Conversation):
+            current = Conversation(conversation_id, int(time.time()))
+        updated = dataclasses.replace(current, items=current.items + items)
+        return updated if table.put(conversation_id, updated) else None
 
 
 def _answer(reply: trio.MemorySendChannel[T], value: T) -> None:

@@ -55,6 +55,7 @@ PEER_MODEL = "default_model"  # mlx_lm.server's name for the folder given by --m
 PREFIX_TOKENS = 35
 PROMPT_TOKENS = 95
 LOG_TAIL_LINES = 40
+OTHER_CPU_WARN_PCT = 10.0
 
 Kind = Literal["ours", "peer"]
 
@@ -384,10 +385,66 @@ def mean(values: Sequence[float]) -> float | None:
 
 
 @dataclass
+class CpuSample:
+    """Cumulative CPU seconds: the whole machine (busy), the server, this process."""
+
+    busy: float | None
+    server: float | None
+    bench: float
+
+    @classmethod
+    def take(cls, server_pid: int | None) -> CpuSample:
+        times = os.times()
+        return cls(_machine_busy(), _process_cpu(server_pid), times.user + times.system)
+
+
+_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def _machine_busy() -> float | None:
+    """Busy CPU seconds of all cores since boot (Linux), None elsewhere."""
+    try:
+        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    except (OSError, ValueError):
+        return None
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    return (sum(fields[:8]) - idle) / _TICKS
+
+
+def _process_cpu(pid: int | None) -> float | None:
+    """User + system CPU seconds of one process and its reaped children (Linux)."""
+    if pid is None:
+        return None
+    try:
+        rest = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return sum(int(x) for x in rest[11:15]) / _TICKS
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def cpu_shares(before: CpuSample, after: CpuSample, wall: float) -> dict[str, float | None]:
+    """Percent of all cores used by the server, the benchmark and everything else."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    capacity = wall * (cores or 1)
+
+    def pct(a: float | None, b: float | None) -> float | None:
+        return None if a is None or b is None or capacity <= 0 else 100.0 * (b - a) / capacity
+
+    server = pct(before.server, after.server)
+    bench = pct(before.bench, after.bench)
+    busy = pct(before.busy, after.busy)
+    other = None
+    if busy is not None and bench is not None:
+        other = max(0.0, busy - bench - (server or 0.0))
+    return {"server_cpu_pct": server, "bench_cpu_pct": bench, "other_cpu_pct": other}
+
+
+@dataclass
 class LevelResult:
     n: int
     wall_s: float
     requests: list[RequestResult]
+    cpu: dict[str, float | None] = field(default_factory=dict)
 
     def summary(self) -> dict[str, Any]:
         ok = [r for r in self.requests if r.ok]
@@ -411,6 +468,7 @@ class LevelResult:
             "tpot_mean_ms": _ms(mean(tpots)),
             "agg_tok_s": tokens / self.wall_s if self.wall_s > 0 else None,
             "req_tok_s_mean": mean(rates),
+            **self.cpu,
         }
 
 
@@ -434,6 +492,7 @@ def run_level(
     prompts: Sequence[str],
     max_tokens: int,
     timeout: float,
+    server_pid: int | None = None,
 ) -> LevelResult:
     """Fire len(prompts) streams at once; returns when all ended or --timeout passed."""
     n = len(prompts)
@@ -460,6 +519,7 @@ def run_level(
     threads = [threading.Thread(target=worker, args=(i,), daemon=True) for i in range(n)]
     for t in threads:
         t.start()
+    cpu_before = CpuSample.take(server_pid)
     origin_box.append(time.perf_counter())
     barrier.wait()
     hard_deadline = origin_box[0] + timeout + 30.0  # the read timeout can add to --timeout
@@ -475,8 +535,9 @@ def run_level(
                 "message": "the client thread did not finish before the deadline",
             }
     wall = max((r.end or 0.0) for r in results)
+    cpu = cpu_shares(cpu_before, CpuSample.take(server_pid), time.perf_counter() - origin_box[0])
     client.close()
-    return LevelResult(n=n, wall_s=wall, requests=results)
+    return LevelResult(n=n, wall_s=wall, requests=results, cpu=cpu)
 
 
 # ---------------------------------------------------------------------------------------
@@ -495,6 +556,8 @@ class Server:
     command: list[str] | None = None
     proc: subprocess.Popen[bytes] | None = None
     log_path: Path | None = None
+    stopped: dict[str, Any] | None = None
+    """How the process ended: the signal that did it, its exit code, seconds taken."""
 
     def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
         if self.log_path is None or not self.log_path.exists():
@@ -646,16 +709,25 @@ def _check_alive(server: Server) -> None:
 def stop_server(server: Server) -> None:
     """SIGINT to the server's process group, then SIGKILL after a grace period."""
     proc = server.proc
-    if proc is None or proc.poll() is not None:
+    if proc is None:
         return
+    if proc.poll() is not None:
+        server.stopped = {"signal": None, "returncode": proc.returncode, "seconds": 0.0}
+        return
+    t0 = time.monotonic()
     for sig, grace in ((signal.SIGINT, 15.0), (signal.SIGKILL, 10.0)):
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, sig)
         try:
             proc.wait(grace)
-            return
         except subprocess.TimeoutExpired:
             continue
+        server.stopped = {
+            "signal": sig.name,
+            "returncode": proc.returncode,
+            "seconds": round(time.monotonic() - t0, 2),
+        }
+        return
 
 
 @contextlib.contextmanager
@@ -665,6 +737,32 @@ def running(server_factory: Callable[[], Server]) -> Iterator[Server]:
         yield server
     finally:
         stop_server(server)
+
+
+def other_cpu_pct(seconds: float = 2.0) -> float | None:
+    """Percent of all cores busy over `seconds`, not counting this process."""
+    before = CpuSample.take(None)
+    time.sleep(seconds)
+    return cpu_shares(before, CpuSample.take(None), seconds)["other_cpu_pct"]
+
+
+def wait_for_idle(max_wait: float) -> float | None:
+    """Wait up to `max_wait` seconds for the machine to be quiet; returns the last reading."""
+    deadline = time.monotonic() + max_wait
+    while True:
+        busy = other_cpu_pct()
+        if busy is None or busy <= OTHER_CPU_WARN_PCT:
+            return busy
+        if time.monotonic() >= deadline:
+            print(
+                f"warning: other processes keep {busy:.0f}% of the CPU busy; "
+                "results will be skewed",
+                flush=True,
+            )
+            return busy
+        if max_wait > 0:
+            print(f"other processes use {busy:.0f}% of the CPU; waiting ...", flush=True)
+        time.sleep(3.0)
 
 
 def our_model_name(base_url: str) -> str:
@@ -887,6 +985,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds allowed for a server to load and answer (default: 600)",
     )
     p.add_argument(
+        "--wait-idle",
+        type=float,
+        default=0.0,
+        help="before starting each server, wait up to this many seconds for other "
+        f"processes to use under {OTHER_CPU_WARN_PCT:.0f}%% of the CPU (default: 0, only warn)",
+    )
+    p.add_argument(
         "--out",
         type=Path,
         default=RESULTS_DIR,
@@ -906,15 +1011,25 @@ def bench_server(
     level_results = []
     for n in levels:
         print(f"[{label}] N={n}: {n} streams x {max_tokens} tokens ...", flush=True)
+        pid = server.proc.pid if server.proc is not None else None
         result = run_level(
-            server.kind, server.base_url, server.model, prompts[n], max_tokens, timeout
+            server.kind, server.base_url, server.model, prompts[n], max_tokens, timeout, pid
         )
         summary = result.summary()
         print(
             f"[{label}] N={n}: {summary['wall_s']:.1f}s, {summary['agg_tok_s'] or 0:.1f} tok/s, "
-            f"{summary['errors']} errors",
+            f"{summary['errors']} errors; CPU: server {_fmt(summary['server_cpu_pct'], '{:.0f}')}%"
+            f", bench {_fmt(summary['bench_cpu_pct'], '{:.0f}')}%"
+            f", other processes {_fmt(summary['other_cpu_pct'], '{:.0f}')}%",
             flush=True,
         )
+        other = summary["other_cpu_pct"]
+        if other is not None and other > OTHER_CPU_WARN_PCT:
+            print(
+                f"[{label}]   warning: other processes used {other:.0f}% of the CPU during "
+                "this level; its numbers are skewed",
+                flush=True,
+            )
         for r in result.requests:
             if r.error is not None:
                 print(f"[{label}]   request {r.index}: {json.dumps(r.error)[:600]}", flush=True)
@@ -1022,11 +1137,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"{kind} server ready in {time.monotonic() - t0:.1f}s", flush=True)
             return server
 
+        wait_for_idle(args.wait_idle)
         try:
             with running(factory) as server:
-                report["servers"][kind] = bench_server(
-                    server, levels, args.max_tokens, args.timeout, prompts
-                )
+                entry = bench_server(server, levels, args.max_tokens, args.timeout, prompts)
+            entry["stopped"] = server.stopped
+            report["servers"][kind] = entry
+            if server.stopped and server.stopped["signal"] != "SIGINT":
+                print(f"note: {kind} server did not stop on SIGINT: {server.stopped}", flush=True)
         except (ServerStartError, httpx.HTTPError, OSError) as exc:
             failures.append(f"{kind}: {exc}")
             print(f"error: {kind} server: {exc}", file=sys.stderr, flush=True)

@@ -6,18 +6,21 @@ is a 400 before any slot is taken.
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from mlxcel.actors.messages import GenerationRequest
+from mlxcel.actors.store import StoreHandle
 from mlxcel.errors import ContextLengthExceeded, InvalidRequest, ModelNotFound, UnsupportedFeature
 from mlxcel.http.schemas import CreateResponseBody, to_items
-from mlxcel.items import JsonValue, RequestEcho, ResponseRecord, new_id
+from mlxcel.items import Item, JsonValue, RequestEcho, ResponseRecord, new_id
 from mlxcel.model.engine import ModelInfo, PromptCodec, Sampling
 from mlxcel.model.prompt import to_chat
 
+ID_PATTERN = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
 HOSTED_TOOL_HINT = "this server runs no hosted tools; only `function` tools are supported"
 
 
@@ -55,26 +58,96 @@ def function_tools(tools: Sequence[dict[str, JsonValue]] | None) -> list[dict[st
     return out
 
 
-def build_request(
-    body: CreateResponseBody, names: ModelNames, info: ModelInfo, codec: PromptCodec
-) -> GenerationRequest:
-    if not names.matches(body.model):
-        raise ModelNotFound(body.model, [names.alias])
+def conversation_id(value: str | dict[str, JsonValue] | None) -> str | None:
+    """The id a request's `conversation` names (`"conv_x"` or `{"id": "conv_x"}`)."""
+    if value is None:
+        return None
+    raw = value.get("id") if isinstance(value, dict) else value
+    if not isinstance(raw, str) or not ID_PATTERN.fullmatch(raw):
+        raise InvalidRequest(
+            "Invalid 'conversation': expected a conversation id or {\"id\": \"...\"}.",
+            param="conversation", code="invalid_value",
+        )
+    return raw
+
+
+async def read_history(body: CreateResponseBody, store: StoreHandle) -> tuple[Item, ...]:
+    """The items that precede the request's input: a stored chain or a conversation."""
+    conversation = conversation_id(body.conversation)
+    if body.previous_response_id is not None and conversation is not None:
+        raise InvalidRequest(
+            "'previous_response_id' and 'conversation' cannot be used together.",
+            param="conversation", code="invalid_value",
+        )
+    if body.previous_response_id is not None:
+        if not store.responses_limits.enabled:
+            raise InvalidRequest(
+                "Response storage is disabled on this server, so 'previous_response_id' "
+                "cannot be used.", param="previous_response_id", code="storage_disabled",
+            )
+        return await chain_items(store, body.previous_response_id)
+    if conversation is not None:
+        if not store.conversations_limits.enabled:
+            raise InvalidRequest(
+                "The conversation store is disabled on this server, so 'conversation' "
+                "cannot be used.", param="conversation", code="storage_disabled",
+            )
+        found = await store.get_conversation(conversation)
+        return found.items if found is not None else ()
+    return ()
+
+
+async def chain_items(store: StoreHandle, response_id: str) -> tuple[Item, ...]:
+    """Every turn of a `previous_response_id` chain, oldest first (instructions excluded)."""
+    hops: list[ResponseRecord] = []
+    next_id: str | None = response_id
+    while next_id is not None:
+        record = await store.get(next_id)
+        if record is None:
+            raise InvalidRequest(
+                f"previous response '{next_id}' was not found or has expired",
+                param="previous_response_id", code="previous_response_not_found",
+            )
+        if record.status in ("queued", "in_progress"):
+            raise InvalidRequest(
+                f"previous response '{next_id}' has not finished (status: {record.status})",
+                param="previous_response_id", code="previous_response_not_finished",
+            )
+        hops.append(record)
+        next_id = record.echo.previous_response_id
+    items: list[Item] = []
+    for record in reversed(hops):
+        items.extend(record.input_items)
+        items.extend(record.output)
+    return tuple(items)
+
+
+def render(
+    body: CreateResponseBody, history: tuple[Item, ...], codec: PromptCodec
+) -> tuple[tuple[Item, ...], list[int]]:
+    """The request's own input items and the prompt tokens of history + input."""
     if body.truncation == "auto":
         raise UnsupportedFeature("Only `truncation: \"disabled\"` is supported.",
                                  param="truncation", code="unsupported_value")
+    tools = function_tools(body.tools)
+    items = to_items(body.input)
+    prompt = codec.render(to_chat(body.instructions, history + items), tools or None)
+    return items, prompt
+
+
+def build_request(
+    body: CreateResponseBody,
+    names: ModelNames,
+    info: ModelInfo,
+    codec: PromptCodec,
+    history: tuple[Item, ...],
+) -> GenerationRequest:
+    if not names.matches(body.model):
+        raise ModelNotFound(body.model, [names.alias])
     if body.background:
         raise UnsupportedFeature("Background mode is not available yet.", param="background",
                                  code="unsupported_value")
-    if body.previous_response_id is not None:
-        raise UnsupportedFeature("`previous_response_id` is not available yet.",
-                                 param="previous_response_id", code="unsupported_value")
-    if body.conversation is not None:
-        raise UnsupportedFeature("`conversation` is not available yet.", param="conversation",
-                                 code="unsupported_value")
-    tools = function_tools(body.tools)
-    items = to_items(body)
-    prompt = codec.render(to_chat(body.instructions, items), tools or None)
+    items, prompt = render(body, history, codec)
     room = info.context_length - len(prompt)
     if room < 1:
         raise ContextLengthExceeded(
@@ -91,12 +164,14 @@ def build_request(
         top_logprobs=body.top_logprobs or 0,
         store=True if body.store is None else body.store,
         metadata=dict(body.metadata or {}),
+        previous_response_id=body.previous_response_id,
         tool_choice=body.tool_choice if body.tool_choice is not None else "auto",
         tools=tuple(body.tools or ()),
         parallel_tool_calls=True if body.parallel_tool_calls is None else body.parallel_tool_calls,
         text=body.text if body.text is not None else {"format": {"type": "text"}},
         reasoning=body.reasoning,
         user=body.user,
+        conversation_id=conversation_id(body.conversation),
     )
     record = ResponseRecord(
         id=new_id("resp"), created_at=int(time.time()), status="in_progress", echo=echo,

@@ -16,14 +16,21 @@ import trio
 from quart import Response, request
 from quart_trio import QuartTrio
 
-from mlxcel.actors.messages import Generate, ResponseEvent, ResponseFinished
+from mlxcel.actors.messages import Generate, ResponseCreated, ResponseEvent, ResponseFinished
 from mlxcel.actors.scheduler import SchedulerHandle
 from mlxcel.actors.store import StoreHandle
-from mlxcel.errors import GenerationFailed
+from mlxcel.errors import GenerationFailed, InvalidRequest, ModelNotFound, NotFound
 from mlxcel.http.errors import error_body, map_error, parse_json
-from mlxcel.http.intake import ModelNames, build_request
-from mlxcel.http.schemas import CreateResponseBody, response_json
+from mlxcel.http.intake import ModelNames, build_request, read_history, render
+from mlxcel.http.schemas import (
+    CreateResponseBody,
+    InputTokensBody,
+    item_json,
+    list_page,
+    response_json,
+)
 from mlxcel.http.sse import SseEncoder
+from mlxcel.items import ResponseRecord
 from mlxcel.model.actor import ModelHandle
 
 
@@ -54,8 +61,9 @@ def create_app(handles: Handles) -> QuartTrio:
 
     def route(rule: str, **options: Any) -> Callable[[Any], Any]:
         def register(view: Any) -> Any:
-            app.add_url_rule(rule, view_func=view, **options)
-            app.add_url_rule(f"/v1{rule}", endpoint=f"v1{rule}", view_func=view, **options)
+            app.add_url_rule(rule, endpoint=view.__name__, view_func=view, **options)
+            app.add_url_rule(f"/v1{rule}", endpoint=f"v1_{view.__name__}", view_func=view,
+                             **options)
             return view
 
         return register
@@ -93,19 +101,74 @@ def create_app(handles: Handles) -> QuartTrio:
     async def create_response() -> Response:
         body = CreateResponseBody.model_validate(parse_json(await request.get_data()))
         loaded = handles.model.loaded
-        generation = build_request(body, handles.names, loaded.info, loaded.codec)
+        history = await read_history(body, handles.store)
+        generation = build_request(body, handles.names, loaded.info, loaded.codec, history)
         # Unbuffered: a slow client slows its own slot, never the model thread.
         send, recv = trio.open_memory_channel[ResponseEvent](0)
-        handles.scheduler.submit_nowait(Generate(generation, send))
+        await handles.scheduler.submit(Generate(generation, send))
         if body.stream:
             return Response(
-                _sse(recv),
+                _sse(ResponseCreated(generation.record), recv),
                 content_type="text/event-stream",
                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
             )
         return json_response(response_json(await _final(recv)))
 
+    @route("/responses/input_tokens", methods=["POST"])
+    async def count_input_tokens() -> Response:
+        body = InputTokensBody.model_validate(parse_json(await request.get_data()))
+        if body.model is not None and not handles.names.matches(body.model):
+            raise ModelNotFound(body.model, [handles.names.alias])
+        history = await read_history(body, handles.store)
+        _, prompt = render(body, history, handles.model.codec)
+        return json_response({"object": "response.input_tokens", "input_tokens": len(prompt)})
+
+    @route("/responses/<response_id>", methods=["GET"])
+    async def retrieve_response(response_id: str) -> Response:
+        return json_response(response_json(await _stored(handles, response_id)))
+
+    @route("/responses/<response_id>", methods=["DELETE"])
+    async def delete_response(response_id: str) -> Response:
+        await _stored(handles, response_id)
+        await handles.store.delete(response_id)
+        return json_response({"id": response_id, "object": "response.deleted", "deleted": True})
+
+    @route("/responses/<response_id>/cancel", methods=["POST"])
+    async def cancel_response(response_id: str) -> Response:
+        _check_response_id(handles, response_id)
+        record = await handles.scheduler.cancel(response_id)
+        if record is None:
+            record = await _stored(handles, response_id)
+        return json_response(response_json(record))
+
+    @route("/responses/<response_id>/input_items", methods=["GET"])
+    async def list_input_items(response_id: str) -> Response:
+        record = await _stored(handles, response_id)
+        page = list_page([item_json(i) for i in record.input_items], request.args)
+        return json_response(page)
+
     return app
+
+
+def _check_response_id(handles: Handles, response_id: str) -> None:
+    if not handles.store.responses_limits.enabled:
+        raise InvalidRequest(
+            "Response storage is disabled on this server (--responses-store-max-entries 0).",
+            code="storage_disabled",
+        )
+    if not response_id.startswith("resp_"):
+        raise InvalidRequest(
+            f"Invalid 'response_id': {response_id[:64]!r}. Expected an id that begins with "
+            "'resp_'.", param="response_id", code="invalid_value",
+        )
+
+
+async def _stored(handles: Handles, response_id: str) -> ResponseRecord:
+    _check_response_id(handles, response_id)
+    record = await handles.store.get(response_id)
+    if record is None:
+        raise NotFound(f"Response with id '{response_id}' not found.", code="not_found")
+    return record
 
 
 async def _final(events: trio.MemoryReceiveChannel[ResponseEvent]) -> Any:
@@ -116,8 +179,12 @@ async def _final(events: trio.MemoryReceiveChannel[ResponseEvent]) -> Any:
     raise GenerationFailed("The response ended without a result.")
 
 
-async def _sse(events: trio.MemoryReceiveChannel[ResponseEvent]) -> AsyncIterator[bytes]:
+async def _sse(
+    created: ResponseCreated, events: trio.MemoryReceiveChannel[ResponseEvent]
+) -> AsyncIterator[bytes]:
+    """The stream: `response.created` at once (even while queued), then the slot's events."""
     encoder = SseEncoder()
+    yield encoder.encode(created)
     async with events:
         async for event in events:
             yield encoder.encode(event)

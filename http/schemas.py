@@ -6,10 +6,12 @@ this module is free of pydantic. Response JSON follows the `openai` SDK's types.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, JsonValue
 
+from mlxcel.errors import InvalidRequest
 from mlxcel.items import (
     ContentPart,
     FunctionCall,
@@ -21,6 +23,7 @@ from mlxcel.items import (
     Reasoning,
     Refusal,
     ResponseRecord,
+    new_id,
 )
 
 
@@ -123,6 +126,43 @@ class CreateResponseBody(_Model):
     user: str | None = None
 
 
+class InputTokensBody(CreateResponseBody):
+    """`/v1/responses/input_tokens` takes a create body whose `model` may be left out."""
+
+    model: str | None = None  # type: ignore[assignment]
+
+
+def list_page(items: Sequence[dict[str, Any]], args: Mapping[str, str]) -> dict[str, Any]:
+    """A cursor page (`after`, `limit` 1..100 default 20, `order` asc|desc default desc)."""
+    order = args.get("order", "desc")
+    if order not in ("asc", "desc"):
+        raise InvalidRequest("Invalid 'order': expected 'asc' or 'desc'.", param="order",
+                             code="invalid_value")
+    try:
+        limit = int(args.get("limit", "20"))
+    except ValueError:
+        limit = 0
+    if not 1 <= limit <= 100:
+        raise InvalidRequest("Invalid 'limit': expected an integer from 1 to 100.",
+                             param="limit", code="invalid_value")
+    ordered = list(items) if order == "asc" else list(reversed(items))
+    after = args.get("after")
+    if after is not None:
+        ids = [item.get("id") for item in ordered]
+        if after not in ids:
+            raise InvalidRequest(f"Invalid 'after': no item with id {after[:64]!r}.",
+                                 param="after", code="invalid_value")
+        ordered = ordered[ids.index(after) + 1 :]
+    data = ordered[:limit]
+    return {
+        "object": "list",
+        "data": data,
+        "first_id": data[0]["id"] if data else None,
+        "last_id": data[-1]["id"] if data else None,
+        "has_more": len(ordered) > limit,
+    }
+
+
 def _part(part: InputTextPart | OutputTextPart | RefusalPart) -> ContentPart:
     match part:
         case InputTextPart(text=text):
@@ -134,26 +174,27 @@ def _part(part: InputTextPart | OutputTextPart | RefusalPart) -> ContentPart:
     raise AssertionError(part)
 
 
-def to_items(body: CreateResponseBody) -> tuple[Item, ...]:
-    """The request's input as conversation items."""
-    if isinstance(body.input, str):
-        return (Message("user", (InputText(body.input),)),)
+def to_items(raw_input: str | Sequence[MessageIn | FunctionCallIn | FunctionCallOutputIn | ReasoningIn]) -> tuple[Item, ...]:
+    """Request input as conversation items; items sent without an id get one."""
+    if isinstance(raw_input, str):
+        return (Message("user", (InputText(raw_input),), id=new_id("msg")),)
     items: list[Item] = []
-    for raw in body.input:
+    for raw in raw_input:
         match raw:
             case MessageIn(role=role, content=str(text), id=item_id):
                 part: ContentPart = OutputText(text) if role == "assistant" else InputText(text)
-                items.append(Message(role, (part,), id=item_id))
+                items.append(Message(role, (part,), id=item_id or new_id("msg")))
             case MessageIn(role=role, content=list(parts), id=item_id):
-                items.append(Message(role, tuple(_part(p) for p in parts), id=item_id))
+                content = tuple(_part(p) for p in parts)
+                items.append(Message(role, content, id=item_id or new_id("msg")))
             case FunctionCallIn(call_id=call_id, name=name, arguments=arguments, id=item_id):
-                items.append(FunctionCall(call_id, name, arguments, id=item_id))
+                items.append(FunctionCall(call_id, name, arguments, id=item_id or new_id("fc")))
             case FunctionCallOutputIn(call_id=call_id, output=output, id=item_id):
                 text = output if isinstance(output, str) else "".join(p.text for p in output)
-                items.append(FunctionCallOutput(call_id, text, id=item_id))
+                items.append(FunctionCallOutput(call_id, text, id=item_id or new_id("fco")))
             case ReasoningIn(id=item_id, content=content):
                 text = "".join(c.text for c in content or [])
-                items.append(Reasoning(text, id=item_id))
+                items.append(Reasoning(text, id=item_id or new_id("rs")))
     return tuple(items)
 
 
@@ -251,6 +292,8 @@ def response_json(record: ResponseRecord) -> dict[str, Any]:
         "user": echo.user,
         "metadata": echo.metadata,
     }
+    if echo.conversation_id is not None:
+        body["conversation"] = {"id": echo.conversation_id}
     if echo.background:
         body["background"] = True
     return body

@@ -27,7 +27,7 @@ from mlxcel.model.fake import FakeCodec, FakeEngine, fake_factory
 async def start(
     nursery: trio.Nursery, engine: FakeEngine, parallel: int = 2, depth: int = 4
 ) -> tuple[SchedulerHandle, StoreHandle]:
-    store = await nursery.start(StoreActor(StoreLimits(100, 1 << 20, 0)).run)
+    store = await nursery.start(StoreActor(StoreLimits(100, 1 << 20, 0), StoreLimits(0, 0, 0)).run)
     model = await nursery.start(ModelActor(functools.partial(fake_factory, engine), parallel).run)
     await model.ready.wait()
     scheduler = Scheduler(model, store, parallel=parallel, max_queue_depth=depth,
@@ -48,7 +48,7 @@ async def collect(
     scheduler: SchedulerHandle, req: GenerationRequest
 ) -> list[ResponseEvent]:
     send, recv = trio.open_memory_channel[ResponseEvent](0)
-    scheduler.submit_nowait(Generate(req, send))
+    await scheduler.submit(Generate(req, send))
     async with recv:
         return [event async for event in recv]
 
@@ -57,7 +57,7 @@ async def test_response_is_stored_before_it_is_reported(nursery: trio.Nursery) -
     scheduler, store = await start(nursery, FakeEngine())
     req = request("echo: stored first")
     send, recv = trio.open_memory_channel[ResponseEvent](0)
-    scheduler.submit_nowait(Generate(req, send))
+    await scheduler.submit(Generate(req, send))
     async with recv:
         async for event in recv:
             if isinstance(event, ResponseFinished):
@@ -78,12 +78,14 @@ async def test_queue_bound_and_slots(nursery: trio.Nursery) -> None:
     scheduler, _ = await start(nursery, engine, parallel=1, depth=1)
     long = "echo: " + " ".join(["w"] * 50)
     first_send, first_recv = trio.open_memory_channel[ResponseEvent](100)
-    scheduler.submit_nowait(Generate(request(long), first_send))
+    await scheduler.submit(Generate(request(long), first_send))
     await first_recv.receive()  # the slot has taken it
     second_send, second_recv = trio.open_memory_channel[ResponseEvent](100)
-    scheduler.submit_nowait(Generate(request("echo: queued"), second_send))
+    await scheduler.submit(Generate(request("echo: queued"), second_send))
     with pytest.raises(QueueFull):
-        scheduler.submit_nowait(Generate(request("echo: refused"), trio.open_memory_channel[ResponseEvent](1)[0]))
+        await scheduler.submit(
+            Generate(request("echo: refused"), trio.open_memory_channel[ResponseEvent](1)[0])
+        )
     with trio.fail_after(10):
         async with first_recv, second_recv:
             first = [e async for e in first_recv]
@@ -98,7 +100,7 @@ async def test_leaving_requester_frees_its_slot(nursery: trio.Nursery) -> None:
     scheduler, _ = await start(nursery, engine, parallel=1, depth=0)
     long = "echo: " + " ".join(["w"] * 500)
     send, recv = trio.open_memory_channel[ResponseEvent](0)
-    scheduler.submit_nowait(Generate(request(long, max_tokens=1000), send))
+    await scheduler.submit(Generate(request(long, max_tokens=1000), send))
     async with recv:
         async for event in recv:
             if isinstance(event, OutputTextDelta):

@@ -5,10 +5,15 @@ from __future__ import annotations
 import pytest
 import trio
 import trio.testing
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from mlxcel.actors.store import StoreActor, StoreHandle, approx_json_size
+from mlxcel.actors.store import BoundedTable, StoreActor, StoreHandle, approx_json_size
 from mlxcel.config import StoreLimits
-from mlxcel.items import InputText, Message, RequestEcho, ResponseRecord
+from mlxcel.items import Conversation, InputText, Message, RequestEcho, ResponseRecord
+
+OFF = StoreLimits(0, 0, 0)
 
 
 def record(rid: str, text: str = "x") -> ResponseRecord:
@@ -18,8 +23,10 @@ def record(rid: str, text: str = "x") -> ResponseRecord:
     )
 
 
-async def start(nursery: trio.Nursery, limits: StoreLimits) -> StoreHandle:
-    handle: StoreHandle = await nursery.start(StoreActor(limits).run)
+async def start(
+    nursery: trio.Nursery, limits: StoreLimits, conversations: StoreLimits = OFF
+) -> StoreHandle:
+    handle: StoreHandle = await nursery.start(StoreActor(limits, conversations).run)
     return handle
 
 
@@ -36,7 +43,7 @@ async def test_entries_limit_evicts_least_recently_used(nursery: trio.Nursery) -
     store = await start(nursery, StoreLimits(2, 1 << 20, 0))
     await store.put(record("a"))
     await store.put(record("b"))
-    assert await store.get("a") is not None  # a is now the most recently used
+    assert await store.get("a") is not None  # a read refreshes a's recency
     await store.put(record("c"))
     assert await store.get("b") is None
     assert await store.get("a") is not None
@@ -48,10 +55,13 @@ async def test_ttl_expires_on_the_fake_clock(
 ) -> None:
     store = await start(nursery, StoreLimits(10, 1 << 20, 60))
     await store.put(record("a"))
-    await trio.sleep(59)
+    await trio.sleep(30)
+    assert await store.get("a") is not None  # reading does not extend the TTL
+    await trio.sleep(29)
     assert await store.get("a") is not None
     await trio.sleep(2)
     assert await store.get("a") is None
+    assert (await store.statistics()).responses.entries == 0
 
 
 async def test_ttl_zero_never_expires(
@@ -63,17 +73,31 @@ async def test_ttl_zero_never_expires(
     assert await store.get("a") is not None
 
 
-async def test_byte_budget(nursery: trio.Nursery) -> None:
+async def test_byte_budget_alone_evicts(nursery: trio.Nursery) -> None:
     size = approx_json_size(record("a"))
-    store = await start(nursery, StoreLimits(10, 2 * size, 0))
+    store = await start(nursery, StoreLimits(1000, 2 * size, 0))
     await store.put(record("a"))
     await store.put(record("b"))
     await store.put(record("c"))
     assert await store.get("a") is None  # evicted to make room
     assert await store.get("c") is not None
-    # Replacing an id does not count it twice.
-    await store.put(record("c"))
+    await store.put(record("c"))  # replacing an id does not count it twice
     assert await store.get("b") is not None
+    stats = (await store.statistics()).responses
+    assert stats == type(stats)(entries=2, bytes=2 * size)
+
+
+async def test_both_limits_at_once(nursery: trio.Nursery) -> None:
+    size = approx_json_size(record("a"))
+    store = await start(nursery, StoreLimits(3, 10 * size, 0))
+    for rid in "abcde":
+        await store.put(record(rid))
+    assert [await store.get(r) is not None for r in "abcde"] == [False, False, True, True, True]
+    big = record("f", "y" * (8 * size))
+    await store.put(big)
+    stats = (await store.statistics()).responses
+    assert stats.bytes <= 10 * size
+    assert await store.get("f") == big
 
 
 async def test_entry_exactly_at_budget_is_kept_larger_is_not(nursery: trio.Nursery) -> None:
@@ -82,7 +106,7 @@ async def test_entry_exactly_at_budget_is_kept_larger_is_not(nursery: trio.Nurse
     assert await store.put(record("a"))
     assert not await store.put(record("b", "much longer text"))
     assert await store.get("b") is None
-    assert await store.get("a") is not None
+    assert await store.get("a") is not None  # an oversized put evicts nothing
 
 
 @pytest.mark.parametrize("limits", [StoreLimits(0, 1 << 20, 0), StoreLimits(10, 0, 0)])
@@ -92,3 +116,71 @@ async def test_disabled_or_zero_budget_keeps_nothing(
     store = await start(nursery, limits)
     assert not await store.put(record("a"))
     assert await store.get("a") is None
+
+
+async def test_conversations_append_create_and_expire(
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
+    store = await start(nursery, StoreLimits(10, 1 << 20, 0), StoreLimits(10, 1 << 20, 100))
+    one = Message("user", (InputText("one"),))
+    two = Message("assistant", (InputText("two"),))
+    conv = await store.append("conv_a", (one,))
+    assert conv is not None
+    assert conv.items == (one,)
+    conv = await store.append("conv_a", (two,))
+    assert conv is not None
+    assert (await store.get_conversation("conv_a")) == conv
+    assert conv.items == (one, two)
+    await trio.sleep(101)
+    assert await store.get_conversation("conv_a") is None
+    assert await store.put_conversation(Conversation("conv_b", 0, {"k": "v"}))
+    assert await store.delete_conversation("conv_b")
+    assert not await store.delete_conversation("conv_b")
+
+
+async def test_conversation_store_off_keeps_nothing(nursery: trio.Nursery) -> None:
+    store = await start(nursery, StoreLimits(10, 1 << 20, 0), StoreLimits(0, 1 << 20, 0))
+    assert await store.append("conv_a", (Message("user", (InputText("x"),)),)) is None
+
+
+class TableMachine(RuleBasedStateMachine):
+    """The running byte total equals the live entries' sizes and respects the budget."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.budget = 6 * approx_json_size(record("k0"))
+        self.table = BoundedTable(StoreLimits(5, self.budget, 0))
+
+    @rule(key=st.sampled_from([f"k{i}" for i in range(8)]), length=st.integers(0, 400))
+    def put(self, key: str, length: int) -> None:
+        value = record(key, "x" * length)
+        kept = self.table.put(key, value)
+        assert kept == (approx_json_size(value) <= self.budget)
+        assert self.table.statistics().bytes <= self.budget
+
+    @rule(key=st.sampled_from([f"k{i}" for i in range(8)]))
+    def get(self, key: str) -> None:
+        self.table.get(key)
+
+    @rule(key=st.sampled_from([f"k{i}" for i in range(8)]))
+    def delete(self, key: str) -> None:
+        self.table.delete(key)
+
+    @invariant()
+    def bytes_are_the_sum_of_live_entries(self) -> None:
+        cache = self.table._cache
+        assert cache.currsize == sum(approx_json_size(v) for v in cache.values())
+        assert len(cache) <= 5
+
+
+TableMachine.TestCase.settings = settings(max_examples=60, stateful_step_count=30,
+                                          deadline=None)
+
+
+def test_table_state_machine() -> None:
+    trio.run(_run_machine)
+
+
+async def _run_machine() -> None:
+    # BoundedTable reads Trio's clock, so the machine runs inside a Trio run.
+    TableMachine.TestCase().runTest()

@@ -51,12 +51,15 @@ def _probe(*args: str, **env: str) -> dict[str, Any]:
 
 
 def test_openblas_makes_mlx_matmul_fast(tmp_path: Path) -> None:
-    fast = _probe(MLXCEL_CACHE_DIR=str(tmp_path))  # builds the shim from scratch
+    # One OpenBLAS thread: with several threads on a busy machine OpenBLAS's
+    # spinning workers can fall to reference speed, which would make this
+    # test about the machine's load rather than about the reroute.
+    fast = _probe(MLXCEL_CACHE_DIR=str(tmp_path), OPENBLAS_NUM_THREADS="1")
     reference = _probe(MLXCEL_BLAS="reference")
     assert fast["fast"] is True, fast
     assert fast["name"].startswith("openblas"), fast
     assert reference == {**reference, "name": "reference", "fast": False, "path": None}
-    # Measured here: ~200 GFLOP/s against ~5 for the reference BLAS.
+    # Measured: ~100 GFLOP/s on one core (~200 on two) against ~5 for the reference.
     assert fast["gflops"] > 30, (fast, reference)
     assert fast["gflops"] > 5 * reference["gflops"], (fast, reference)
     assert list((tmp_path / "blas").glob("mlxcel-blas-shim-*.so"))

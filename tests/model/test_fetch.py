@@ -7,6 +7,7 @@ import json
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -181,7 +182,8 @@ def test_tiny_model_loads_and_generates_deterministically(
     import mlx_lm
     from mlx_lm.sample_utils import make_sampler
 
-    model, tokenizer = mlx_lm.load(str(folder))
+    loaded: Any = mlx_lm.load(str(folder))
+    model, tokenizer = loaded[:2]
     assert tokenizer.encode("<|im_start|>", add_special_tokens=False) == [151644]
     prompt = tokenizer.apply_chat_template(
         [{"role": "user", "content": "hi"}], add_generation_prompt=True, tokenize=False

@@ -42,7 +42,7 @@ def _byte_tokens() -> list[str]:
     return [chr(chars[b]) for b in range(256)]
 
 
-def _vocab() -> tuple[list[str], list[int]]:
+def _vocab() -> tuple[list[str], list[TokenType]]:
     tokens = _byte_tokens() + [m.replace(" ", "") for m in MERGES]
     types = [TokenType.NORMAL] * len(tokens)
     for token, kind in SPECIALS.items():
@@ -240,7 +240,8 @@ def test_converted_folder_loads_and_generates_in_mlx_lm(tmp_path: Path) -> None:
     import mlx_lm
     from mlx_lm.sample_utils import make_sampler
 
-    model, tokenizer = mlx_lm.load(str(tmp_path / "out"))
+    loaded: Any = mlx_lm.load(str(tmp_path / "out"))
+    model, tokenizer = loaded[:2]
     prompt = tokenizer.apply_chat_template(
         [{"role": "user", "content": "hello"}], add_generation_prompt=True, tokenize=False
     )
