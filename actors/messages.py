@@ -180,11 +180,33 @@ class Delete:
 
 
 @dataclass(frozen=True, slots=True)
-class AppendItems:
-    """Append items to a conversation transcript, creating it when missing."""
+class AddItems:
+    items: tuple[Item, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class RemoveItem:
+    item_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class SetMetadata:
+    metadata: dict[str, str]
+
+
+ConversationChange = AddItems | RemoveItem | SetMetadata
+
+
+@dataclass(frozen=True, slots=True)
+class ChangeConversation:
+    """Change a transcript in one step (no lost updates between concurrent writers).
+
+    With `create`, a missing conversation is created first; otherwise the reply is None.
+    The reply is also None when the changed transcript no longer fits the store."""
 
     conversation_id: str
-    items: tuple[Item, ...]
+    change: ConversationChange
+    create: bool
     reply: trio.MemorySendChannel[Conversation | None]
 
 
@@ -205,4 +227,4 @@ class ReadStatistics:
     reply: trio.MemorySendChannel[StoreStatistics]
 
 
-StoreCommand = Put | Get | Delete | AppendItems | ReadStatistics
+StoreCommand = Put | Get | Delete | ChangeConversation | ReadStatistics

@@ -21,11 +21,15 @@ import trio
 from cachetools import TTLCache
 
 from mlxcel.actors.messages import (
-    AppendItems,
+    AddItems,
+    ChangeConversation,
+    ConversationChange,
     Delete,
     Get,
     Put,
     ReadStatistics,
+    RemoveItem,
+    SetMetadata,
     StoreCommand,
     Stored,
     StoreStatistics,
@@ -114,7 +118,15 @@ class StoreHandle:
         return await self._ask(lambda reply: Delete(Table.CONVERSATIONS, conversation_id, reply))
 
     async def append(self, conversation_id: str, items: tuple[Item, ...]) -> Conversation | None:
-        return await self._ask(lambda reply: AppendItems(conversation_id, items, reply))
+        """Append to a transcript, creating it when missing."""
+        return await self.change(conversation_id, AddItems(items), create=True)
+
+    async def change(
+        self, conversation_id: str, change: ConversationChange, *, create: bool = False
+    ) -> Conversation | None:
+        return await self._ask(
+            lambda reply: ChangeConversation(conversation_id, change, create, reply)
+        )
 
     async def statistics(self) -> StoreStatistics:
         return await self._ask(ReadStatistics)
@@ -160,8 +172,8 @@ class StoreActor:
                 _answer(reply, self._tables[table].get(key))
             case Delete(table, key, reply):
                 _answer(reply, self._tables[table].delete(key))
-            case AppendItems(conversation_id, items, reply):
-                _answer(reply, self._append(conversation_id, items))
+            case ChangeConversation(conversation_id, change, create, reply):
+                _answer(reply, self._change(conversation_id, change, create))
             case ReadStatistics(reply):
                 stats = StoreStatistics(
                     responses=self._tables[Table.RESPONSES].statistics(),
@@ -169,12 +181,23 @@ class StoreActor:
                 )
                 _answer(reply, stats)
 
-    def _append(self, conversation_id: str, items: tuple[Item, ...]) -> Conversation | None:
+    def _change(
+        self, conversation_id: str, change: ConversationChange, create: bool
+    ) -> Conversation | None:
         table = self._tables[Table.CONVERSATIONS]
         current = table.get(conversation_id)
         if not isinstance(current, Conversation):
+            if not create:
+                return None
             current = Conversation(conversation_id, int(time.time()))
-        updated = dataclasses.replace(current, items=current.items + items)
+        match change:
+            case AddItems(items):
+                updated = dataclasses.replace(current, items=current.items + items)
+            case RemoveItem(item_id):
+                kept = tuple(i for i in current.items if i.id != item_id)
+                updated = dataclasses.replace(current, items=kept)
+            case SetMetadata(metadata):
+                updated = dataclasses.replace(current, metadata=dict(metadata))
         return updated if table.put(conversation_id, updated) else None
 
 

@@ -20,6 +20,7 @@ from mlxcel.actors.messages import Generate, ResponseCreated, ResponseEvent, Res
 from mlxcel.actors.scheduler import SchedulerHandle
 from mlxcel.actors.store import StoreHandle
 from mlxcel.errors import GenerationFailed, InvalidRequest, ModelNotFound, NotFound
+from mlxcel.http.conversations import register_conversations
 from mlxcel.http.errors import error_body, map_error, parse_json
 from mlxcel.http.intake import ModelNames, build_request, read_history, render
 from mlxcel.http.schemas import (
@@ -147,6 +148,7 @@ def create_app(handles: Handles) -> QuartTrio:
         page = list_page([item_json(i) for i in record.input_items], request.args)
         return json_response(page)
 
+    register_conversations(route, handles.store, json_response)
     return app
 
 

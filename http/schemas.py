@@ -14,6 +14,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, JsonValue
 from mlxcel.errors import InvalidRequest
 from mlxcel.items import (
     ContentPart,
+    Conversation,
     FunctionCall,
     FunctionCallOutput,
     InputText,
@@ -124,6 +125,31 @@ class CreateResponseBody(_Model):
     previous_response_id: str | None = None
     conversation: str | dict[str, JsonValue] | None = None
     user: str | None = None
+
+
+Metadata = dict[Annotated[str, Field(max_length=64)], Annotated[str, Field(max_length=512)]]
+
+
+class ConversationCreateBody(_Model):
+    items: list[InputItemIn] | None = Field(default=None, max_length=20)
+    metadata: Metadata | None = Field(default=None, max_length=16)
+
+
+class ConversationUpdateBody(_Model):
+    metadata: Metadata = Field(max_length=16)
+
+
+class ConversationItemsBody(_Model):
+    items: list[InputItemIn] = Field(min_length=1, max_length=20)
+
+
+def conversation_json(conversation: Conversation) -> dict[str, Any]:
+    return {
+        "id": conversation.id,
+        "object": "conversation",
+        "created_at": conversation.created_at,
+        "metadata": conversation.metadata,
+    }
 
 
 class InputTokensBody(CreateResponseBody):
