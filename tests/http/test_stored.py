@@ -269,3 +269,18 @@ async def test_cancel_a_queued_request(start_fake_server: StartServer) -> None:
     assert results["running"].output_text.startswith("w0 w1")
     stored = await in_thread(client.responses.retrieve, queued_ids[0])
     assert stored.status == "cancelled"
+
+
+async def test_huge_and_malformed_bodies_leave_the_store_intact(fake_server: FakeServer) -> None:
+    client = fake_server.client()
+    kept = await in_thread(client.responses.create, model="fake-model", input="echo: kept")
+    async with httpx.AsyncClient(base_url=fake_server.url, timeout=60) as http:
+        huge = await http.post("/v1/responses", content=b"x" * (65 * 1024 * 1024),
+                               headers={"content-type": "application/json"})
+        assert huge.status_code == 413
+        assert huge.json()["error"]["code"] == "request_too_large"
+        for body in ({"model": "fake-model", "input": [{"x": 1}]},
+                     {"model": "fake-model", "input": "x", "previous_response_id": 5},
+                     {"model": "fake-model", "input": "x", "conversation": {"id": 5}}):
+            assert (await http.post("/v1/responses", json=body)).status_code == 400
+    assert (await in_thread(client.responses.retrieve, kept.id)).model_dump() == kept.model_dump()

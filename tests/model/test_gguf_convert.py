@@ -62,8 +62,13 @@ def _permute(w: Array, n_head: int) -> Array:
     )
 
 
-def write_gguf(path: Path, arch: str = "qwen2", tied: bool = True) -> dict[str, Array]:
-    """A tiny model GGUF; returns the intended Hugging Face layout weights by HF name."""
+def write_gguf(path: Path, arch: str = "qwen2", head: str = "tied") -> dict[str, Array]:
+    """A tiny model GGUF; returns the intended Hugging Face layout weights by HF name.
+
+    ``head``: ``tied`` (no output.weight), ``distinct`` (its own matrix) or
+    ``copy`` (the embedding again at another quantisation, as llama.cpp
+    writes tied models).
+    """
     rng = np.random.default_rng(7)
     tokens, types = _vocab()
     vocab = len(tokens)
@@ -135,8 +140,10 @@ def write_gguf(path: Path, arch: str = "qwen2", tied: bool = True) -> dict[str, 
         add(f"blk.{i}.ffn_up.weight", f"{hf}.mlp.up_proj.weight", rand(INTER, HIDDEN), Q.Q8_0)
         add(f"blk.{i}.ffn_down.weight", f"{hf}.mlp.down_proj.weight", rand(HIDDEN, INTER), Q.F16)
     add("output_norm.weight", "model.norm.weight", 1 + rand(HIDDEN))
-    if not tied:
+    if head == "distinct":
         add("output.weight", "lm_head.weight", rand(vocab, HIDDEN))
+    elif head == "copy":  # F32 head, F16 embedding: the head is the more precise copy
+        writer.add_tensor("output.weight", expected["model.embed_tokens.weight"])
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -190,7 +197,7 @@ def test_qwen2_names_shapes_values_round_trip(tmp_path: Path) -> None:
 
 
 def test_llama_qk_are_unpermuted_and_untied_head_kept(tmp_path: Path) -> None:
-    expected = write_gguf(tmp_path / "m.gguf", arch="llama", tied=False)
+    expected = write_gguf(tmp_path / "m.gguf", arch="llama", head="distinct")
     convert_gguf(tmp_path / "m.gguf", tmp_path / "out", progress=False)
     weights = _load_weights(tmp_path / "out")
     for i in range(LAYERS):
@@ -201,6 +208,17 @@ def test_llama_qk_are_unpermuted_and_untied_head_kept(tmp_path: Path) -> None:
     config = _config(tmp_path / "out")
     assert config["model_type"] == "llama"
     assert config["tie_word_embeddings"] is False
+
+
+def test_head_that_copies_the_embedding_is_stored_once(tmp_path: Path) -> None:
+    expected = write_gguf(tmp_path / "m.gguf", head="copy")
+    convert_gguf(tmp_path / "m.gguf", tmp_path / "out", progress=False)
+    weights = _load_weights(tmp_path / "out")
+    assert "lm_head.weight" not in weights
+    assert _config(tmp_path / "out")["tie_word_embeddings"] is True
+    want = expected["model.embed_tokens.weight"]
+    # taken from the more precise F32 head, not the F16 embedding
+    np.testing.assert_array_equal(weights["model.embed_tokens.weight"], want)
 
 
 def test_bfloat16_output(tmp_path: Path) -> None:
