@@ -4,6 +4,7 @@ is the one place that maps these to status codes and OpenAI error bodies.
     MlxcelError
     ├── InvalidRequest            the request itself is wrong (bad field, bad value)
     │   ├── ContextLengthExceeded the rendered prompt does not fit the context window
+    │   ├── RequestTooLarge       the body is over the size limit
     │   └── UnsupportedFeature    a valid OpenAI feature this server does not offer
     ├── NotFound                  an id or route names nothing
     │   └── ModelNotFound         `model` names no loaded model
@@ -36,6 +37,10 @@ class ContextLengthExceeded(InvalidRequest):
 
     def __init__(self, message: str, *, param: str | None = "input"):
         super().__init__(message, param=param, code="context_length_exceeded")
+
+
+class RequestTooLarge(InvalidRequest):
+    """The request body is larger than the server accepts."""
 
 
 class UnsupportedFeature(InvalidRequest):

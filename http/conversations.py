@@ -15,7 +15,7 @@ from quart import Response, request
 from mlxcel.actors.messages import AddItems, RemoveItem, SetMetadata
 from mlxcel.actors.store import StoreHandle
 from mlxcel.errors import InvalidRequest, NotFound
-from mlxcel.http.errors import parse_json
+from mlxcel.http.body import read_json
 from mlxcel.http.schemas import (
     ConversationCreateBody,
     ConversationItemsBody,
@@ -52,8 +52,8 @@ def register_conversations(route: Route, store: StoreHandle, json_response: Json
     @route("/conversations", methods=["POST"])
     async def create_conversation() -> Response:
         check_enabled()
-        raw = await request.get_data()
-        body = ConversationCreateBody.model_validate(parse_json(raw) if raw else {})
+        raw = await read_json(request.body) if request.content_length else {}
+        body = ConversationCreateBody.model_validate(raw)
         conversation = Conversation(
             id=new_id("conv"), created_at=int(time.time()), metadata=dict(body.metadata or {}),
             items=to_items(body.items or []),
@@ -70,7 +70,7 @@ def register_conversations(route: Route, store: StoreHandle, json_response: Json
     @route("/conversations/<conversation_id>", methods=["POST"])
     async def update_conversation(conversation_id: str) -> Response:
         await existing(conversation_id)
-        body = ConversationUpdateBody.model_validate(parse_json(await request.get_data()))
+        body = ConversationUpdateBody.model_validate(await read_json(request.body))
         updated = await store.change(conversation_id, SetMetadata(dict(body.metadata)))
         return json_response(conversation_json(updated or await existing(conversation_id)))
 
@@ -91,7 +91,7 @@ def register_conversations(route: Route, store: StoreHandle, json_response: Json
     @route("/conversations/<conversation_id>/items", methods=["POST"])
     async def create_conversation_items(conversation_id: str) -> Response:
         await existing(conversation_id)
-        body = ConversationItemsBody.model_validate(parse_json(await request.get_data()))
+        body = ConversationItemsBody.model_validate(await read_json(request.body))
         items = to_items(body.items)
         if await store.change(conversation_id, AddItems(items)) is None:
             raise InvalidRequest("The conversation no longer fits the conversation store.",

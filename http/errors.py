@@ -5,7 +5,6 @@ Every error leaves the server as `{"error": {"message", "type", "param", "code"}
 
 from __future__ import annotations
 
-import json
 import logging
 from typing import Any
 
@@ -21,12 +20,14 @@ from mlxcel.errors import (
     NotFound,
     Overloaded,
     QueueFull,
+    RequestTooLarge,
 )
 from mlxcel.http.schemas import ITEM_TAGS
 
 log = logging.getLogger(__name__)
 
 _STATUS: list[tuple[type[MlxcelError], int, str]] = [
+    (RequestTooLarge, 413, "invalid_request_error"),
     (InvalidRequest, 400, "invalid_request_error"),
     (NotFound, 404, "invalid_request_error"),
     (QueueFull, 503, "server_error"),
@@ -90,13 +91,3 @@ def _param(loc: tuple[int | str, ...]) -> str:
         else:
             param += f".{part}" if param else part
     return param
-
-
-def parse_json(data: str | bytes) -> Any:
-    try:
-        return json.loads(data)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise InvalidRequest(
-            "We could not parse the JSON body of your request. The body must be a JSON object.",
-            code="invalid_json",
-        ) from exc

@@ -20,8 +20,9 @@ from mlxcel.actors.messages import Generate, ResponseCreated, ResponseEvent, Res
 from mlxcel.actors.scheduler import SchedulerHandle
 from mlxcel.actors.store import StoreHandle
 from mlxcel.errors import GenerationFailed, InvalidRequest, ModelNotFound, NotFound
+from mlxcel.http.body import read_json
 from mlxcel.http.conversations import register_conversations
-from mlxcel.http.errors import error_body, map_error, parse_json
+from mlxcel.http.errors import error_body, map_error
 from mlxcel.http.intake import ModelNames, build_request, read_history, render
 from mlxcel.http.schemas import (
     CreateResponseBody,
@@ -57,7 +58,7 @@ def create_app(handles: Handles) -> QuartTrio:
     # Generation can take minutes; streams end when generation ends, not on a timer.
     app.config["RESPONSE_TIMEOUT"] = None
     app.config["BODY_TIMEOUT"] = 120
-    app.config["MAX_CONTENT_LENGTH"] = 64 * 1024 * 1024
+    app.config["MAX_CONTENT_LENGTH"] = None  # `read_json` enforces the limit
     started = int(time.time())
 
     def route(rule: str, **options: Any) -> Callable[[Any], Any]:
@@ -100,7 +101,7 @@ def create_app(handles: Handles) -> QuartTrio:
 
     @route("/responses", methods=["POST"])
     async def create_response() -> Response:
-        body = CreateResponseBody.model_validate(parse_json(await request.get_data()))
+        body = CreateResponseBody.model_validate(await read_json(request.body))
         loaded = handles.model.loaded
         history = await read_history(body, handles.store)
         generation = build_request(body, handles.names, loaded.info, loaded.codec, history)
@@ -117,7 +118,7 @@ def create_app(handles: Handles) -> QuartTrio:
 
     @route("/responses/input_tokens", methods=["POST"])
     async def count_input_tokens() -> Response:
-        body = InputTokensBody.model_validate(parse_json(await request.get_data()))
+        body = InputTokensBody.model_validate(await read_json(request.body))
         if body.model is not None and not handles.names.matches(body.model):
             raise ModelNotFound(body.model, [handles.names.alias])
         history = await read_history(body, handles.store)
