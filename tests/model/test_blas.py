@@ -24,14 +24,31 @@ pytestmark = pytest.mark.skipif(
 
 PROBE = """
 import json, sys
-from mlxcel.model.blas import load_fast_blas, measure_gflops
+from mlxcel.model.blas import load_fast_blas
 if "late" in sys.argv:
     import mlx.core
 info = load_fast_blas()
 assert load_fast_blas() is info
+import ctypes
 import mlx.core
+import mlx.core as mx
+a = mx.ones((64, 64))
+mx.eval(a @ a)  # MLX's GEMM has run, so its cblas_sgemm binding is settled
+# Which library answers `cblas_sgemm` in the process's global scope: MLX's lookup
+# goes through that scope before its own reference BLAS.
+try:
+    resolved = ctypes.cast(ctypes.CDLL(None).cblas_sgemm, ctypes.c_void_p).value
+except AttributeError:  # no global cblas_sgemm: MLX uses its own reference BLAS
+    resolved = None
+shim = None
+if info.path is not None and resolved is not None:
+    for line in open("/proc/self/maps"):
+        if "blas" in line and ("shim" in line or info.path in line):
+            lo, hi = (int(x, 16) for x in line.split()[0].split("-"))
+            if lo <= resolved < hi:
+                shim = line.split()[-1]
 print(json.dumps({"name": info.name, "fast": info.fast, "path": info.path, "note": info.note,
-                  "gflops": measure_gflops()}))
+                  "sgemm_from": shim}))
 """
 
 
@@ -59,9 +76,11 @@ def test_openblas_makes_mlx_matmul_fast(tmp_path: Path) -> None:
     assert fast["fast"] is True, fast
     assert fast["name"].startswith("openblas"), fast
     assert reference == {**reference, "name": "reference", "fast": False, "path": None}
-    # Measured: ~100 GFLOP/s on one core (~200 on two) against ~5 for the reference.
-    assert fast["gflops"] > 30, (fast, reference)
-    assert fast["gflops"] > 5 * reference["gflops"], (fast, reference)
+    # MLX's cblas_sgemm resolves into the shim. (Speed is measured by bench/, not
+    # asserted here: about 200 GFLOP/s against 5 for the reference BLAS.)
+    assert fast["sgemm_from"] is not None
+    assert "mlxcel-blas-shim" in fast["sgemm_from"], fast
+    assert reference["sgemm_from"] is None
     assert list((tmp_path / "blas").glob("mlxcel-blas-shim-*.so"))
 
 
