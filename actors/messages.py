@@ -36,10 +36,21 @@ class Generate:
 
 @dataclass(frozen=True, slots=True)
 class Submit:
-    """Queue `command` for a slot; the reply says whether the queue had room."""
+    """Queue `command` for a slot; the reply says whether it was accepted.
+
+    A request (`waits=False`) is refused when the waiting queue is full; a background
+    job (`waits=True`) is always accepted and waits its turn (the job cap bounds them)."""
 
     command: Generate
+    waits: bool
     reply: trio.MemorySendChannel[bool]
+
+
+@dataclass(frozen=True, slots=True)
+class SlotIdle:
+    """A slot is free; the scheduler hands its next command to `inbox`."""
+
+    inbox: trio.MemorySendChannel[Generate]
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,7 +62,7 @@ class CancelResponse:
     reply: trio.MemorySendChannel[ResponseRecord | None]
 
 
-SchedulerCommand = Submit | CancelResponse
+SchedulerCommand = Submit | CancelResponse | SlotIdle
 
 
 # --- response events (scheduler -> HTTP) -------------------------------------------

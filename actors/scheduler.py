@@ -1,17 +1,20 @@
 """The scheduler: generation slots, the waiting queue, and the path of one response.
 
-`--parallel` slot tasks pull `Generate` commands from one queue whose buffer is the
-waiting queue (`--max-queue-depth`); a control task admits submissions (or answers that
-the queue is full: 503) and cancels queued or running responses. A slot runs its response
-to the end: it opens a sequence in the model actor, relays the model's tokens through a
-`ResponseBuilder` to the requester, stores the final record, appends the turn to its
-conversation, and only then reports the end.
+A control task owns admission. Free slots report `SlotIdle`; a submitted command goes
+to an idle slot at once or waits in one FIFO line. Requests may wait only while fewer
+than `--max-queue-depth` requests are waiting (else `QueueFull`: 503); background jobs
+always wait their turn (the job cap bounds them). The control task also cancels queued
+or running responses. A slot runs its response to the end: it opens a sequence in the
+model actor, relays the model's tokens through a `ResponseBuilder` to the requester,
+stores the final record, appends the turn to its conversation, and only then reports
+the end.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+from collections import deque
 from dataclasses import dataclass, field
 
 import trio
@@ -23,6 +26,7 @@ from mlxcel.actors.messages import (
     ResponseEvent,
     ResponseFinished,
     SchedulerCommand,
+    SlotIdle,
     Submit,
 )
 from mlxcel.actors.responses import ResponseBuilder
@@ -39,10 +43,11 @@ class SchedulerHandle:
         self._control = control
         self.max_queue_depth = depth
 
-    async def submit(self, command: Generate) -> None:
-        """Queue a request, or raise `QueueFull` when every slot and queue place is taken."""
+    async def submit(self, command: Generate, *, waits: bool = False) -> None:
+        """Queue a request, or raise `QueueFull` when every slot and queue place is taken.
+        With `waits`, (a background job) the command is always queued."""
         send, recv = trio.open_memory_channel[bool](1)
-        await self._control.send(Submit(command, send))
+        await self._control.send(Submit(command, waits, send))
         if not await recv.receive():
             raise QueueFull(
                 "The server is busy: every generation slot is in use and the waiting "
@@ -63,6 +68,12 @@ class _Running:
     waiters: list[trio.MemorySendChannel[ResponseRecord | None]] = field(default_factory=list)
 
 
+@dataclass
+class _Waiting:
+    command: Generate
+    waits: bool
+
+
 class Scheduler:
     def __init__(
         self,
@@ -79,8 +90,9 @@ class Scheduler:
         self._depth = max_queue_depth
         self._keepalive = keepalive_secs
         # Owned by this actor's tasks (control and slots), all on the Trio thread.
-        self._queued: dict[str, Generate] = {}
-        self._cancelled_while_queued: set[str] = set()
+        self._line: deque[_Waiting] = deque()  # bounded: depth requests + the job cap
+        self._waiting_requests = 0
+        self._idle: deque[trio.MemorySendChannel[Generate]] = deque()  # at most `parallel`
         self._running: dict[str, _Running] = {}
 
     async def run(
@@ -88,47 +100,53 @@ class Scheduler:
     ) -> None:
         """Run `parallel` slots and the control task until cancelled.
 
-        Resource handling: the queue buffer is the waiting queue, bounded by
-        `max_queue_depth`; each slot holds one sequence in the model at a time, so the
-        model never holds more than `parallel`. The control inbox is unbuffered.
+        Resource handling: at most `max_queue_depth` requests wait (the rest get 503);
+        waiting background jobs are bounded by the job supervisor's cap. Each slot holds
+        one sequence in the model at a time, so the model never holds more than
+        `parallel`. The control inbox is unbuffered and the control task never blocks.
 
         Error handling: a requester that leaves (closed reply channel) ends its response
         and frees the slot; an engine failure becomes a `failed` response; a cancel
         becomes a `cancelled` one. Anything else propagates: it is a bug, and the root
         nursery stops the server.
         """
-        queue_send, queue_recv = trio.open_memory_channel[Generate](self._depth)
         control_send, control_recv = trio.open_memory_channel[SchedulerCommand](0)
         async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._control, control_recv, nursery)
             for _ in range(self._parallel):
-                # `start` returns once the slot waits on the queue, so a queue depth of
-                # 0 still admits `parallel` requests from the first moment.
-                await nursery.start(self._slot, queue_recv.clone())
-            queue_recv.close()
-            nursery.start_soon(self._control, control_recv, queue_send, nursery)
+                # `start` returns once the slot is registered idle, so a queue depth of
+                # 0 admits `parallel` requests from the first moment.
+                await nursery.start(self._slot, control_send.clone())
             task_status.started(SchedulerHandle(control_send, self._depth))
 
     async def _control(
-        self,
-        inbox: trio.MemoryReceiveChannel[SchedulerCommand],
-        queue: trio.MemorySendChannel[Generate],
-        nursery: trio.Nursery,
+        self, inbox: trio.MemoryReceiveChannel[SchedulerCommand], nursery: trio.Nursery
     ) -> None:
-        async with inbox, queue:
+        async with inbox:
             async for command in inbox:
                 match command:
-                    case Submit(generate, reply):
-                        reply.send_nowait(self._admit(queue, generate))
+                    case Submit(generate, waits, reply):
+                        reply.send_nowait(self._admit(generate, waits))
+                    case SlotIdle(slot):
+                        self._idle.append(slot)
+                        self._dispatch()
                     case CancelResponse(response_id, reply):
                         self._cancel(response_id, reply, nursery)
 
-    def _admit(self, queue: trio.MemorySendChannel[Generate], command: Generate) -> bool:
-        try:
-            queue.send_nowait(command)
-        except trio.WouldBlock:
+    def _admit(self, command: Generate, waits: bool) -> bool:
+        if not waits and not self._idle and self._waiting_requests >= self._depth:
             return False
-        self._queued[command.request.record.id] = command
+        self._line.append(_Waiting(command, waits))
+        self._waiting_requests += not waits
+        self._dispatch()
         return True
+
+    def _dispatch(self) -> None:
+        while self._idle and self._line:
+            waiting = self._line.popleft()
+            self._waiting_requests -= not waiting.waits
+            # The slot's inbox holds one command and the slot is idle: never blocks.
+            self._idle.popleft().send_nowait(waiting.command)
 
     def _cancel(
         self,
@@ -139,18 +157,21 @@ class Scheduler:
         if (running := self._running.get(response_id)) is not None:
             running.scope.cancel()
             running.waiters.append(reply)  # answered when the slot has stored the end
-        elif (queued := self._queued.pop(response_id, None)) is not None:
-            self._cancelled_while_queued.add(response_id)
-            nursery.start_soon(self._end_queued, queued, reply)
-        else:
-            reply.send_nowait(None)
+            return
+        for waiting in self._line:
+            if waiting.command.request.record.id == response_id:
+                self._line.remove(waiting)
+                self._waiting_requests -= not waiting.waits
+                nursery.start_soon(self._end_queued, waiting.command, reply)
+                return
+        reply.send_nowait(None)
 
     async def _end_queued(
         self, command: Generate, waiter: trio.MemorySendChannel[ResponseRecord | None]
     ) -> None:
         """A response cancelled before a slot took it: store and report it cancelled."""
         record = ResponseBuilder(command.request.record, len(command.request.prompt)).cancel()
-        if record.echo.store:
+        if record.echo.store and not record.echo.background:
             await self._store.put(record)
         waiter.send_nowait(record)
         async with command.reply:
@@ -159,20 +180,19 @@ class Scheduler:
 
     async def _slot(
         self,
-        queue: trio.MemoryReceiveChannel[Generate],
+        control: trio.MemorySendChannel[SchedulerCommand],
         *,
         task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
     ) -> None:
-        task_status.started()
-        async with queue:
-            async for command in queue:
-                response_id = command.request.record.id
-                if response_id in self._cancelled_while_queued:
-                    self._cancelled_while_queued.discard(response_id)
-                    continue  # `_end_queued` answered it
-                del self._queued[response_id]
+        # One command at a time: the control task hands one over only while we are idle.
+        inbox_send, inbox = trio.open_memory_channel[Generate](1)
+        async with control, inbox:
+            await control.send(SlotIdle(inbox_send))
+            task_status.started()
+            async for command in inbox:
                 async with command.reply:
                     await self._run(command)
+                await control.send(SlotIdle(inbox_send))
 
     async def _run(self, command: Generate) -> None:
         request = command.request
@@ -218,7 +238,7 @@ class Scheduler:
     ) -> ResponseRecord:
         """Store the end (and the conversation turn) before the requester can see it."""
         with trio.CancelScope(shield=True):  # a cancel must not interrupt storing its result
-            if record.echo.store:
+            if record.echo.store and not record.echo.background:  # jobs store their own end
                 await self._store.put(record)
             conversation = record.echo.conversation_id
             if conversation is not None and record.status in ("completed", "incomplete"):
