@@ -10,6 +10,7 @@ from pathlib import Path
 
 import trio
 
+from mlxcel.actors.jobs import JobSupervisor
 from mlxcel.actors.scheduler import Scheduler
 from mlxcel.actors.store import StoreActor
 from mlxcel.config import Settings
@@ -32,7 +33,8 @@ async def serve(
     *,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Run every actor until cancelled; reports the HTTP URLs once listening.
+    """Run every actor (store → model → scheduler → jobs → HTTP) until cancelled; reports
+    the HTTP URLs once listening.
 
     Resource handling: every actor lives in this one nursery, so cancelling it (Ctrl-C,
     a test leaving its scope) stops them all; the model thread closes its engine.
@@ -41,7 +43,8 @@ async def serve(
     a half-working server is worse than a stopped one.
     """
     async with trio.open_nursery() as nursery:
-        store = await nursery.start(StoreActor(settings.responses, settings.conversations).run)
+        store = await nursery.start(StoreActor(settings.responses, settings.conversations,
+                       settings.background_ephemeral_ttl_secs).run)
         model = await nursery.start(ModelActor(factory, settings.parallel).run)
         scheduler_actor = Scheduler(
             model,
@@ -51,7 +54,16 @@ async def serve(
             keepalive_secs=settings.sse_keepalive_secs,
         )
         scheduler = await nursery.start(scheduler_actor.run)
-        app = create_app(Handles(model, scheduler, store, names, settings.api_keys))
+        supervisor = JobSupervisor(
+            scheduler, store, max_jobs=settings.background_max_jobs,
+            max_bytes=settings.responses.max_bytes,
+        )
+        jobs = await nursery.start(supervisor.run)
+        handles = Handles(
+            model, scheduler, store, jobs, names,
+            background_enabled=settings.background_enabled, api_keys=settings.api_keys,
+        )
+        app = create_app(handles)
         urls = await nursery.start(serve_http, app, settings.host, settings.port)
         log.info("listening on %s (model %s)", ", ".join(urls), names.alias)
         task_status.started(urls)

@@ -9,7 +9,8 @@ is the one place that maps these to status codes and OpenAI error bodies.
     ├── NotFound                  an id or route names nothing
     │   └── ModelNotFound         `model` names no loaded model
     ├── Overloaded                no room now; retrying later may work
-    │   └── QueueFull             the generation queue is full
+    │   ├── QueueFull             the generation queue is full
+    │   └── RateLimited           the background job cap (or its byte budget) is reached
     ├── ModelNotReady             the model is still loading
     ├── GenerationFailed          the engine failed while generating
     └── ConfigError               flags or environment are invalid at start-up
@@ -69,6 +70,10 @@ class Overloaded(MlxcelError):
 
 class QueueFull(Overloaded):
     """Every generation slot is busy and the waiting queue is full."""
+
+
+class RateLimited(Overloaded):
+    """Too many background jobs are active; retry after one ends."""
 
 
 class ModelNotReady(MlxcelError):

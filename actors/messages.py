@@ -65,6 +65,28 @@ class CancelResponse:
 SchedulerCommand = Submit | CancelResponse | SlotIdle
 
 
+# --- job supervisor ------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class SubmitJob:
+    """Admit a background job; the reply is its `queued` record, or the refusal."""
+
+    request: GenerationRequest
+    reply: trio.MemorySendChannel[ResponseRecord | Exception]
+
+
+@dataclass(frozen=True, slots=True)
+class CancelJob:
+    """Cancel an active job; the reply is its final record, or None if it is not active."""
+
+    response_id: str
+    reply: trio.MemorySendChannel[ResponseRecord | None]
+
+
+JobCommand = SubmitJob | CancelJob
+
+
 # --- response events (scheduler -> HTTP) -------------------------------------------
 
 
@@ -162,7 +184,13 @@ ResponseEvent = (
 
 class Table(enum.Enum):
     RESPONSES = "responses"
+    """Stored responses: entry cap, byte budget, TTL, LRU."""
     CONVERSATIONS = "conversations"
+    """Conversation transcripts: their own cap, budget and TTL."""
+    EPHEMERAL = "ephemeral"
+    """Final objects of `background, store: false` jobs, pollable for a short TTL."""
+    ACTIVE = "active"
+    """Unfinished background jobs: never evicted; the job cap bounds them."""
 
 
 Stored = ResponseRecord | Conversation
@@ -178,7 +206,9 @@ class Put:
 
 @dataclass(frozen=True, slots=True)
 class Get:
-    table: Table
+    """The value under `key` in the first of `tables` that has it."""
+
+    tables: tuple[Table, ...]
     key: str
     reply: trio.MemorySendChannel[Stored | None]
 
@@ -231,6 +261,8 @@ class TableStatistics:
 class StoreStatistics:
     responses: TableStatistics
     conversations: TableStatistics
+    ephemeral: TableStatistics
+    active: TableStatistics
 
 
 @dataclass(frozen=True, slots=True)

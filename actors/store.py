@@ -84,6 +84,28 @@ class BoundedTable:
         return TableStatistics(entries=len(self._cache), bytes=int(self._cache.currsize))
 
 
+class PinnedTable:
+    """Entries that must not be evicted (unfinished background jobs); the job supervisor's
+    cap bounds their number and its admission bounds their bytes."""
+
+    def __init__(self) -> None:
+        self._entries: dict[str, Stored] = {}
+
+    def put(self, key: str, value: Stored) -> bool:
+        self._entries[key] = value
+        return True
+
+    def get(self, key: str) -> Stored | None:
+        return self._entries.get(key)
+
+    def delete(self, key: str) -> bool:
+        return self._entries.pop(key, None) is not None
+
+    def statistics(self) -> TableStatistics:
+        size = sum(approx_json_size(v) for v in self._entries.values())
+        return TableStatistics(entries=len(self._entries), bytes=size)
+
+
 class StoreHandle:
     """What other actors hold: one method per store command."""
 
@@ -97,21 +119,28 @@ class StoreHandle:
         self.responses_limits = responses
         self.conversations_limits = conversations
 
-    async def put(self, record: ResponseRecord) -> bool:
-        return await self._ask(lambda reply: Put(Table.RESPONSES, record, reply))
+    async def put(self, record: ResponseRecord, table: Table = Table.RESPONSES) -> bool:
+        return await self._ask(lambda reply: Put(table, record, reply))
 
-    async def get(self, response_id: str) -> ResponseRecord | None:
-        value: Stored | None = await self._ask(lambda reply: Get(Table.RESPONSES, response_id, reply))
+    async def get(
+        self,
+        response_id: str,
+        tables: tuple[Table, ...] = (Table.ACTIVE, Table.RESPONSES, Table.EPHEMERAL),
+    ) -> ResponseRecord | None:
+        """A response wherever it is: an unfinished job, stored, or an ephemeral result."""
+        value: Stored | None = await self._ask(lambda reply: Get(tables, response_id, reply))
         return value if isinstance(value, ResponseRecord) else None
 
-    async def delete(self, response_id: str) -> bool:
-        return await self._ask(lambda reply: Delete(Table.RESPONSES, response_id, reply))
+    async def delete(self, response_id: str, table: Table = Table.RESPONSES) -> bool:
+        return await self._ask(lambda reply: Delete(table, response_id, reply))
 
     async def put_conversation(self, conversation: Conversation) -> bool:
         return await self._ask(lambda reply: Put(Table.CONVERSATIONS, conversation, reply))
 
     async def get_conversation(self, conversation_id: str) -> Conversation | None:
-        value: Stored | None = await self._ask(lambda reply: Get(Table.CONVERSATIONS, conversation_id, reply))
+        value: Stored | None = await self._ask(
+            lambda reply: Get((Table.CONVERSATIONS,), conversation_id, reply)
+        )
         return value if isinstance(value, Conversation) else None
 
     async def delete_conversation(self, conversation_id: str) -> bool:
@@ -138,10 +167,15 @@ class StoreHandle:
 
 
 class StoreActor:
-    def __init__(self, responses: StoreLimits, conversations: StoreLimits) -> None:
-        self._tables = {
+    def __init__(
+        self, responses: StoreLimits, conversations: StoreLimits, ephemeral_ttl_secs: float = 600
+    ) -> None:
+        ephemeral = StoreLimits(responses.max_entries, responses.max_bytes, ephemeral_ttl_secs)
+        self._tables: dict[Table, BoundedTable | PinnedTable] = {
             Table.RESPONSES: BoundedTable(responses),
             Table.CONVERSATIONS: BoundedTable(conversations),
+            Table.EPHEMERAL: BoundedTable(ephemeral),
+            Table.ACTIVE: PinnedTable(),
         }
 
     async def run(
@@ -157,19 +191,24 @@ class StoreActor:
         channel is ignored); nothing else raises here.
         """
         send, recv = trio.open_memory_channel[StoreCommand](0)
-        responses = self._tables[Table.RESPONSES].limits
-        conversations = self._tables[Table.CONVERSATIONS].limits
-        task_status.started(StoreHandle(send, responses, conversations))
+        task_status.started(StoreHandle(send, self._limits(Table.RESPONSES),
+                                        self._limits(Table.CONVERSATIONS)))
         async with recv:
             async for command in recv:
                 self._handle(command)
+
+    def _limits(self, table: Table) -> StoreLimits:
+        found = self._tables[table]
+        assert isinstance(found, BoundedTable)
+        return found.limits
 
     def _handle(self, command: StoreCommand) -> None:
         match command:
             case Put(table, value, reply):
                 _answer(reply, self._tables[table].put(value.id, value))
-            case Get(table, key, reply):
-                _answer(reply, self._tables[table].get(key))
+            case Get(tables, key, reply):
+                found = (self._tables[t].get(key) for t in tables)
+                _answer(reply, next((v for v in found if v is not None), None))
             case Delete(table, key, reply):
                 _answer(reply, self._tables[table].delete(key))
             case ChangeConversation(conversation_id, change, create, reply):
@@ -178,6 +217,8 @@ class StoreActor:
                 stats = StoreStatistics(
                     responses=self._tables[Table.RESPONSES].statistics(),
                     conversations=self._tables[Table.CONVERSATIONS].statistics(),
+                    ephemeral=self._tables[Table.EPHEMERAL].statistics(),
+                    active=self._tables[Table.ACTIVE].statistics(),
                 )
                 _answer(reply, stats)
 

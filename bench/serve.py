@@ -23,6 +23,7 @@ import json
 import os
 import platform
 import random
+import re
 import shutil
 import signal
 import socket
@@ -528,7 +529,9 @@ def run_level(
     barrier.wait()
     hard_deadline = origin_box[0] + timeout + 30.0  # the read timeout can add to --timeout
     for t in threads:
-        t.join(max(0.0, hard_deadline - time.perf_counter()))
+        # Short slices: a long lock wait would delay Ctrl-C / SIGTERM until it returns.
+        while t.is_alive() and time.perf_counter() < hard_deadline:
+            t.join(0.5)
     for t, r in zip(threads, results, strict=True):
         if t.is_alive() and r.end is None:
             r.end = time.perf_counter() - origin_box[0]
@@ -711,7 +714,7 @@ def _check_alive(server: Server) -> None:
 
 
 def stop_server(server: Server) -> None:
-    """SIGINT to the server's process group, then SIGKILL after a grace period."""
+    """SIGINT to the server's process group, then SIGTERM and SIGKILL after grace periods."""
     proc = server.proc
     if proc is None:
         return
@@ -719,7 +722,7 @@ def stop_server(server: Server) -> None:
         server.stopped = {"signal": None, "returncode": proc.returncode, "seconds": 0.0}
         return
     t0 = time.monotonic()
-    for sig, grace in ((signal.SIGINT, 15.0), (signal.SIGKILL, 10.0)):
+    for sig, grace in ((signal.SIGINT, 10.0), (signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, sig)
         try:
@@ -874,7 +877,8 @@ def plot(report: dict[str, Any], stem: Path) -> list[Path]:
         ax.set_xlabel("concurrent streams (N)")
         ax.set_ylabel(ylabel)
         ax.grid(True, alpha=0.3)
-        ax.legend()
+        if ax.lines:
+            ax.legend()
         fig.tight_layout()
         path = stem.with_name(f"{stem.name}-{name}.png")
         fig.savefig(path, dpi=120)
@@ -1025,6 +1029,7 @@ def bench_server(
     label = "mlxcel" if server.kind == "ours" else "mlx_lm.server"
     pid = server.proc.pid if server.proc is not None else None
     level_results = []
+    tried: list[dict[str, Any]] = []
     for n in levels:
         attempts: list[LevelResult] = []
         for attempt in range(1, busy_retries + 2):
@@ -1043,6 +1048,7 @@ def bench_server(
             result.attempt = attempt
             attempts.append(result)
             summary = result.summary()
+            tried.append(summary)
             print(
                 f"[{label}] N={n}: {summary['wall_s']:.1f}s, {summary['agg_tok_s'] or 0:.1f} "
                 f"tok/s, {summary['errors']} errors; CPU: server "
@@ -1079,6 +1085,7 @@ def bench_server(
         "command": server.command,
         "blas": server.blas_line(),
         "summary": [r.summary() for r in level_results],
+        "all_attempts": tried,
         "levels": [
             {
                 "n": r.n,
@@ -1149,6 +1156,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     }
 
     # Ctrl-C and SIGTERM both unwind through the finally blocks that stop the servers.
+    # Installing a handler for SIGINT also matters when this runs in the background, where
+    # the shell ignores SIGINT: an ignored signal stays ignored in the servers we start,
+    # while a handled one is reset to the default when they exec.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     failures: list[str] = []
     for kind in kinds:
@@ -1157,7 +1168,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         def factory(kind: Kind = kind, url: str | None = url) -> Server:
             if url is not None:
                 model = our_model_name(url) if kind == "ours" else PEER_MODEL
-                return Server(kind, url.rstrip("/"), model)
+                server = Server(kind, url.rstrip("/"), model)
+                wait_healthy(server, args.startup_timeout)
+                return server
             assert model_dir is not None
             port = free_port()
             command = (
@@ -1213,12 +1226,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     for kind in kinds:
         if kind in servers:
             s = servers[kind]
-            print(f"\n{s['label']} ({s['blas'] or 'BLAS not logged'})\n")
+            blas = re.sub(r", from [^,\s]+", "", s["blas"] or "BLAS not logged")
+            print(f"\n{s['label']} ({blas})\n")
             print(server_table(s["summary"]))
     if "ratios" in report:
         print("\nratios (ours / peer): tok/s above 1 and TTFT below 1 favour mlxcel\n")
         print(ratio_table(report["ratios"]))
-    plots = plot(report, json_path.with_suffix(""))
+    plots = plot(report, json_path.with_suffix("")) if servers else []
     print(f"\nraw numbers: {json_path}")
     for path in plots:
         print(f"plot: {path}")

@@ -20,6 +20,7 @@ from mlxcel.errors import (
     NotFound,
     Overloaded,
     QueueFull,
+    RateLimited,
     RequestTooLarge,
 )
 from mlxcel.http.schemas import ITEM_TAGS
@@ -31,6 +32,7 @@ _STATUS: list[tuple[type[MlxcelError], int, str]] = [
     (InvalidRequest, 400, "invalid_request_error"),
     (NotFound, 404, "invalid_request_error"),
     (QueueFull, 503, "server_error"),
+    (RateLimited, 429, "rate_limit_error"),
     (Overloaded, 429, "rate_limit_error"),
     (ModelNotReady, 503, "server_error"),
     (GenerationFailed, 500, "server_error"),

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from mlxcel.actors.messages import GenerationRequest
+from mlxcel.actors.messages import GenerationRequest, Table
 from mlxcel.actors.store import StoreHandle
 from mlxcel.errors import ContextLengthExceeded, InvalidRequest, ModelNotFound, UnsupportedFeature
 from mlxcel.http.schemas import CreateResponseBody, to_items
@@ -102,7 +102,8 @@ async def chain_items(store: StoreHandle, response_id: str) -> tuple[Item, ...]:
     hops: list[ResponseRecord] = []
     next_id: str | None = response_id
     while next_id is not None:
-        record = await store.get(next_id)
+        # Ephemeral results of `store: false` jobs are never continued.
+        record = await store.get(next_id, (Table.ACTIVE, Table.RESPONSES))
         if record is None:
             raise InvalidRequest(
                 f"previous response '{next_id}' was not found or has expired",
@@ -144,9 +145,6 @@ def build_request(
 ) -> GenerationRequest:
     if not names.matches(body.model):
         raise ModelNotFound(body.model, [names.alias])
-    if body.background:
-        raise UnsupportedFeature("Background mode is not available yet.", param="background",
-                                 code="unsupported_value")
     items, prompt = render(body, history, codec)
     room = info.context_length - len(prompt)
     if room < 1:
@@ -172,6 +170,7 @@ def build_request(
         reasoning=body.reasoning,
         user=body.user,
         conversation_id=conversation_id(body.conversation),
+        background=bool(body.background),
     )
     record = ResponseRecord(
         id=new_id("resp"), created_at=int(time.time()), status="in_progress", echo=echo,

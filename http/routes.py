@@ -16,7 +16,8 @@ import trio
 from quart import Response, request
 from quart_trio import QuartTrio
 
-from mlxcel.actors.messages import Generate, ResponseCreated, ResponseEvent, ResponseFinished
+from mlxcel.actors.jobs import JobsHandle
+from mlxcel.actors.messages import Generate, ResponseCreated, ResponseEvent, ResponseFinished, Table
 from mlxcel.actors.scheduler import SchedulerHandle
 from mlxcel.actors.store import StoreHandle
 from mlxcel.errors import GenerationFailed, InvalidRequest, ModelNotFound, NotFound
@@ -43,7 +44,9 @@ class Handles:
     model: ModelHandle
     scheduler: SchedulerHandle
     store: StoreHandle
+    jobs: JobsHandle
     names: ModelNames
+    background_enabled: bool = True
     api_keys: tuple[str, ...] = ()
 
 
@@ -73,7 +76,10 @@ def create_app(handles: Handles) -> QuartTrio:
     @app.errorhandler(Exception)
     async def handle_error(exc: Exception) -> Response:
         status, body = map_error(exc)
-        return json_response(body, status)
+        response = json_response(body, status)
+        if status in (429, 503):
+            response.headers["Retry-After"] = "1"
+        return response
 
     @app.before_request
     async def check_api_key() -> Response | None:
@@ -103,8 +109,12 @@ def create_app(handles: Handles) -> QuartTrio:
     async def create_response() -> Response:
         body = CreateResponseBody.model_validate(await read_json(request.body))
         loaded = handles.model.loaded
+        if body.background:
+            _check_background(handles, body)
         history = await read_history(body, handles.store)
         generation = build_request(body, handles.names, loaded.info, loaded.codec, history)
+        if body.background:
+            return json_response(response_json(await handles.jobs.submit(generation)))
         # Unbuffered: a slow client slows its own slot, never the model thread.
         send, recv = trio.open_memory_channel[ResponseEvent](0)
         await handles.scheduler.submit(Generate(generation, send))
@@ -131,14 +141,22 @@ def create_app(handles: Handles) -> QuartTrio:
 
     @route("/responses/<response_id>", methods=["DELETE"])
     async def delete_response(response_id: str) -> Response:
-        await _stored(handles, response_id)
-        await handles.store.delete(response_id)
+        record = await _stored(handles, response_id)
+        if record.status in ("queued", "in_progress"):
+            raise InvalidRequest(
+                f"Response '{response_id}' has not finished (status: {record.status}); "
+                "cancel it first.", param="response_id", code="response_not_finished",
+            )
+        await handles.store.delete(response_id, Table.RESPONSES)
+        await handles.store.delete(response_id, Table.EPHEMERAL)
         return json_response({"id": response_id, "object": "response.deleted", "deleted": True})
 
     @route("/responses/<response_id>/cancel", methods=["POST"])
     async def cancel_response(response_id: str) -> Response:
         _check_response_id(handles, response_id)
-        record = await handles.scheduler.cancel(response_id)
+        record = await handles.jobs.cancel(response_id)
+        if record is None:
+            record = await handles.scheduler.cancel(response_id)
         if record is None:
             record = await _stored(handles, response_id)
         return json_response(response_json(record))
@@ -151,6 +169,18 @@ def create_app(handles: Handles) -> QuartTrio:
 
     register_conversations(route, handles.store, json_response)
     return app
+
+
+def _check_background(handles: Handles, body: CreateResponseBody) -> None:
+    if body.stream:
+        raise InvalidRequest("'background' cannot be combined with 'stream'.",
+                             param="stream", code="invalid_value")
+    if not handles.background_enabled:
+        raise InvalidRequest(
+            "Background mode is disabled on this server: it needs the response store and a "
+            "job cap above 0 (--responses-store-max-entries, --responses-store-max-bytes, "
+            "--responses-background-max-jobs).", param="background", code="background_disabled",
+        )
 
 
 def _check_response_id(handles: Handles, response_id: str) -> None:

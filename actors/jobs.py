@@ -1,0 +1,192 @@
+"""The job supervisor: background responses (`background: true`).
+
+Each admitted job is one task in the supervisor's nursery with its own cancel scope. It
+waits its turn for a generation slot (status `queued`), generates through the same
+scheduler path as a synchronous request (`in_progress`), and ends `completed`,
+`incomplete`, `failed` or `cancelled`. Every status change is written to the store: an
+unfinished job is pinned there (never evicted), its final object is stored like any
+response (or, for `store: false`, kept pollable for the ephemeral TTL). Only the cancel
+endpoint stops a job; no HTTP connection owns it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from dataclasses import dataclass, field
+
+import trio
+
+from mlxcel.actors.messages import (
+    CancelJob,
+    Generate,
+    GenerationRequest,
+    JobCommand,
+    ResponseEvent,
+    ResponseFinished,
+    ResponseInProgress,
+    SubmitJob,
+    Table,
+)
+from mlxcel.actors.responses import ResponseBuilder
+from mlxcel.actors.scheduler import SchedulerHandle
+from mlxcel.actors.store import StoreHandle, approx_json_size
+from mlxcel.errors import RateLimited
+from mlxcel.items import ResponseError, ResponseRecord, Usage
+
+log = logging.getLogger(__name__)
+
+BYTES_PER_OUTPUT_TOKEN = 8
+"""Rough JSON bytes one generated token adds to a final object (text plus escaping)."""
+
+
+class JobsHandle:
+    def __init__(self, inbox: trio.MemorySendChannel[JobCommand]) -> None:
+        self._inbox = inbox
+
+    async def submit(self, request: GenerationRequest) -> ResponseRecord:
+        """Admit a job: its `queued` record, or `RateLimited` (429)."""
+        send, recv = trio.open_memory_channel[ResponseRecord | Exception](1)
+        await self._inbox.send(SubmitJob(request, send))
+        answer = await recv.receive()
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    async def cancel(self, response_id: str) -> ResponseRecord | None:
+        """Cancel an active job; its final record once stored, or None if not active."""
+        send, recv = trio.open_memory_channel[ResponseRecord | None](1)
+        await self._inbox.send(CancelJob(response_id, send))
+        return await recv.receive()
+
+
+@dataclass
+class _Job:
+    request: GenerationRequest
+    bytes: int
+    scope: trio.CancelScope = field(default_factory=trio.CancelScope)
+    waiters: list[trio.MemorySendChannel[ResponseRecord | None]] = field(default_factory=list)
+
+
+class JobSupervisor:
+    def __init__(
+        self, scheduler: SchedulerHandle, store: StoreHandle, *, max_jobs: int, max_bytes: int
+    ) -> None:
+        self._scheduler = scheduler
+        self._store = store
+        self._max_jobs = max_jobs
+        self._max_bytes = max_bytes
+        self._jobs: dict[str, _Job] = {}
+        self._active_bytes = 0
+
+    async def run(
+        self, *, task_status: trio.TaskStatus[JobsHandle] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Admit, run and cancel jobs until cancelled.
+
+        Resource handling: at most `max_jobs` jobs are active, and their approximate
+        bytes (the queued object plus room for its output) stay within the response
+        store's byte budget; admission never evicts stored responses. The inbox is
+        unbuffered. Stopping the supervisor cancels every job: jobs live in memory only.
+
+        Error handling: a job's generation failure ends it `failed` (`server_error`); a
+        final object larger than the whole store budget is replaced by a small `failed`
+        one so polling gets an answer. Store writes at a job's end are shielded so a
+        cancel cannot lose them.
+        """
+        send, recv = trio.open_memory_channel[JobCommand](0)
+        async with trio.open_nursery() as nursery:
+            task_status.started(JobsHandle(send))
+            async with recv:
+                async for command in recv:
+                    match command:
+                        case SubmitJob(request, reply):
+                            reply.send_nowait(await self._admit(request, nursery))
+                        case CancelJob(response_id, reply):
+                            self._cancel(response_id, reply)
+
+    async def _admit(
+        self, request: GenerationRequest, nursery: trio.Nursery
+    ) -> ResponseRecord | Exception:
+        queued = dataclasses.replace(request.record, status="queued", usage=Usage())
+        size = approx_json_size(queued) + BYTES_PER_OUTPUT_TOKEN * request.sampling.max_tokens
+        if len(self._jobs) >= self._max_jobs:
+            return RateLimited(
+                f"Too many background responses are active ({self._max_jobs}); retry after "
+                "one of them ends.", code="rate_limit_exceeded",
+            )
+        if self._active_bytes + size > self._max_bytes:
+            return RateLimited(
+                "The active background responses already fill the response store's byte "
+                "budget; retry after one of them ends.", code="rate_limit_exceeded",
+            )
+        job = _Job(dataclasses.replace(request, record=queued), size)
+        self._jobs[queued.id] = job
+        self._active_bytes += size
+        await self._store.put(queued, Table.ACTIVE)
+        nursery.start_soon(self._run_job, job)
+        return queued
+
+    def _cancel(
+        self, response_id: str, reply: trio.MemorySendChannel[ResponseRecord | None]
+    ) -> None:
+        job = self._jobs.get(response_id)
+        if job is None:
+            reply.send_nowait(None)
+            return
+        job.scope.cancel()
+        job.waiters.append(reply)  # answered once the cancelled object is stored
+
+    async def _run_job(self, job: _Job) -> None:
+        record_id = job.request.record.id
+        final: ResponseRecord | None = None
+        try:
+            with job.scope:
+                final = await self._generate(job)
+            if final is None:  # cancelled
+                with trio.CancelScope(shield=True):
+                    await self._scheduler.cancel(record_id)  # drop it from the queue too
+                final = self._cancelled(job)
+            with trio.CancelScope(shield=True):
+                final = await self._keep(final)
+        finally:
+            del self._jobs[record_id]
+            self._active_bytes -= job.bytes
+            for waiter in job.waiters:
+                waiter.send_nowait(final)
+
+    async def _generate(self, job: _Job) -> ResponseRecord:
+        """Run the job through the scheduler, recording `in_progress` when a slot takes it."""
+        send, recv = trio.open_memory_channel[ResponseEvent](0)
+        await self._scheduler.submit(Generate(job.request, send), waits=True)
+        async with recv:
+            async for event in recv:
+                if isinstance(event, ResponseInProgress):
+                    started = dataclasses.replace(event.record, usage=Usage(), output=())
+                    await self._store.put(started, Table.ACTIVE)
+                elif isinstance(event, ResponseFinished):
+                    return event.record
+        return dataclasses.replace(
+            job.request.record, status="failed", usage=Usage(),
+            error=ResponseError("server_error", "the generation worker stopped"),
+        )
+
+    @staticmethod
+    def _cancelled(job: _Job) -> ResponseRecord:
+        builder = ResponseBuilder(job.request.record, len(job.request.prompt))
+        return dataclasses.replace(builder.cancel(), usage=Usage())
+
+    async def _keep(self, final: ResponseRecord) -> ResponseRecord:
+        """Store the final object, then unpin the job: polling never misses the end."""
+        table = Table.RESPONSES if final.echo.store else Table.EPHEMERAL
+        if not await self._store.put(final, table):
+            final = dataclasses.replace(
+                final, status="failed", output=(), input_items=(), incomplete_reason=None,
+                error=ResponseError(
+                    "server_error",
+                    "The response was larger than the response store's byte budget.",
+                ),
+            )
+            await self._store.put(final, table)
+        await self._store.delete(final.id, Table.ACTIVE)
+        return final

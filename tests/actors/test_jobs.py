@@ -1,0 +1,141 @@
+"""The job supervisor with the scheduler, model actor and store (fake engine, no HTTP)."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import pytest
+import trio
+import trio.testing
+
+from mlxcel.actors.jobs import BYTES_PER_OUTPUT_TOKEN, JobsHandle, JobSupervisor
+from mlxcel.actors.messages import GenerationRequest, Table
+from mlxcel.actors.scheduler import Scheduler
+from mlxcel.actors.store import StoreActor, StoreHandle, approx_json_size
+from mlxcel.config import StoreLimits
+from mlxcel.errors import RateLimited
+from mlxcel.items import RequestEcho, ResponseRecord, Usage, new_id
+from mlxcel.model.actor import ModelActor
+from mlxcel.model.engine import Sampling
+from mlxcel.model.fake import FakeCodec, FakeEngine, fake_factory
+
+from support import wait_until
+
+
+async def start(
+    nursery: trio.Nursery,
+    engine: FakeEngine,
+    *,
+    max_jobs: int = 4,
+    max_bytes: int = 1 << 20,
+    ephemeral_ttl: float = 600,
+) -> tuple[JobsHandle, StoreHandle]:
+    limits = StoreLimits(100, max_bytes, 0)
+    store = await nursery.start(StoreActor(limits, StoreLimits(10, 1 << 20, 0),
+                                           ephemeral_ttl).run)
+    model = await nursery.start(ModelActor(functools.partial(fake_factory, engine), 1).run)
+    await model.ready.wait()
+    scheduler = await nursery.start(
+        Scheduler(model, store, parallel=1, max_queue_depth=0, keepalive_secs=3600).run
+    )
+    jobs = await nursery.start(
+        JobSupervisor(scheduler, store, max_jobs=max_jobs, max_bytes=max_bytes).run
+    )
+    return jobs, store
+
+
+def job(text: str, *, store: bool = True, max_tokens: int = 50) -> GenerationRequest:
+    record = ResponseRecord(
+        id=new_id("resp"), created_at=0, status="in_progress",
+        echo=RequestEcho(model="m", store=store, background=True),
+    )
+    prompt = FakeCodec().render([{"role": "user", "content": text}], None)
+    return GenerationRequest(record, tuple(prompt), Sampling(max_tokens=max_tokens))
+
+
+async def statuses(store: StoreHandle, response_id: str, until: str) -> list[str]:
+    """Every status the store shows for a job, polled until `until`."""
+    seen: list[str] = []
+    with trio.fail_after(10):
+        while not seen or seen[-1] != until:
+            record = await store.get(response_id)
+            assert record is not None
+            if not seen or seen[-1] != record.status:
+                seen.append(record.status)
+            await trio.sleep(0.001)
+    return seen
+
+
+async def test_every_transition_is_written_to_the_store(nursery: trio.Nursery) -> None:
+    engine = FakeEngine(step_delay=0.005)
+    jobs, store = await start(nursery, engine)
+    first = await jobs.submit(job("echo: " + " ".join(["w"] * 40)))
+    second = await jobs.submit(job("echo: done"))
+    assert (first.status, first.usage, first.output) == ("queued", Usage(), ())
+    seen = await statuses(store, second.id, "completed")
+    assert seen == ["queued", "in_progress", "completed"]
+    final = await store.get(second.id, (Table.RESPONSES,))
+    assert final is not None
+    assert final.output_text == "done"
+    assert await store.get(second.id, (Table.ACTIVE,)) is None  # unpinned
+
+
+async def test_cap_and_bytes(nursery: trio.Nursery) -> None:
+    engine = FakeEngine(step_delay=0.01)
+    one = job("echo: " + " ".join(["w"] * 100), max_tokens=100)
+    size = approx_json_size(dataclasses.replace(one.record, status="queued", usage=Usage()))
+    budget = size + BYTES_PER_OUTPUT_TOKEN * 100
+    jobs, _ = await start(nursery, engine, max_jobs=2, max_bytes=budget)
+    await jobs.submit(one)
+    with pytest.raises(RateLimited):  # the budget is full, though the cap is not
+        await jobs.submit(job("echo: x", max_tokens=1))
+
+
+async def test_oversized_final_object_becomes_a_failed_one(nursery: trio.Nursery) -> None:
+    request = job("echo: " + " ".join(["abcdefghijklmnop"] * 60), max_tokens=60)
+    queued_size = approx_json_size(dataclasses.replace(request.record, status="queued",
+                                                       usage=Usage()))
+    # Room to admit the job, but not for its 60 long words of output plus their item.
+    budget = queued_size + BYTES_PER_OUTPUT_TOKEN * 60
+    jobs, store = await start(nursery, FakeEngine(), max_bytes=budget)
+    queued = await jobs.submit(request)
+    await statuses(store, queued.id, "failed")
+    final = await store.get(queued.id)
+    assert final is not None
+    assert final.output == ()
+    assert final.error is not None
+    assert final.error.code == "server_error"
+
+
+async def test_ephemeral_result_expires_on_the_fake_clock(
+    nursery: trio.Nursery, mock_clock: trio.testing.MockClock
+) -> None:
+    mock_clock.rate = 1.0  # real time passes (the model thread is real); jumps add to it
+    jobs, store = await start(nursery, FakeEngine(), ephemeral_ttl=30)
+    queued = await jobs.submit(job("echo: short lived", store=False))
+    await statuses(store, queued.id, "completed")
+    assert await store.get(queued.id, (Table.RESPONSES,)) is None
+    mock_clock.jump(25)
+    assert await store.get(queued.id) is not None
+    mock_clock.jump(6)
+    assert await store.get(queued.id) is None
+
+
+async def test_cancel_at_each_stage(nursery: trio.Nursery) -> None:
+    engine = FakeEngine(step_delay=0.01)
+    jobs, store = await start(nursery, engine)
+    running = await jobs.submit(job("echo: " + " ".join(["w"] * 200), max_tokens=200))
+    queued = await jobs.submit(job("echo: queued"))
+    with trio.fail_after(5):
+        await wait_until(lambda: engine.steps > 2)
+    for target in (queued, running):
+        final = await jobs.cancel(target.id)
+        assert final is not None
+        assert final.status == "cancelled"
+        stored = await store.get(target.id)
+        assert stored == final
+    done = await jobs.submit(job("echo: end"))
+    await statuses(store, done.id, "completed")
+    assert await jobs.cancel(done.id) is None  # not active any more
+    assert (await store.statistics()).active.entries == 0
