@@ -285,3 +285,20 @@ async def test_huge_and_malformed_bodies_leave_the_store_intact(fake_server: Fak
                      {"model": "fake-model", "input": "x", "conversation": {"id": 5}}):
             assert (await http.post("/v1/responses", json=body)).status_code == 400
     assert (await in_thread(client.responses.retrieve, kept.id)).model_dump() == kept.model_dump()
+
+
+async def test_conversation_limits_each_on_its_own_server(start_fake_server: StartServer) -> None:
+    entries = await start_fake_server(conversations=StoreLimits(1, 1 << 20, 0))
+    ttl = await start_fake_server(conversations=StoreLimits(10, 1 << 20, 0.5))
+    budget = await start_fake_server(conversations=StoreLimits(10, 0, 0))
+    for server in (entries, ttl, budget):
+        client = server.client()
+        await in_thread(client.responses.create, model="fake-model", input="echo: a",
+                        conversation="conv_a")
+        if server is entries:  # a second conversation evicts the first
+            await in_thread(client.responses.create, model="fake-model", input="echo: b",
+                            conversation="conv_b")
+        if server is ttl:
+            await trio.sleep(0.6)
+        with pytest.raises(openai.NotFoundError):
+            await in_thread(client.conversations.retrieve, "conv_a")
