@@ -43,8 +43,11 @@ async def serve(
     a half-working server is worse than a stopped one.
     """
     async with trio.open_nursery() as nursery:
-        store = await nursery.start(StoreActor(settings.responses, settings.conversations,
-                       settings.background_ephemeral_ttl_secs).run)
+        store = await nursery.start(
+            StoreActor(
+                settings.responses, settings.conversations, settings.background_ephemeral_ttl_secs
+            ).run
+        )
         model = await nursery.start(ModelActor(factory, settings.parallel).run)
         scheduler_actor = Scheduler(
             model,
@@ -55,13 +58,20 @@ async def serve(
         )
         scheduler = await nursery.start(scheduler_actor.run)
         supervisor = JobSupervisor(
-            scheduler, store, max_jobs=settings.background_max_jobs,
+            scheduler,
+            store,
+            max_jobs=settings.background_max_jobs,
             max_bytes=settings.responses.max_bytes,
         )
         jobs = await nursery.start(supervisor.run)
         handles = Handles(
-            model, scheduler, store, jobs, names,
-            background_enabled=settings.background_enabled, api_keys=settings.api_keys,
+            model,
+            scheduler,
+            store,
+            jobs,
+            names,
+            background_enabled=settings.background_enabled,
+            api_keys=settings.api_keys,
         )
         app = create_app(handles)
         urls = await nursery.start(serve_http, app, settings.host, settings.port)

@@ -16,9 +16,7 @@ ItemStatus: TypeAlias = Literal["in_progress", "completed", "incomplete"]
 ResponseStatus: TypeAlias = Literal[
     "queued", "in_progress", "completed", "incomplete", "failed", "cancelled"
 ]
-JsonValue: TypeAlias = (
-    dict[str, "JsonValue"] | list["JsonValue"] | str | int | float | bool | None
-)
+JsonValue: TypeAlias = dict[str, "JsonValue"] | list["JsonValue"] | str | int | float | bool | None
 
 
 @dataclass(frozen=True, slots=True)

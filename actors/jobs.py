@@ -113,12 +113,14 @@ class JobSupervisor:
         if len(self._jobs) >= self._max_jobs:
             return RateLimited(
                 f"Too many background responses are active ({self._max_jobs}); retry after "
-                "one of them ends.", code="rate_limit_exceeded",
+                "one of them ends.",
+                code="rate_limit_exceeded",
             )
         if self._active_bytes + size > self._max_bytes:
             return RateLimited(
                 "The active background responses already fill the response store's byte "
-                "budget; retry after one of them ends.", code="rate_limit_exceeded",
+                "budget; retry after one of them ends.",
+                code="rate_limit_exceeded",
             )
         job = _Job(dataclasses.replace(request, record=queued), size)
         self._jobs[queued.id] = job
@@ -167,7 +169,9 @@ class JobSupervisor:
                 elif isinstance(event, ResponseFinished):
                     return event.record
         return dataclasses.replace(
-            job.request.record, status="failed", usage=Usage(),
+            job.request.record,
+            status="failed",
+            usage=Usage(),
             error=ResponseError("server_error", "the generation worker stopped"),
         )
 
@@ -181,7 +185,11 @@ class JobSupervisor:
         table = Table.RESPONSES if final.echo.store else Table.EPHEMERAL
         if not await self._store.put(final, table):
             final = dataclasses.replace(
-                final, status="failed", output=(), input_items=(), incomplete_reason=None,
+                final,
+                status="failed",
+                output=(),
+                input_items=(),
+                incomplete_reason=None,
                 error=ResponseError(
                     "server_error",
                     "The response was larger than the response store's byte budget.",

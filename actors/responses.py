@@ -27,9 +27,7 @@ from mlxcel.model.engine import FinishReason, TokenStep
 
 class ResponseBuilder:
     def __init__(self, record: ResponseRecord, prompt_tokens: int) -> None:
-        self._record = dataclasses.replace(
-            record, status="in_progress", output=(), usage=None
-        )
+        self._record = dataclasses.replace(record, status="in_progress", output=(), usage=None)
         self._prompt_tokens = prompt_tokens
         self._message_id: str | None = None
         self._text: list[str] = []

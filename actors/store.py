@@ -191,8 +191,9 @@ class StoreActor:
         channel is ignored); nothing else raises here.
         """
         send, recv = trio.open_memory_channel[StoreCommand](0)
-        task_status.started(StoreHandle(send, self._limits(Table.RESPONSES),
-                                        self._limits(Table.CONVERSATIONS)))
+        task_status.started(
+            StoreHandle(send, self._limits(Table.RESPONSES), self._limits(Table.CONVERSATIONS))
+        )
         async with recv:
             async for command in recv:
                 self._handle(command)

@@ -48,7 +48,8 @@ def start(jobs: int, parallel: int, log: Path) -> tuple[subprocess.Popen[bytes],
     with log.open("wb") as out:
         proc = subprocess.Popen(
             [str(exe), "--port", str(port), "--max-jobs", str(jobs), "--parallel", str(parallel)],
-            stdout=out, stderr=subprocess.STDOUT,
+            stdout=out,
+            stderr=subprocess.STDOUT,
         )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 600
@@ -68,12 +69,17 @@ def start(jobs: int, parallel: int, log: Path) -> tuple[subprocess.Popen[bytes],
 def storm(client: openai.OpenAI, model: str, jobs: int, max_tokens: int) -> tuple[list[str], bool]:
     ids = []
     for i in range(jobs):
-        job = client.responses.create(model=model, input=f"Write one sentence about the number {i}.",
-                                      max_output_tokens=max_tokens, background=True)
+        job = client.responses.create(
+            model=model,
+            input=f"Write one sentence about the number {i}.",
+            max_output_tokens=max_tokens,
+            background=True,
+        )
         ids.append(job.id)
     try:
-        client.responses.create(model=model, input="one too many", background=True,
-                                max_output_tokens=max_tokens)
+        client.responses.create(
+            model=model, input="one too many", background=True, max_output_tokens=max_tokens
+        )
         refused = False
     except openai.RateLimitError:
         refused = True
@@ -133,8 +139,10 @@ def main() -> int:
         print(f"lost or stuck:       {len(ids) - len(done)}")
         print(f"time to drain:       {elapsed:.1f} s")
         if before is not None:
-            print(f"server RSS (MiB):    before {before:.0f}, peak {peak:.0f}, "
-                  f"after {after:.0f} ({(after or 0) - before:+.0f})")
+            print(
+                f"server RSS (MiB):    before {before:.0f}, peak {peak:.0f}, "
+                f"after {after:.0f} ({(after or 0) - before:+.0f})"
+            )
         return 0 if len(done) == len(ids) else 1
     finally:
         if proc is not None:

@@ -38,15 +38,17 @@ def register_conversations(route: Route, store: StoreHandle, json_response: Json
         if not store.conversations_limits.enabled:
             raise InvalidRequest(
                 "The conversation store is disabled on this server "
-                "(--conversation-store-max-entries 0).", code="storage_disabled",
+                "(--conversation-store-max-entries 0).",
+                code="storage_disabled",
             )
 
     async def existing(conversation_id: str) -> Conversation:
         check_enabled()
         found = await store.get_conversation(conversation_id)
         if found is None:
-            raise NotFound(f"Conversation with id '{conversation_id[:64]}' not found.",
-                           code="not_found")
+            raise NotFound(
+                f"Conversation with id '{conversation_id[:64]}' not found.", code="not_found"
+            )
         return found
 
     @route("/conversations", methods=["POST"])
@@ -55,12 +57,15 @@ def register_conversations(route: Route, store: StoreHandle, json_response: Json
         raw = await read_json(request.body) if request.content_length else {}
         body = ConversationCreateBody.model_validate(raw)
         conversation = Conversation(
-            id=new_id("conv"), created_at=int(time.time()), metadata=dict(body.metadata or {}),
+            id=new_id("conv"),
+            created_at=int(time.time()),
+            metadata=dict(body.metadata or {}),
             items=to_items(body.items or []),
         )
         if not await store.put_conversation(conversation):
-            raise InvalidRequest("The conversation is larger than the conversation store.",
-                                 code="too_large")
+            raise InvalidRequest(
+                "The conversation is larger than the conversation store.", code="too_large"
+            )
         return json_response(conversation_json(conversation))
 
     @route("/conversations/<conversation_id>", methods=["GET"])
@@ -94,11 +99,19 @@ def register_conversations(route: Route, store: StoreHandle, json_response: Json
         body = ConversationItemsBody.model_validate(await read_json(request.body))
         items = to_items(body.items)
         if await store.change(conversation_id, AddItems(items)) is None:
-            raise InvalidRequest("The conversation no longer fits the conversation store.",
-                                 code="too_large")
+            raise InvalidRequest(
+                "The conversation no longer fits the conversation store.", code="too_large"
+            )
         data = [item_json(i) for i in items]
-        return json_response({"object": "list", "data": data, "first_id": data[0]["id"],
-                              "last_id": data[-1]["id"], "has_more": False})
+        return json_response(
+            {
+                "object": "list",
+                "data": data,
+                "first_id": data[0]["id"],
+                "last_id": data[-1]["id"],
+                "has_more": False,
+            }
+        )
 
     @route("/conversations/<conversation_id>/items/<item_id>", methods=["GET"])
     async def retrieve_conversation_item(conversation_id: str, item_id: str) -> Response:

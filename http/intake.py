@@ -50,10 +50,16 @@ def function_tools(tools: Sequence[dict[str, JsonValue]] | None) -> list[dict[st
                 code="unsupported_tool",
             )
         if not isinstance(tool.get("name"), str) or not tool["name"]:
-            raise InvalidRequest("Missing required parameter: 'name'.",
-                                 param=f"tools[{index}].name", code="missing_required_parameter")
-        function = {"name": tool["name"], "description": tool.get("description") or "",
-                    "parameters": tool.get("parameters") or {"type": "object", "properties": {}}}
+            raise InvalidRequest(
+                "Missing required parameter: 'name'.",
+                param=f"tools[{index}].name",
+                code="missing_required_parameter",
+            )
+        function = {
+            "name": tool["name"],
+            "description": tool.get("description") or "",
+            "parameters": tool.get("parameters") or {"type": "object", "properties": {}},
+        }
         out.append({"type": "function", "function": function})
     return out
 
@@ -65,8 +71,9 @@ def conversation_id(value: str | dict[str, JsonValue] | None) -> str | None:
     raw = value.get("id") if isinstance(value, dict) else value
     if not isinstance(raw, str) or not ID_PATTERN.fullmatch(raw):
         raise InvalidRequest(
-            "Invalid 'conversation': expected a conversation id or {\"id\": \"...\"}.",
-            param="conversation", code="invalid_value",
+            'Invalid \'conversation\': expected a conversation id or {"id": "..."}.',
+            param="conversation",
+            code="invalid_value",
         )
     return raw
 
@@ -77,20 +84,25 @@ async def read_history(body: CreateResponseBody, store: StoreHandle) -> tuple[It
     if body.previous_response_id is not None and conversation is not None:
         raise InvalidRequest(
             "'previous_response_id' and 'conversation' cannot be used together.",
-            param="conversation", code="invalid_value",
+            param="conversation",
+            code="invalid_value",
         )
     if body.previous_response_id is not None:
         if not store.responses_limits.enabled:
             raise InvalidRequest(
                 "Response storage is disabled on this server, so 'previous_response_id' "
-                "cannot be used.", param="previous_response_id", code="storage_disabled",
+                "cannot be used.",
+                param="previous_response_id",
+                code="storage_disabled",
             )
         return await chain_items(store, body.previous_response_id)
     if conversation is not None:
         if not store.conversations_limits.enabled:
             raise InvalidRequest(
                 "The conversation store is disabled on this server, so 'conversation' "
-                "cannot be used.", param="conversation", code="storage_disabled",
+                "cannot be used.",
+                param="conversation",
+                code="storage_disabled",
             )
         found = await store.get_conversation(conversation)
         return found.items if found is not None else ()
@@ -107,12 +119,14 @@ async def chain_items(store: StoreHandle, response_id: str) -> tuple[Item, ...]:
         if record is None:
             raise InvalidRequest(
                 f"previous response '{next_id}' was not found or has expired",
-                param="previous_response_id", code="previous_response_not_found",
+                param="previous_response_id",
+                code="previous_response_not_found",
             )
         if record.status in ("queued", "in_progress"):
             raise InvalidRequest(
                 f"previous response '{next_id}' has not finished (status: {record.status})",
-                param="previous_response_id", code="previous_response_not_finished",
+                param="previous_response_id",
+                code="previous_response_not_finished",
             )
         hops.append(record)
         next_id = record.echo.previous_response_id
@@ -128,8 +142,11 @@ def render(
 ) -> tuple[tuple[Item, ...], list[int]]:
     """The request's own input items and the prompt tokens of history + input."""
     if body.truncation == "auto":
-        raise UnsupportedFeature("Only `truncation: \"disabled\"` is supported.",
-                                 param="truncation", code="unsupported_value")
+        raise UnsupportedFeature(
+            'Only `truncation: "disabled"` is supported.',
+            param="truncation",
+            code="unsupported_value",
+        )
     tools = function_tools(body.tools)
     items = to_items(body.input)
     prompt = codec.render(to_chat(body.instructions, history + items), tools or None)
@@ -173,7 +190,10 @@ def build_request(
         background=bool(body.background),
     )
     record = ResponseRecord(
-        id=new_id("resp"), created_at=int(time.time()), status="in_progress", echo=echo,
+        id=new_id("resp"),
+        created_at=int(time.time()),
+        status="in_progress",
+        echo=echo,
         input_items=items,
     )
     sampling = Sampling(temperature=echo.temperature, top_p=echo.top_p, max_tokens=max_tokens)

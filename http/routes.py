@@ -67,8 +67,9 @@ def create_app(handles: Handles) -> QuartTrio:
     def route(rule: str, **options: Any) -> Callable[[Any], Any]:
         def register(view: Any) -> Any:
             app.add_url_rule(rule, endpoint=view.__name__, view_func=view, **options)
-            app.add_url_rule(f"/v1{rule}", endpoint=f"v1_{view.__name__}", view_func=view,
-                             **options)
+            app.add_url_rule(
+                f"/v1{rule}", endpoint=f"v1_{view.__name__}", view_func=view, **options
+            )
             return view
 
         return register
@@ -101,8 +102,12 @@ def create_app(handles: Handles) -> QuartTrio:
 
     @route("/models", methods=["GET"])
     async def models() -> Response:
-        entry = {"id": handles.names.alias, "object": "model", "created": started,
-                 "owned_by": "mlxcel"}
+        entry = {
+            "id": handles.names.alias,
+            "object": "model",
+            "created": started,
+            "owned_by": "mlxcel",
+        }
         return json_response({"object": "list", "data": [entry]})
 
     @route("/responses", methods=["POST"])
@@ -145,7 +150,9 @@ def create_app(handles: Handles) -> QuartTrio:
         if record.status in ("queued", "in_progress"):
             raise InvalidRequest(
                 f"Response '{response_id}' has not finished (status: {record.status}); "
-                "cancel it first.", param="response_id", code="response_not_finished",
+                "cancel it first.",
+                param="response_id",
+                code="response_not_finished",
             )
         await handles.store.delete(response_id, Table.RESPONSES)
         await handles.store.delete(response_id, Table.EPHEMERAL)
@@ -173,13 +180,16 @@ def create_app(handles: Handles) -> QuartTrio:
 
 def _check_background(handles: Handles, body: CreateResponseBody) -> None:
     if body.stream:
-        raise InvalidRequest("'background' cannot be combined with 'stream'.",
-                             param="stream", code="invalid_value")
+        raise InvalidRequest(
+            "'background' cannot be combined with 'stream'.", param="stream", code="invalid_value"
+        )
     if not handles.background_enabled:
         raise InvalidRequest(
             "Background mode is disabled on this server: it needs the response store and a "
             "job cap above 0 (--responses-store-max-entries, --responses-store-max-bytes, "
-            "--responses-background-max-jobs).", param="background", code="background_disabled",
+            "--responses-background-max-jobs).",
+            param="background",
+            code="background_disabled",
         )
 
 
@@ -192,7 +202,9 @@ def _check_response_id(handles: Handles, response_id: str) -> None:
     if not response_id.startswith("resp_"):
         raise InvalidRequest(
             f"Invalid 'response_id': {response_id[:64]!r}. Expected an id that begins with "
-            "'resp_'.", param="response_id", code="invalid_value",
+            "'resp_'.",
+            param="response_id",
+            code="invalid_value",
         )
 
 

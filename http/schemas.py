@@ -97,8 +97,16 @@ _TaggedItem = Annotated[
 InputItemIn = Annotated[_TaggedItem, BeforeValidator(_default_message_type)]
 # The tags pydantic puts in error locations between field names.
 ITEM_TAGS = frozenset(
-    {"message", "function_call", "function_call_output", "reasoning", "input_text",
-     "output_text", "refusal", "reasoning_text"}
+    {
+        "message",
+        "function_call",
+        "function_call_output",
+        "reasoning",
+        "input_text",
+        "output_text",
+        "refusal",
+        "reasoning_text",
+    }
 )
 
 
@@ -162,22 +170,29 @@ def list_page(items: Sequence[dict[str, Any]], args: Mapping[str, str]) -> dict[
     """A cursor page (`after`, `limit` 1..100 default 20, `order` asc|desc default desc)."""
     order = args.get("order", "desc")
     if order not in ("asc", "desc"):
-        raise InvalidRequest("Invalid 'order': expected 'asc' or 'desc'.", param="order",
-                             code="invalid_value")
+        raise InvalidRequest(
+            "Invalid 'order': expected 'asc' or 'desc'.", param="order", code="invalid_value"
+        )
     try:
         limit = int(args.get("limit", "20"))
     except ValueError:
         limit = 0
     if not 1 <= limit <= 100:
-        raise InvalidRequest("Invalid 'limit': expected an integer from 1 to 100.",
-                             param="limit", code="invalid_value")
+        raise InvalidRequest(
+            "Invalid 'limit': expected an integer from 1 to 100.",
+            param="limit",
+            code="invalid_value",
+        )
     ordered = list(items) if order == "asc" else list(reversed(items))
     after = args.get("after")
     if after is not None:
         ids = [item.get("id") for item in ordered]
         if after not in ids:
-            raise InvalidRequest(f"Invalid 'after': no item with id {after[:64]!r}.",
-                                 param="after", code="invalid_value")
+            raise InvalidRequest(
+                f"Invalid 'after': no item with id {after[:64]!r}.",
+                param="after",
+                code="invalid_value",
+            )
         ordered = ordered[ids.index(after) + 1 :]
     data = ordered[:limit]
     return {
@@ -200,7 +215,9 @@ def _part(part: InputTextPart | OutputTextPart | RefusalPart) -> ContentPart:
     raise AssertionError(part)
 
 
-def to_items(raw_input: str | Sequence[MessageIn | FunctionCallIn | FunctionCallOutputIn | ReasoningIn]) -> tuple[Item, ...]:
+def to_items(
+    raw_input: str | Sequence[MessageIn | FunctionCallIn | FunctionCallOutputIn | ReasoningIn],
+) -> tuple[Item, ...]:
     """Request input as conversation items; items sent without an id get one."""
     if isinstance(raw_input, str):
         return (Message("user", (InputText(raw_input),), id=new_id("msg")),)
@@ -297,7 +314,9 @@ def response_json(record: ResponseRecord) -> dict[str, Any]:
         "output": [item_json(i) for i in record.output],
         "parallel_tool_calls": echo.parallel_tool_calls,
         "previous_response_id": echo.previous_response_id,
-        "reasoning": echo.reasoning if echo.reasoning is not None else {"effort": None, "summary": None},
+        "reasoning": echo.reasoning
+        if echo.reasoning is not None
+        else {"effort": None, "summary": None},
         "store": echo.store,
         "temperature": echo.temperature,
         "text": echo.text,

@@ -9,7 +9,11 @@ from quart_trio import QuartTrio
 
 
 async def serve_http(
-    app: QuartTrio, host: str, port: int, *, task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED
+    app: QuartTrio,
+    host: str,
+    port: int,
+    *,
+    task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve until cancelled; reports the bound URLs (port 0 picks a free one)."""
     config = Config()

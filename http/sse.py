@@ -45,16 +45,26 @@ def event_json(event: ResponseEvent) -> dict[str, Any]:
         case ResponseInProgress(record):
             return {"type": "response.in_progress", "response": response_json(record)}
         case OutputItemAdded(index, item):
-            return {"type": "response.output_item.added", "output_index": index,
-                    "item": item_json(item)}
+            return {
+                "type": "response.output_item.added",
+                "output_index": index,
+                "item": item_json(item),
+            }
         case OutputItemDone(index, item):
-            return {"type": "response.output_item.done", "output_index": index,
-                    "item": item_json(item)}
+            return {
+                "type": "response.output_item.done",
+                "output_index": index,
+                "item": item_json(item),
+            }
         case ContentPartAdded() | ContentPartDone():
             kind = "added" if isinstance(event, ContentPartAdded) else "done"
-            return {"type": f"response.content_part.{kind}", "item_id": event.item_id,
-                    "output_index": event.output_index, "content_index": event.content_index,
-                    "part": part_json(event.part)}
+            return {
+                "type": f"response.content_part.{kind}",
+                "item_id": event.item_id,
+                "output_index": event.output_index,
+                "content_index": event.content_index,
+                "part": part_json(event.part),
+            }
         case OutputTextDelta() | OutputTextDone():
             body = dataclasses.asdict(event)
             kind = "delta" if isinstance(event, OutputTextDelta) else "done"

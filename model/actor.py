@@ -91,7 +91,9 @@ class ModelActor:
         self.loaded: LoadedModel | None = None
         self.handle = ModelHandle(self)
 
-    async def run(self, *, task_status: trio.TaskStatus[ModelHandle] = trio.TASK_STATUS_IGNORED) -> None:
+    async def run(
+        self, *, task_status: trio.TaskStatus[ModelHandle] = trio.TASK_STATUS_IGNORED
+    ) -> None:
         """Run the model thread until cancelled.
 
         Resource handling: the inbox holds at most one new sequence per generation slot

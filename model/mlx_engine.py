@@ -105,7 +105,12 @@ def context_length(path: Path) -> int:
 
 
 def load_mlx_model(
-    path: Path, *, name: str, max_batch: int, prefill_step_size: int, blas: BlasInfo,
+    path: Path,
+    *,
+    name: str,
+    max_batch: int,
+    prefill_step_size: int,
+    blas: BlasInfo,
     ctx_size: int | None = None,
 ) -> LoadedModel:
     """Load a local MLX model folder and wrap it as an engine (on the model thread)."""
@@ -121,7 +126,9 @@ def load_mlx_model(
     version = getattr(mx, "__version__", "?")
     backend = f"mlx {version} on {mx.default_device()}, BLAS: {blas.name}"
     info = ModelInfo(
-        name=name, path=str(path), context_length=ctx_size or context_length(path),
+        name=name,
+        path=str(path),
+        context_length=ctx_size or context_length(path),
         backend=backend,
     )
     return LoadedModel(engine=engine, codec=TemplateCodec(tokenizer), info=info)

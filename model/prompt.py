@@ -83,18 +83,26 @@ class TemplateCodec:
         except Exception as first:
             merged = merge_system(messages)
             if merged == list(messages):
-                raise InvalidRequest(f"The chat template rejected the input: {first}",
-                                     param="input", code="invalid_prompt") from first
+                raise InvalidRequest(
+                    f"The chat template rejected the input: {first}",
+                    param="input",
+                    code="invalid_prompt",
+                ) from first
             try:
                 text = self._apply(merged, tools)
             except Exception as exc:
-                raise InvalidRequest(f"The chat template rejected the input: {exc}",
-                                     param="input", code="invalid_prompt") from exc
+                raise InvalidRequest(
+                    f"The chat template rejected the input: {exc}",
+                    param="input",
+                    code="invalid_prompt",
+                ) from exc
         return list(self._tokenizer.encode(text, add_special_tokens=False))
 
     def _apply(self, messages: list[ChatMessage], tools: Sequence[dict[str, Any]] | None) -> str:
         text = self._tokenizer.apply_chat_template(
-            messages, tools=list(tools) if tools else None, add_generation_prompt=True,
+            messages,
+            tools=list(tools) if tools else None,
+            add_generation_prompt=True,
             tokenize=False,
         )
         return str(text)

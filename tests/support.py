@@ -62,8 +62,7 @@ class RealServer:
     log: Path
 
     def client(self) -> OpenAI:
-        return OpenAI(base_url=f"{self.url}/v1", api_key="sk-no-auth", max_retries=0,
-                      timeout=600)
+        return OpenAI(base_url=f"{self.url}/v1", api_key="sk-no-auth", max_retries=0, timeout=600)
 
 
 def _free_port() -> int:
@@ -76,8 +75,9 @@ def start_server(log: Path, *flags: str) -> Iterator[RealServer]:
     port = _free_port()
     exe = Path(sys.executable).with_name("mlxcel-server")
     with log.open("w") as out:
-        proc = subprocess.Popen([str(exe), "--port", str(port), *flags],
-                                stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            [str(exe), "--port", str(port), *flags], stdout=out, stderr=subprocess.STDOUT
+        )
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 300

@@ -22,7 +22,10 @@ def test_defaults_match_the_spec() -> None:
     s = settings([])
     assert (s.host, s.port, s.parallel, s.max_queue_depth) == ("127.0.0.1", 8080, 4, 32)
     assert (s.responses.max_entries, s.responses.max_bytes, s.responses.ttl_secs) == (
-        1024, 268435456, 3600)
+        1024,
+        268435456,
+        3600,
+    )
     assert (s.conversations.max_entries, s.conversations.max_bytes) == (256, 67108864)
     assert s.conversations.ttl_secs == 3600
     assert s.background_max_jobs == 64
@@ -32,12 +35,28 @@ def test_defaults_match_the_spec() -> None:
 
 
 def test_flags_and_short_aliases() -> None:
-    s = settings(["-m", "/m", "-a", "local", "--port", "9", "-c", "2048", "--parallel", "8",
-                  "--max-queue-depth", "3", "--max-jobs", "7",
-                  "--responses-store-ttl-secs", "0"])
+    s = settings(
+        [
+            "-m",
+            "/m",
+            "-a",
+            "local",
+            "--port",
+            "9",
+            "-c",
+            "2048",
+            "--parallel",
+            "8",
+            "--max-queue-depth",
+            "3",
+            "--max-jobs",
+            "7",
+            "--responses-store-ttl-secs",
+            "0",
+        ]
+    )
     assert s.model == Path("/m")
-    assert (s.alias, s.port, s.ctx_size, s.parallel, s.max_queue_depth) == (
-        "local", 9, 2048, 8, 3)
+    assert (s.alias, s.port, s.ctx_size, s.parallel, s.max_queue_depth) == ("local", 9, 2048, 8, 3)
     assert s.background_max_jobs == 7
     assert s.responses.ttl_secs == 0
 
@@ -101,8 +120,9 @@ def test_bad_environment_value_is_a_clear_error(capsys: pytest.CaptureFixture[st
 def test_help_lists_every_flag_with_its_environment_variable() -> None:
     for prog in (["mlxcel-server"], ["mlxcel", "serve"]):
         exe = Path(sys.executable).with_name(prog[0])
-        out = subprocess.run([str(exe), *prog[1:], "--help"], capture_output=True, text=True,
-                             check=True).stdout
+        out = subprocess.run(
+            [str(exe), *prog[1:], "--help"], capture_output=True, text=True, check=True
+        ).stdout
         for flag in FLAGS:
             assert flag.names[-1] in out
             if flag.env:

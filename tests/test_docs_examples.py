@@ -17,7 +17,12 @@ EXAMPLES = sorted((Path(__file__).resolve().parents[1] / "docs" / "examples").gl
 @pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.name)
 async def test_example_runs(fake_server: FakeServer, example: Path) -> None:
     env = {**os.environ, "MLXCEL_BASE_URL": f"{fake_server.url}/v1", "MLXCEL_MODEL": "fake-model"}
-    result = await trio.run_process([sys.executable, str(example)], env=env,
-                                    capture_stdout=True, capture_stderr=True, check=False)
+    result = await trio.run_process(
+        [sys.executable, str(example)],
+        env=env,
+        capture_stdout=True,
+        capture_stderr=True,
+        check=False,
+    )
     assert result.returncode == 0, result.stderr.decode()
     assert result.stdout.strip()

@@ -31,7 +31,9 @@ client.responses.create(
     model=model, input="Remember 42.", conversation=conversation.id, max_output_tokens=32
 )
 client.responses.create(
-    model=model, input="What did I ask you to remember?", conversation=conversation.id,
+    model=model,
+    input="What did I ask you to remember?",
+    conversation=conversation.id,
     max_output_tokens=32,
 )
 for item in client.conversations.items.list(conversation.id, order="asc"):

@@ -32,8 +32,7 @@ async def start(
     ephemeral_ttl: float = 600,
 ) -> tuple[JobsHandle, StoreHandle]:
     limits = StoreLimits(100, max_bytes, 0)
-    store = await nursery.start(StoreActor(limits, StoreLimits(10, 1 << 20, 0),
-                                           ephemeral_ttl).run)
+    store = await nursery.start(StoreActor(limits, StoreLimits(10, 1 << 20, 0), ephemeral_ttl).run)
     model = await nursery.start(ModelActor(functools.partial(fake_factory, engine), 1).run)
     await model.ready.wait()
     scheduler = await nursery.start(
@@ -47,7 +46,9 @@ async def start(
 
 def job(text: str, *, store: bool = True, max_tokens: int = 50) -> GenerationRequest:
     record = ResponseRecord(
-        id=new_id("resp"), created_at=0, status="in_progress",
+        id=new_id("resp"),
+        created_at=0,
+        status="in_progress",
         echo=RequestEcho(model="m", store=store, background=True),
     )
     prompt = FakeCodec().render([{"role": "user", "content": text}], None)
@@ -94,8 +95,9 @@ async def test_cap_and_bytes(nursery: trio.Nursery) -> None:
 
 async def test_oversized_final_object_becomes_a_failed_one(nursery: trio.Nursery) -> None:
     request = job("echo: " + " ".join(["abcdefghijklmnop"] * 60), max_tokens=60)
-    queued_size = approx_json_size(dataclasses.replace(request.record, status="queued",
-                                                       usage=Usage()))
+    queued_size = approx_json_size(
+        dataclasses.replace(request.record, status="queued", usage=Usage())
+    )
     # Room to admit the job, but not for its 60 long words of output plus their item.
     budget = queued_size + BYTES_PER_OUTPUT_TOKEN * 60
     jobs, store = await start(nursery, FakeEngine(), max_bytes=budget)

@@ -32,23 +32,22 @@ async def start(
     store = await nursery.start(StoreActor(StoreLimits(100, 1 << 20, 0), StoreLimits(0, 0, 0)).run)
     model = await nursery.start(ModelActor(functools.partial(fake_factory, engine), parallel).run)
     await model.ready.wait()
-    scheduler = Scheduler(model, store, parallel=parallel, max_queue_depth=depth,
-                          keepalive_secs=10)
+    scheduler = Scheduler(model, store, parallel=parallel, max_queue_depth=depth, keepalive_secs=10)
     return await nursery.start(scheduler.run), store
 
 
 def request(text: str, store: bool = True, max_tokens: int = 100) -> GenerationRequest:
     record = ResponseRecord(
-        id=new_id("resp"), created_at=0, status="in_progress",
+        id=new_id("resp"),
+        created_at=0,
+        status="in_progress",
         echo=RequestEcho(model="m", store=store),
     )
     prompt = FakeCodec().render([{"role": "user", "content": text}], None)
     return GenerationRequest(record, tuple(prompt), Sampling(max_tokens=max_tokens))
 
 
-async def collect(
-    scheduler: SchedulerHandle, req: GenerationRequest
-) -> list[ResponseEvent]:
+async def collect(scheduler: SchedulerHandle, req: GenerationRequest) -> list[ResponseEvent]:
     send, recv = trio.open_memory_channel[ResponseEvent](0)
     await scheduler.submit(Generate(req, send))
     async with recv:

@@ -18,7 +18,10 @@ OFF = StoreLimits(0, 0, 0)
 
 def record(rid: str, text: str = "x") -> ResponseRecord:
     return ResponseRecord(
-        id=rid, created_at=0, status="completed", echo=RequestEcho(model="m"),
+        id=rid,
+        created_at=0,
+        status="completed",
+        echo=RequestEcho(model="m"),
         output=(Message("assistant", (InputText(text),)),),
     )
 
@@ -173,8 +176,7 @@ class TableMachine(RuleBasedStateMachine):
         assert len(cache) <= 5
 
 
-TableMachine.TestCase.settings = settings(max_examples=60, stateful_step_count=30,
-                                          deadline=None)
+TableMachine.TestCase.settings = settings(max_examples=60, stateful_step_count=30, deadline=None)
 
 
 def test_table_state_machine() -> None:

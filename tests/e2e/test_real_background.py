@@ -33,14 +33,20 @@ def test_64_jobs_all_finish_and_the_65th_gets_429(real_server: RealServer) -> No
     client = real_server.client()
     ids = []
     for i in range(64):
-        job = client.responses.create(model=real_server.alias, input=f"Say the number {i}.",
-                                      max_output_tokens=6, temperature=0, background=True)
+        job = client.responses.create(
+            model=real_server.alias,
+            input=f"Say the number {i}.",
+            max_output_tokens=6,
+            temperature=0,
+            background=True,
+        )
         assert job.status in ("queued", "in_progress")
         assert job.background is True
         ids.append(job.id)
     with pytest.raises(openai.RateLimitError) as refused:
-        client.responses.create(model=real_server.alias, input="One too many.",
-                                max_output_tokens=6, background=True)
+        client.responses.create(
+            model=real_server.alias, input="One too many.", max_output_tokens=6, background=True
+        )
     assert refused.value.body["code"] == "rate_limit_exceeded"  # type: ignore[index]
     finals = wait_terminal(client, ids, timeout=900)
     for response_id in ids:
@@ -54,16 +60,18 @@ def test_64_jobs_all_finish_and_the_65th_gets_429(real_server: RealServer) -> No
 def test_cancelled_job_stays_cancelled_and_frees_its_slot(one_slot_server: RealServer) -> None:
     client = one_slot_server.client()
     alias = one_slot_server.alias
-    long_job = client.responses.create(model=alias, input="Count from 1 to 1000.",
-                                       max_output_tokens=2000, background=True)
+    long_job = client.responses.create(
+        model=alias, input="Count from 1 to 1000.", max_output_tokens=2000, background=True
+    )
     deadline = time.monotonic() + 120
     while client.responses.retrieve(long_job.id).status != "in_progress":
         assert time.monotonic() < deadline
         time.sleep(0.2)
     cancelled = client.responses.cancel(long_job.id)
     assert cancelled.status == "cancelled"
-    quick = client.responses.create(model=alias, input="Say ok.", max_output_tokens=4,
-                                    background=True)
+    quick = client.responses.create(
+        model=alias, input="Say ok.", max_output_tokens=4, background=True
+    )
     final = wait_terminal(client, [quick.id], timeout=120)[quick.id]
     assert final.status in ("completed", "incomplete")
     assert client.responses.retrieve(long_job.id).status == "cancelled"

@@ -32,8 +32,10 @@ def test_stream_helper_and_final_response(real_server: RealServer) -> None:
     client = real_server.client()
     deltas: list[str] = []
     with client.responses.stream(
-        model=real_server.alias, input="Name three colours, comma separated.",
-        max_output_tokens=32, temperature=0,
+        model=real_server.alias,
+        input="Name three colours, comma separated.",
+        max_output_tokens=32,
+        temperature=0,
     ) as stream:
         for event in stream:
             if event.type == "response.output_text.delta":
@@ -45,8 +47,7 @@ def test_stream_helper_and_final_response(real_server: RealServer) -> None:
 
 
 def test_raw_sse_order_and_numbering(real_server: RealServer) -> None:
-    body = {"model": real_server.alias, "input": "Say hi.", "max_output_tokens": 16,
-            "stream": True}
+    body = {"model": real_server.alias, "input": "Say hi.", "max_output_tokens": 16, "stream": True}
     events = []
     with httpx.stream("POST", f"{real_server.url}/v1/responses", json=body, timeout=600) as r:
         assert r.status_code == 200
@@ -59,10 +60,18 @@ def test_raw_sse_order_and_numbering(real_server: RealServer) -> None:
                 assert data["type"] == name
                 events.append(data)
     types = [e["type"] for e in events]
-    assert types[:4] == ["response.created", "response.in_progress",
-                         "response.output_item.added", "response.content_part.added"]
-    assert types[-4:] == ["response.output_text.done", "response.content_part.done",
-                          "response.output_item.done", events[-1]["type"]]
+    assert types[:4] == [
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+    ]
+    assert types[-4:] == [
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        events[-1]["type"],
+    ]
     assert events[-1]["type"] in ("response.completed", "response.incomplete")
     assert set(types[4:-4]) <= {"response.output_text.delta"}
     assert [e["sequence_number"] for e in events] == list(range(len(events)))
@@ -84,8 +93,24 @@ def test_length_stop_is_incomplete(real_server: RealServer) -> None:
     assert resp.usage.output_tokens == 4
 
 
-WORDS = ["apple", "banana", "cherry", "delta", "eagle", "falcon", "guitar", "harbor",
-         "island", "jungle", "kettle", "lemon", "marble", "needle", "orange", "pepper"]
+WORDS = [
+    "apple",
+    "banana",
+    "cherry",
+    "delta",
+    "eagle",
+    "falcon",
+    "guitar",
+    "harbor",
+    "island",
+    "jungle",
+    "kettle",
+    "lemon",
+    "marble",
+    "needle",
+    "orange",
+    "pepper",
+]
 
 
 def test_sixteen_concurrent_streams_complete_with_their_own_text(
@@ -96,8 +121,10 @@ def test_sixteen_concurrent_streams_complete_with_their_own_text(
     def one(word: str) -> tuple[str, str]:
         deltas = []
         with client.responses.stream(
-            model=real_server.alias, input=f"Reply with exactly this word: {word}",
-            max_output_tokens=12, temperature=0,
+            model=real_server.alias,
+            input=f"Reply with exactly this word: {word}",
+            max_output_tokens=12,
+            temperature=0,
         ) as stream:
             for event in stream:
                 if event.type == "response.output_text.delta":
@@ -118,7 +145,8 @@ def _open_stream(server: RealServer, body: dict[str, object]) -> socket.socket:
     sock = socket.create_connection((host, int(port)))
     sock.sendall(
         f"POST /v1/responses HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
-        f"Content-Length: {len(payload)}\r\n\r\n".encode() + payload
+        f"Content-Length: {len(payload)}\r\n\r\n".encode()
+        + payload
     )
     seen = b""
     sock.settimeout(300)
@@ -133,8 +161,11 @@ def test_full_queue_is_503_and_a_disconnect_frees_the_slot(
     one_slot_server: RealServer,
 ) -> None:
     server = one_slot_server
-    long_body = {"model": server.alias, "input": "Count from 1 to 1000, one per line.",
-                 "max_output_tokens": 2000}
+    long_body = {
+        "model": server.alias,
+        "input": "Count from 1 to 1000, one per line.",
+        "max_output_tokens": 2000,
+    }
     sock = _open_stream(server, long_body)
     quick = {"model": server.alias, "input": "Say ok.", "max_output_tokens": 4}
     busy = httpx.post(f"{server.url}/v1/responses", json=quick, timeout=60)

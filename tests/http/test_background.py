@@ -31,8 +31,12 @@ async def poll(server: FakeServer, response_id: str) -> Response:
 
 async def test_background_job_is_queued_then_polled_to_the_end(fake_server: FakeServer) -> None:
     client = fake_server.client()
-    queued = await in_thread(client.responses.create, model="fake-model",
-                             input="echo: in the background", background=True)
+    queued = await in_thread(
+        client.responses.create,
+        model="fake-model",
+        input="echo: in the background",
+        background=True,
+    )
     assert queued.status in ("queued", "in_progress")
     assert queued.background is True
     assert queued.output == []
@@ -42,8 +46,9 @@ async def test_background_job_is_queued_then_polled_to_the_end(fake_server: Fake
     assert final.status == "completed"
     assert final.background is True
     assert final.output_text == "in the background"
-    sync = await in_thread(client.responses.create, model="fake-model",
-                           input="echo: in the background")
+    sync = await in_thread(
+        client.responses.create, model="fake-model", input="echo: in the background"
+    )
     assert sync.background is None  # synchronous objects have no `background` key
     assert final.usage == sync.usage
     assert final.output[0].content == sync.output[0].content  # type: ignore[union-attr]
@@ -63,8 +68,9 @@ async def test_background_refusals_are_400(
 ) -> None:
     server = await start_fake_server(**settings)
     async with httpx.AsyncClient(base_url=server.url, timeout=30) as http:
-        r = await http.post("/v1/responses", json={"model": "fake-model", "input": "x",
-                                                    "background": True, **extra})
+        r = await http.post(
+            "/v1/responses", json={"model": "fake-model", "input": "x", "background": True, **extra}
+        )
     assert r.status_code == 400, r.text
     assert r.json()["error"]["type"] == "invalid_request_error"
 
@@ -73,13 +79,24 @@ async def test_job_cap_answers_429_until_a_job_ends(start_fake_server: StartServ
     engine = FakeEngine(step_delay=0.01)
     server = await start_fake_server(engine, parallel=1, background_max_jobs=2)
     client = server.client()
-    first = await in_thread(client.responses.create, model="fake-model", input=LONG,
-                            background=True, max_output_tokens=20)
-    await in_thread(client.responses.create, model="fake-model", input=LONG, background=True,
-                    max_output_tokens=20)
+    first = await in_thread(
+        client.responses.create,
+        model="fake-model",
+        input=LONG,
+        background=True,
+        max_output_tokens=20,
+    )
+    await in_thread(
+        client.responses.create,
+        model="fake-model",
+        input=LONG,
+        background=True,
+        max_output_tokens=20,
+    )
     async with httpx.AsyncClient(base_url=server.url, timeout=30) as http:
-        r = await http.post("/v1/responses", json={"model": "fake-model", "input": "x",
-                                                    "background": True})
+        r = await http.post(
+            "/v1/responses", json={"model": "fake-model", "input": "x", "background": True}
+        )
     assert r.status_code == 429
     assert r.json()["error"]["code"] == "rate_limit_exceeded"
     assert r.headers["retry-after"] == "1"
@@ -87,8 +104,12 @@ async def test_job_cap_answers_429_until_a_job_ends(start_fake_server: StartServ
     with trio.fail_after(20):
         while True:  # the second job may still hold the cap for a moment
             try:
-                third = await in_thread(client.responses.create, model="fake-model",
-                                        input="echo: three", background=True)
+                third = await in_thread(
+                    client.responses.create,
+                    model="fake-model",
+                    input="echo: three",
+                    background=True,
+                )
                 break
             except openai.RateLimitError:
                 await trio.sleep(0.05)
@@ -97,24 +118,43 @@ async def test_job_cap_answers_429_until_a_job_ends(start_fake_server: StartServ
 
 async def test_byte_budget_of_active_jobs_answers_429(start_fake_server: StartServer) -> None:
     engine = FakeEngine(step_delay=0.01)
-    server = await start_fake_server(engine, parallel=1,
-                                     responses=StoreLimits(100, 12_000, 0))
+    server = await start_fake_server(engine, parallel=1, responses=StoreLimits(100, 12_000, 0))
     client = server.client()
-    await in_thread(client.responses.create, model="fake-model", input=LONG, background=True,
-                    max_output_tokens=1000)  # ~8 kB of room for output
+    await in_thread(
+        client.responses.create,
+        model="fake-model",
+        input=LONG,
+        background=True,
+        max_output_tokens=1000,
+    )  # ~8 kB of room for output
     with pytest.raises(openai.RateLimitError):
-        await in_thread(client.responses.create, model="fake-model", input=LONG,
-                        background=True, max_output_tokens=1000)
+        await in_thread(
+            client.responses.create,
+            model="fake-model",
+            input=LONG,
+            background=True,
+            max_output_tokens=1000,
+        )
 
 
 async def test_cancel_queued_and_running_jobs(start_fake_server: StartServer) -> None:
     engine = FakeEngine(step_delay=0.01)
     server = await start_fake_server(engine, parallel=1)
     client = server.client()
-    running = await in_thread(client.responses.create, model="fake-model", input=LONG,
-                              background=True, max_output_tokens=300)
-    queued = await in_thread(client.responses.create, model="fake-model", input=LONG,
-                             background=True, max_output_tokens=300)
+    running = await in_thread(
+        client.responses.create,
+        model="fake-model",
+        input=LONG,
+        background=True,
+        max_output_tokens=300,
+    )
+    queued = await in_thread(
+        client.responses.create,
+        model="fake-model",
+        input=LONG,
+        background=True,
+        max_output_tokens=300,
+    )
     with trio.fail_after(5):
         await wait_until(lambda: engine.active == 1 and engine.steps > 2)
     assert (await in_thread(client.responses.retrieve, queued.id)).status == "queued"
@@ -132,27 +172,33 @@ async def test_cancel_queued_and_running_jobs(start_fake_server: StartServer) ->
     assert engine.steps == steps  # nothing generates any more
     again = await in_thread(client.responses.cancel, running.id)
     assert again.status == "cancelled"
-    after = await in_thread(client.responses.create, model="fake-model", input="echo: free",
-                            background=True)
+    after = await in_thread(
+        client.responses.create, model="fake-model", input="echo: free", background=True
+    )
     assert (await poll(server, after.id)).output_text == "free"  # the slot was freed
 
 
 async def test_delete_and_chain_wait_for_the_end(start_fake_server: StartServer) -> None:
     server = await start_fake_server(FakeEngine(step_delay=0.01), parallel=1)
     client = server.client()
-    job = await in_thread(client.responses.create, model="fake-model", input="echo: a b c d e",
-                          background=True)
+    job = await in_thread(
+        client.responses.create, model="fake-model", input="echo: a b c d e", background=True
+    )
     async with httpx.AsyncClient(base_url=server.url, timeout=30) as http:
         r = await http.delete(f"/v1/responses/{job.id}")
         assert r.status_code == 400
-        r = await http.post("/v1/responses", json={"model": "fake-model", "input": "x",
-                                                    "previous_response_id": job.id})
+        r = await http.post(
+            "/v1/responses",
+            json={"model": "fake-model", "input": "x", "previous_response_id": job.id},
+        )
         assert r.status_code == 400
         assert r.json()["error"]["message"].startswith(
-            f"previous response '{job.id}' has not finished (status: ")
+            f"previous response '{job.id}' has not finished (status: "
+        )
     await poll(server, job.id)
-    chained = await in_thread(client.responses.create, model="fake-model", input="echo: next",
-                              previous_response_id=job.id)
+    chained = await in_thread(
+        client.responses.create, model="fake-model", input="echo: next", previous_response_id=job.id
+    )
     assert chained.output_text == "next"
     await in_thread(client.responses.delete, job.id)
     with pytest.raises(openai.NotFoundError):
@@ -164,13 +210,20 @@ async def test_store_false_job_is_pollable_for_the_ephemeral_ttl(
 ) -> None:
     server = await start_fake_server(background_ephemeral_ttl_secs=1)
     client = server.client()
-    job = await in_thread(client.responses.create, model="fake-model", input="echo: brief",
-                          background=True, store=False)
+    job = await in_thread(
+        client.responses.create,
+        model="fake-model",
+        input="echo: brief",
+        background=True,
+        store=False,
+    )
     final = await poll(server, job.id)
     assert final.output_text == "brief"
     async with httpx.AsyncClient(base_url=server.url, timeout=30) as http:
-        r = await http.post("/v1/responses", json={"model": "fake-model", "input": "x",
-                                                    "previous_response_id": job.id})
+        r = await http.post(
+            "/v1/responses",
+            json={"model": "fake-model", "input": "x", "previous_response_id": job.id},
+        )
         assert r.status_code == 400
     await trio.sleep(1.1)  # real time: the fake clock cannot drive a real server
     with pytest.raises(openai.NotFoundError):
@@ -180,11 +233,21 @@ async def test_store_false_job_is_pollable_for_the_ephemeral_ttl(
 async def test_failed_job_and_conversation_turns(start_fake_server: StartServer) -> None:
     server = await start_fake_server(FakeEngine(fail_on="boom"))
     client = server.client()
-    good = await in_thread(client.responses.create, model="fake-model", input="echo: kept",
-                           background=True, conversation="conv_jobs")
+    good = await in_thread(
+        client.responses.create,
+        model="fake-model",
+        input="echo: kept",
+        background=True,
+        conversation="conv_jobs",
+    )
     await poll(server, good.id)
-    bad = await in_thread(client.responses.create, model="fake-model", input="echo: boom",
-                          background=True, conversation="conv_jobs")
+    bad = await in_thread(
+        client.responses.create,
+        model="fake-model",
+        input="echo: boom",
+        background=True,
+        conversation="conv_jobs",
+    )
     failed = await poll(server, bad.id)
     assert failed.status == "failed"
     assert failed.error is not None
@@ -199,8 +262,15 @@ async def test_dropping_the_create_connection_does_not_cancel(
 ) -> None:
     server = await start_fake_server(FakeEngine(step_delay=0.005))
     async with httpx.AsyncClient(base_url=server.url, timeout=30) as http:
-        r = await http.post("/v1/responses", json={"model": "fake-model", "input": LONG,
-                                                    "background": True, "max_output_tokens": 40})
+        r = await http.post(
+            "/v1/responses",
+            json={
+                "model": "fake-model",
+                "input": LONG,
+                "background": True,
+                "max_output_tokens": 40,
+            },
+        )
         job_id = r.json()["id"]
     # The connection is closed; the job carries on to its end.
     final = await poll(server, job_id)

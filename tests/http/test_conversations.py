@@ -14,9 +14,11 @@ from support import FakeServer, in_thread
 
 async def test_conversation_lifecycle_with_the_sdk(fake_server: FakeServer) -> None:
     client = fake_server.client()
-    conv = await in_thread(client.conversations.create,
-                           items=[{"role": "user", "content": "echo: first"}],
-                           metadata={"topic": "demo"})
+    conv = await in_thread(
+        client.conversations.create,
+        items=[{"role": "user", "content": "echo: first"}],
+        metadata={"topic": "demo"},
+    )
     assert conv.id.startswith("conv_")
     assert conv.metadata == {"topic": "demo"}
     got = await in_thread(client.conversations.retrieve, conv.id)
@@ -24,15 +26,19 @@ async def test_conversation_lifecycle_with_the_sdk(fake_server: FakeServer) -> N
     updated = await in_thread(client.conversations.update, conv.id, metadata={"topic": "new"})
     assert updated.metadata == {"topic": "new"}
 
-    resp = await in_thread(client.responses.create, model="fake-model", input="echo: second",
-                           conversation=conv.id)
+    resp = await in_thread(
+        client.responses.create, model="fake-model", input="echo: second", conversation=conv.id
+    )
     assert resp.output_text == "second"
     items = await in_thread(client.conversations.items.list, conv.id, order="asc")
     texts = [item.content[0].text for item in items.data]  # type: ignore[union-attr]
     assert texts == ["echo: first", "echo: second", "second"]
 
-    added = await in_thread(client.conversations.items.create, conv.id,
-                            items=[{"role": "user", "content": "echo: third"}])
+    added = await in_thread(
+        client.conversations.items.create,
+        conv.id,
+        items=[{"role": "user", "content": "echo: third"}],
+    )
     new_id = added.data[0].id
     item = await in_thread(client.conversations.items.retrieve, new_id, conversation_id=conv.id)
     assert item.id == new_id
@@ -69,8 +75,11 @@ async def test_agents_sdk_conversations_session_round_trip(fake_server: FakeServ
     async def scenario() -> dict[str, Any]:
         client = openai.AsyncOpenAI(base_url=f"{fake_server.url}/v1", api_key="sk-no-auth")
         session = OpenAIConversationsSession(openai_client=client)
-        agent = Agent(name="echo", instructions="Repeat after the user.",
-                      model=OpenAIResponsesModel(model="fake-model", openai_client=client))
+        agent = Agent(
+            name="echo",
+            instructions="Repeat after the user.",
+            model=OpenAIResponsesModel(model="fake-model", openai_client=client),
+        )
         first = await Runner.run(agent, "echo: one", session=session)
         second = await Runner.run(agent, "echo: two", session=session)
         history = await session.get_items()
@@ -78,8 +87,13 @@ async def test_agents_sdk_conversations_session_round_trip(fake_server: FakeServ
         after_pop = await session.get_items()
         await session.clear_session()
         await client.close()
-        return {"first": first.final_output, "second": second.final_output,
-                "history": history, "popped": popped, "after_pop": after_pop}
+        return {
+            "first": first.final_output,
+            "second": second.final_output,
+            "history": history,
+            "popped": popped,
+            "after_pop": after_pop,
+        }
 
     result = await in_thread(asyncio.run, scenario())
     assert (result["first"], result["second"]) == ("one", "two")

@@ -18,8 +18,11 @@ from support import FakeServer, StartServer, in_thread
 async def test_sync_create_returns_an_sdk_response(fake_server: FakeServer) -> None:
     client = fake_server.client()
     resp = await in_thread(
-        client.responses.create, model="fake-model", input="echo: hello there",
-        max_output_tokens=64, metadata={"k": "v"},
+        client.responses.create,
+        model="fake-model",
+        input="echo: hello there",
+        max_output_tokens=64,
+        metadata={"k": "v"},
     )
     assert isinstance(resp, Response)
     assert resp.id.startswith("resp_")
@@ -119,8 +122,9 @@ async def test_raw_sse_order_numbering_and_ids(fake_server: FakeServer) -> None:
 
 async def test_length_stop_is_incomplete(fake_server: FakeServer) -> None:
     client = fake_server.client()
-    resp = await in_thread(client.responses.create, model="fake-model", input="hi",
-                           max_output_tokens=3)
+    resp = await in_thread(
+        client.responses.create, model="fake-model", input="hi", max_output_tokens=3
+    )
     assert resp.status == "incomplete"
     assert resp.incomplete_details is not None
     assert resp.incomplete_details.reason == "max_output_tokens"
@@ -138,24 +142,36 @@ async def test_input_item_arrays_and_echoed_assistant_output(fake_server: FakeSe
     history = [
         {"role": "user", "content": "echo: ok"},
         *[item.model_dump() for item in first.output],
-        {"type": "message", "role": "developer", "content": [
-            {"type": "input_text", "text": "be brief"}]},
+        {
+            "type": "message",
+            "role": "developer",
+            "content": [{"type": "input_text", "text": "be brief"}],
+        },
         {"role": "assistant", "content": [{"type": "refusal", "refusal": "no"}]},
         {"role": "user", "content": [{"type": "input_text", "text": "echo: again"}]},
     ]
-    resp = await in_thread(client.responses.create, model="fake-model", input=history,
-                           instructions="system words")
+    resp = await in_thread(
+        client.responses.create, model="fake-model", input=history, instructions="system words"
+    )
     assert resp.output_text == "again"
     assert resp.instructions == "system words"
 
 
 async def test_unknown_top_level_fields_are_ignored(fake_server: FakeServer) -> None:
     async with httpx.AsyncClient(timeout=30) as http:
-        r = await http.post(f"{fake_server.url}/v1/responses", json={
-            "model": "fake-model", "input": "echo: fine", "client_metadata": {"a": 1},
-            "prompt_cache_key": "k", "include": ["reasoning.encrypted_content"],
-            "reasoning": {"effort": "low"}, "store": False, "brand_new_field": [1, 2],
-        })
+        r = await http.post(
+            f"{fake_server.url}/v1/responses",
+            json={
+                "model": "fake-model",
+                "input": "echo: fine",
+                "client_metadata": {"a": 1},
+                "prompt_cache_key": "k",
+                "include": ["reasoning.encrypted_content"],
+                "reasoning": {"effort": "low"},
+                "store": False,
+                "brand_new_field": [1, 2],
+            },
+        )
     assert r.status_code == 200
     assert r.json()["output"][0]["content"][0]["text"] == "fine"
     assert r.json()["store"] is False
@@ -173,8 +189,10 @@ async def test_unknown_top_level_fields_are_ignored(fake_server: FakeServer) -> 
         ({"model": "fake-model", "input": [{"role": "robot", "content": "x"}]}, "input[0]"),
         ({"model": "fake-model", "input": [{"type": "input_image", "image_url": "x"}]}, "input[0]"),
         ({"model": "fake-model", "input": "hi", "truncation": "auto"}, "truncation"),
-        ({"model": "fake-model", "input": "hi", "tools": [{"type": "web_search"}]},
-         "tools[0].type"),
+        (
+            {"model": "fake-model", "input": "hi", "tools": [{"type": "web_search"}]},
+            "tools[0].type",
+        ),
         ({"model": "fake-model", "input": "hi", "stream": "yes"}, "stream"),
         ({"model": "fake-model", "input": []}, "input"),
     ],
@@ -196,8 +214,11 @@ async def test_bad_fields_get_openai_shaped_400(
 async def test_malformed_json_and_non_object_bodies_are_400(fake_server: FakeServer) -> None:
     async with httpx.AsyncClient(timeout=30) as http:
         for content in (b"{not json", b"[1, 2]", b"", "\xff".encode("latin-1")):
-            r = await http.post(f"{fake_server.url}/v1/responses", content=content,
-                                headers={"content-type": "application/json"})
+            r = await http.post(
+                f"{fake_server.url}/v1/responses",
+                content=content,
+                headers={"content-type": "application/json"},
+            )
             assert r.status_code == 400, content
             assert r.json()["error"]["type"] == "invalid_request_error"
 

@@ -56,34 +56,44 @@ async def test_delete_body_and_malformed_ids(fake_server: FakeServer) -> None:
 
 async def test_store_false_is_not_retrievable(fake_server: FakeServer) -> None:
     client = fake_server.client()
-    created = await in_thread(client.responses.create, model="fake-model", input="echo: x",
-                              store=False)
+    created = await in_thread(
+        client.responses.create, model="fake-model", input="echo: x", store=False
+    )
     assert created.store is False
     with pytest.raises(openai.NotFoundError):
         await in_thread(client.responses.retrieve, created.id)
-    r = await post(fake_server, "/v1/responses",
-                   {"model": "fake-model", "input": "hi", "previous_response_id": created.id})
+    r = await post(
+        fake_server,
+        "/v1/responses",
+        {"model": "fake-model", "input": "hi", "previous_response_id": created.id},
+    )
     assert r.status_code == 400
     assert r.json()["error"]["message"] == (
-        f"previous response '{created.id}' was not found or has expired")
+        f"previous response '{created.id}' was not found or has expired"
+    )
 
 
 async def test_three_hop_chain_sees_every_turn(fake_server: FakeServer) -> None:
     client = fake_server.client()
-    a = await in_thread(client.responses.create, model="fake-model", input="echo: alpha",
-                        instructions="only for A")
-    b = await in_thread(client.responses.create, model="fake-model", input="echo: beta",
-                        previous_response_id=a.id)
+    a = await in_thread(
+        client.responses.create, model="fake-model", input="echo: alpha", instructions="only for A"
+    )
+    b = await in_thread(
+        client.responses.create, model="fake-model", input="echo: beta", previous_response_id=a.id
+    )
     assert b.previous_response_id == a.id
     assert b.instructions is None
     hop3 = {"model": "fake-model", "input": "echo: gamma", "previous_response_id": b.id}
-    explicit = {"model": "fake-model", "input": [
-        {"role": "user", "content": "echo: alpha"},
-        {"role": "assistant", "content": "alpha"},
-        {"role": "user", "content": "echo: beta"},
-        {"role": "assistant", "content": "beta"},
-        {"role": "user", "content": "echo: gamma"},
-    ]}
+    explicit = {
+        "model": "fake-model",
+        "input": [
+            {"role": "user", "content": "echo: alpha"},
+            {"role": "assistant", "content": "alpha"},
+            {"role": "user", "content": "echo: beta"},
+            {"role": "assistant", "content": "beta"},
+            {"role": "user", "content": "echo: gamma"},
+        ],
+    }
     assert await count(fake_server, hop3) == await count(fake_server, explicit)
     # Instructions are never inherited: adding A's would change the count.
     with_instructions = {**explicit, "instructions": "only for A"}
@@ -95,38 +105,55 @@ async def test_three_hop_chain_sees_every_turn(fake_server: FakeServer) -> None:
 
 
 async def test_chain_errors(fake_server: FakeServer) -> None:
-    r = await post(fake_server, "/v1/responses", {
-        "model": "fake-model", "input": "x", "previous_response_id": "resp_missing"})
+    r = await post(
+        fake_server,
+        "/v1/responses",
+        {"model": "fake-model", "input": "x", "previous_response_id": "resp_missing"},
+    )
     assert r.status_code == 400
     assert "resp_missing" in r.json()["error"]["message"]
     assert r.json()["error"]["param"] == "previous_response_id"
-    r = await post(fake_server, "/v1/responses", {
-        "model": "fake-model", "input": "x", "previous_response_id": "resp_a",
-        "conversation": "conv_a"})
+    r = await post(
+        fake_server,
+        "/v1/responses",
+        {
+            "model": "fake-model",
+            "input": "x",
+            "previous_response_id": "resp_a",
+            "conversation": "conv_a",
+        },
+    )
     assert r.status_code == 400
 
 
 async def test_conversation_across_two_turns(fake_server: FakeServer) -> None:
     client = fake_server.client()
-    first = await in_thread(client.responses.create, model="fake-model", input="echo: one",
-                            conversation="conv_two_turns")
+    first = await in_thread(
+        client.responses.create,
+        model="fake-model",
+        input="echo: one",
+        conversation="conv_two_turns",
+    )
     assert first.conversation is not None
     assert first.conversation.id == "conv_two_turns"
-    turn2 = {"model": "fake-model", "input": "echo: two",
-             "conversation": {"id": "conv_two_turns"}}
-    explicit = {"model": "fake-model", "input": [
-        {"role": "user", "content": "echo: one"},
-        {"role": "assistant", "content": "one"},
-        {"role": "user", "content": "echo: two"},
-    ]}
+    turn2 = {"model": "fake-model", "input": "echo: two", "conversation": {"id": "conv_two_turns"}}
+    explicit = {
+        "model": "fake-model",
+        "input": [
+            {"role": "user", "content": "echo: one"},
+            {"role": "assistant", "content": "one"},
+            {"role": "user", "content": "echo: two"},
+        ],
+    }
     assert await count(fake_server, turn2) == await count(fake_server, explicit)
     second = await in_thread(client.responses.create, **turn2)
     assert second.output_text == "two"
 
 
 async def test_disabled_stores_answer_400(start_fake_server: StartServer) -> None:
-    server = await start_fake_server(responses=StoreLimits(0, 1 << 20, 0),
-                                     conversations=StoreLimits(0, 1 << 20, 0))
+    server = await start_fake_server(
+        responses=StoreLimits(0, 1 << 20, 0), conversations=StoreLimits(0, 1 << 20, 0)
+    )
     client = server.client()
     created = await in_thread(client.responses.create, model="fake-model", input="echo: x")
     async with httpx.AsyncClient(base_url=server.url, timeout=30) as http:
@@ -171,8 +198,12 @@ async def test_input_tokens_equals_usage(fake_server: FakeServer) -> None:
     created = await in_thread(client.responses.create, **body)
     assert created.usage is not None
     assert await count(fake_server, body) == created.usage.input_tokens
-    sdk = await in_thread(client.responses.input_tokens.count, model="fake-model",
-                          input="echo: count me", instructions="be kind")
+    sdk = await in_thread(
+        client.responses.input_tokens.count,
+        model="fake-model",
+        input="echo: count me",
+        instructions="be kind",
+    )
     assert sdk.input_tokens == created.usage.input_tokens
     r = await post(fake_server, "/v1/responses/input_tokens", {"input": 5})
     assert r.status_code == 400
@@ -185,8 +216,9 @@ async def test_input_items_pages(fake_server: FakeServer) -> None:
     page = await in_thread(client.responses.input_items.list, created.id, limit=2, order="asc")
     assert [i.content[0].text for i in page.data] == ["echo: 0", "echo: 1"]  # type: ignore[union-attr]
     assert page.has_more
-    rest = await in_thread(client.responses.input_items.list, created.id, order="asc",
-                           after=page.data[-1].id)
+    rest = await in_thread(
+        client.responses.input_items.list, created.id, order="asc", after=page.data[-1].id
+    )
     assert len(rest.data) == 3
     assert not rest.has_more
     desc = await in_thread(client.responses.input_items.list, created.id)
@@ -202,8 +234,7 @@ async def test_cancel_stops_a_stream_and_stores_cancelled(
     seen: dict[str, Any] = {}
 
     def stream() -> None:
-        with client.responses.stream(model="fake-model", input=LONG,
-                                     max_output_tokens=1000) as s:
+        with client.responses.stream(model="fake-model", input=LONG, max_output_tokens=1000) as s:
             for event in s:
                 if event.type == "response.created":
                     seen["id"] = event.response.id
@@ -245,8 +276,9 @@ async def test_cancel_a_queued_request(start_fake_server: StartServer) -> None:
     results: dict[str, Any] = {}
 
     def running() -> None:
-        results["running"] = client.responses.create(model="fake-model", input=LONG,
-                                                     max_output_tokens=30)
+        results["running"] = client.responses.create(
+            model="fake-model", input=LONG, max_output_tokens=30
+        )
 
     def queued() -> None:
         with client.responses.stream(model="fake-model", input="echo: never") as s:
@@ -276,13 +308,18 @@ async def test_huge_and_malformed_bodies_leave_the_store_intact(fake_server: Fak
     client = fake_server.client()
     kept = await in_thread(client.responses.create, model="fake-model", input="echo: kept")
     async with httpx.AsyncClient(base_url=fake_server.url, timeout=60) as http:
-        huge = await http.post("/v1/responses", content=b"x" * (65 * 1024 * 1024),
-                               headers={"content-type": "application/json"})
+        huge = await http.post(
+            "/v1/responses",
+            content=b"x" * (65 * 1024 * 1024),
+            headers={"content-type": "application/json"},
+        )
         assert huge.status_code == 413
         assert huge.json()["error"]["code"] == "request_too_large"
-        for body in ({"model": "fake-model", "input": [{"x": 1}]},
-                     {"model": "fake-model", "input": "x", "previous_response_id": 5},
-                     {"model": "fake-model", "input": "x", "conversation": {"id": 5}}):
+        for body in (
+            {"model": "fake-model", "input": [{"x": 1}]},
+            {"model": "fake-model", "input": "x", "previous_response_id": 5},
+            {"model": "fake-model", "input": "x", "conversation": {"id": 5}},
+        ):
             assert (await http.post("/v1/responses", json=body)).status_code == 400
     assert (await in_thread(client.responses.retrieve, kept.id)).model_dump() == kept.model_dump()
 
@@ -293,11 +330,13 @@ async def test_conversation_limits_each_on_its_own_server(start_fake_server: Sta
     budget = await start_fake_server(conversations=StoreLimits(10, 0, 0))
     for server in (entries, ttl, budget):
         client = server.client()
-        await in_thread(client.responses.create, model="fake-model", input="echo: a",
-                        conversation="conv_a")
+        await in_thread(
+            client.responses.create, model="fake-model", input="echo: a", conversation="conv_a"
+        )
         if server is entries:  # a second conversation evicts the first
-            await in_thread(client.responses.create, model="fake-model", input="echo: b",
-                            conversation="conv_b")
+            await in_thread(
+                client.responses.create, model="fake-model", input="echo: b", conversation="conv_b"
+            )
         if server is ttl:
             await trio.sleep(0.6)
         with pytest.raises(openai.NotFoundError):

@@ -26,8 +26,13 @@ def tiny_path() -> Path:
 def load(path: Path, *, max_batch: int = 4, prefill_step_size: int = 16) -> LoadedModel:
     from mlxcel.model.mlx_engine import load_mlx_model
 
-    return load_mlx_model(path, name="tiny", max_batch=max_batch,
-                          prefill_step_size=prefill_step_size, blas=load_fast_blas())
+    return load_mlx_model(
+        path,
+        name="tiny",
+        max_batch=max_batch,
+        prefill_step_size=prefill_step_size,
+        blas=load_fast_blas(),
+    )
 
 
 def prompt(loaded: LoadedModel, text: str) -> tuple[int, ...]:
@@ -47,8 +52,11 @@ def run_to_end(loaded: LoadedModel, limit: int = 500) -> dict[int, list[TokenSte
 def test_batched_sequences_finish_with_their_own_limits(tiny_path: Path) -> None:
     loaded = load(tiny_path)
     for seq_id, n in ((1, 3), (2, 7), (3, 5)):
-        loaded.engine.insert(SequenceSpec(seq_id, prompt(loaded, f"hello {seq_id}"),
-                                          Sampling(temperature=0.7, max_tokens=n)))
+        loaded.engine.insert(
+            SequenceSpec(
+                seq_id, prompt(loaded, f"hello {seq_id}"), Sampling(temperature=0.7, max_tokens=n)
+            )
+        )
     out = run_to_end(loaded)
     for seq_id, n in ((1, 3), (2, 7), (3, 5)):
         steps = out[seq_id]
@@ -64,8 +72,11 @@ def test_greedy_output_is_deterministic_and_decodes_to_text(tiny_path: Path) -> 
     loaded = load(tiny_path)
     texts = []
     for seq_id in (1, 2):
-        loaded.engine.insert(SequenceSpec(seq_id, prompt(loaded, "same prompt"),
-                                          Sampling(temperature=0.0, max_tokens=8)))
+        loaded.engine.insert(
+            SequenceSpec(
+                seq_id, prompt(loaded, "same prompt"), Sampling(temperature=0.0, max_tokens=8)
+            )
+        )
         out = run_to_end(loaded)
         texts.append(("".join(s.text for s in out[seq_id]), [s.token for s in out[seq_id]]))
     assert texts[0] == texts[1]
@@ -92,8 +103,7 @@ def test_removed_sequence_stops_and_others_continue(tiny_path: Path) -> None:
 def test_long_prompt_prefill_is_chunked_between_decode_steps(tiny_path: Path) -> None:
     loaded = load(tiny_path, prefill_step_size=16)
     engine = loaded.engine
-    engine.insert(SequenceSpec(1, prompt(loaded, "short"),
-                               Sampling(temperature=0, max_tokens=200)))
+    engine.insert(SequenceSpec(1, prompt(loaded, "short"), Sampling(temperature=0, max_tokens=200)))
     while not any(s.seq_id == 1 for s in engine.step()):
         pass  # sequence 1 is decoding
     long_prompt = prompt(loaded, " ".join(["word"] * 300))

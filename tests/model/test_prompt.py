@@ -46,10 +46,16 @@ def test_function_calls_join_the_assistant_turn_and_outputs_are_tool_messages() 
     ]
     chat = to_chat(None, items)
     assert chat[1]["tool_calls"] == [
-        {"id": "call_1", "type": "function",
-         "function": {"name": "get_weather", "arguments": {"city": "Paris"}}},
-        {"id": "call_2", "type": "function",
-         "function": {"name": "get_time", "arguments": "not json"}},
+        {
+            "id": "call_1",
+            "type": "function",
+            "function": {"name": "get_weather", "arguments": {"city": "Paris"}},
+        },
+        {
+            "id": "call_2",
+            "type": "function",
+            "function": {"name": "get_time", "arguments": "not json"},
+        },
     ]
     assert chat[2] == {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}
 
@@ -60,10 +66,15 @@ def test_input_without_a_user_turn_is_rejected() -> None:
 
 
 def test_merge_system_keeps_order() -> None:
-    chat = [{"role": "system", "content": "a"}, {"role": "user", "content": "u"},
-            {"role": "system", "content": "b"}]
-    assert merge_system(chat) == [{"role": "system", "content": "a\n\nb"},
-                                  {"role": "user", "content": "u"}]
+    chat = [
+        {"role": "system", "content": "a"},
+        {"role": "user", "content": "u"},
+        {"role": "system", "content": "b"},
+    ]
+    assert merge_system(chat) == [
+        {"role": "system", "content": "a\n\nb"},
+        {"role": "user", "content": "u"},
+    ]
 
 
 class OneSystemTokenizer:
@@ -80,8 +91,11 @@ class OneSystemTokenizer:
 
 def test_codec_merges_system_messages_when_the_template_insists() -> None:
     codec = TemplateCodec(OneSystemTokenizer())
-    chat = [{"role": "system", "content": "a"}, {"role": "user", "content": "u"},
-            {"role": "system", "content": "b"}]
+    chat = [
+        {"role": "system", "content": "a"},
+        {"role": "user", "content": "u"},
+        {"role": "system", "content": "b"},
+    ]
     text = "".join(chr(t) for t in codec.render(chat, None))
     assert text == "system:a\n\nb|user:u"
 
