@@ -7,6 +7,7 @@ reply channel to SSE frames. Every route is mounted with and without `/v1`.
 from __future__ import annotations
 
 import hmac
+import json
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -51,8 +52,6 @@ class Handles:
 
 
 def json_response(body: Any, status: int = 200) -> Response:
-    import json
-
     return Response(json.dumps(body), status=status, content_type="application/json")
 
 

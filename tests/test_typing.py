@@ -35,8 +35,12 @@ def test_mypy_strict(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def test_ruff() -> None:
-    result = subprocess.run(
-        [sys.executable, "-m", "ruff", "check", str(ROOT)], cwd=ROOT, capture_output=True, text=True
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
+def test_ruff_lint_and_format() -> None:
+    for command in (["check"], ["format", "--check"]):
+        result = subprocess.run(
+            [sys.executable, "-m", "ruff", *command, str(ROOT)],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+        )
+        assert result.returncode == 0, result.stdout + result.stderr
