@@ -64,6 +64,32 @@ def function_tools(tools: Sequence[dict[str, JsonValue]] | None) -> list[dict[st
     return out
 
 
+def output_grammar(text: dict[str, JsonValue] | None, codec: PromptCodec) -> str | None:
+    """The grammar `text.format` asks for: None for plain text, else a JSON grammar."""
+    fmt = (text or {}).get("format")
+    if fmt is None:
+        return None
+    if not isinstance(fmt, dict) or not isinstance(fmt.get("type"), str):
+        raise InvalidRequest("Invalid 'text.format': expected an object with a 'type'.",
+                             param="text.format", code="invalid_value")
+    kind = fmt["type"]
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return codec.compile_schema({"type": "object"})
+    if kind == "json_schema":
+        schema = fmt.get("schema")
+        if not isinstance(schema, dict):
+            raise InvalidRequest("Missing required parameter: 'text.format.schema'.",
+                                 param="text.format.schema", code="missing_required_parameter")
+        if not isinstance(fmt.get("name"), str):
+            raise InvalidRequest("Missing required parameter: 'text.format.name'.",
+                                 param="text.format.name", code="missing_required_parameter")
+        return codec.compile_schema(schema)
+    raise InvalidRequest(f"Unsupported 'text.format.type': {kind[:64]!r}.",
+                         param="text.format.type", code="invalid_value")
+
+
 def conversation_id(value: str | dict[str, JsonValue] | None) -> str | None:
     """The id a request's `conversation` names (`"conv_x"` or `{"id": "conv_x"}`)."""
     if value is None:
@@ -196,5 +222,10 @@ def build_request(
         echo=echo,
         input_items=items,
     )
-    sampling = Sampling(temperature=echo.temperature, top_p=echo.top_p, max_tokens=max_tokens)
+    sampling = Sampling(
+        temperature=echo.temperature,
+        top_p=echo.top_p,
+        max_tokens=max_tokens,
+        grammar=output_grammar(body.text, codec),
+    )
     return GenerationRequest(record=record, prompt=tuple(prompt), sampling=sampling)

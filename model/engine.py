@@ -8,9 +8,9 @@ The MLX engine and the deterministic fake both implement it.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal, Protocol, TypeAlias
+from typing import Any, Literal, Protocol, TypeAlias
 
 FinishReason: TypeAlias = Literal["stop", "length"]
 
@@ -21,6 +21,8 @@ class Sampling:
     top_p: float = 1.0
     max_tokens: int = 256
     seed: int | None = None
+    grammar: str | None = None
+    """An llguidance grammar the output must follow (structured output)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +59,10 @@ class PromptCodec(Protocol):
     def render(
         self, messages: Sequence[dict[str, object]], tools: Sequence[dict[str, object]] | None
     ) -> list[int]: ...
+
+    def compile_schema(self, schema: Mapping[str, Any]) -> str:
+        """The grammar for output valid against `schema`; InvalidRequest when unusable."""
+        ...
 
 
 class Engine(Protocol):

@@ -10,9 +10,11 @@ chunked prefill does.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
+from mlxcel.model.constrained import compile_schema
 from mlxcel.model.engine import FinishReason, LoadedModel, ModelInfo, SequenceSpec, TokenStep
 
 DEFAULT_REPLY = "The quick brown fox jumps over the lazy dog."
@@ -27,6 +29,10 @@ class FakeCodec:
     ) -> list[int]:
         text = "".join(f"<{m['role']}>{m.get('content') or ''}" for m in messages) + _MARK
         return [ord(c) for c in text]
+
+    def compile_schema(self, schema: Mapping[str, Any]) -> str:
+        """Validated like the real codec's (without a tokenizer); the fake ignores it."""
+        return compile_schema(schema)
 
 
 def scripted_reply(prompt: Sequence[int]) -> list[str]:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from mlxcel.model.blas import BlasInfo
+from mlxcel.model.constrained import GrammarCompiler
 from mlxcel.model.engine import LoadedModel, ModelInfo, SequenceSpec, TokenStep
 from mlxcel.model.prompt import TemplateCodec
 
@@ -41,6 +42,7 @@ class _Live:
 class MlxEngine:
     generator: BatchGenerator
     tokenizer: Any
+    grammars: GrammarCompiler | None = None
     _by_uid: dict[int, _Live] = field(default_factory=dict)
     _uid_of: dict[int, int] = field(default_factory=dict)
     _samplers: dict[tuple[float, float], Sampler] = field(default_factory=dict)
@@ -49,10 +51,14 @@ class MlxEngine:
         sampling = spec.sampling
         if sampling.seed is not None:
             mx.random.seed(sampling.seed)
+        processors: list[Any] = []
+        if sampling.grammar is not None and self.grammars is not None:
+            processors.append(self.grammars.processor(sampling.grammar))
         (uid,) = self.generator.insert(
             [list(spec.prompt)],
             max_tokens=[sampling.max_tokens],
             samplers=[self._sampler(sampling.temperature, sampling.top_p)],
+            logits_processors=[processors],
         )
         self._by_uid[uid] = _Live(spec.seq_id, self.tokenizer.detokenizer)
         self._uid_of[spec.seq_id] = uid
@@ -122,7 +128,8 @@ def load_mlx_model(
         prefill_batch_size=min(max_batch, 8),
         prefill_step_size=prefill_step_size,
     )
-    engine = MlxEngine(generator, tokenizer)
+    grammars = GrammarCompiler.for_hf_tokenizer(tokenizer._tokenizer)
+    engine = MlxEngine(generator, tokenizer, grammars)
     version = getattr(mx, "__version__", "?")
     backend = f"mlx {version} on {mx.default_device()}, BLAS: {blas.name}"
     info = ModelInfo(
@@ -131,4 +138,4 @@ def load_mlx_model(
         context_length=ctx_size or context_length(path),
         backend=backend,
     )
-    return LoadedModel(engine=engine, codec=TemplateCodec(tokenizer), info=info)
+    return LoadedModel(engine=engine, codec=TemplateCodec(tokenizer, grammars), info=info)

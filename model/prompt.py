@@ -9,11 +9,12 @@ retries with every system message merged into it.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from mlxcel.errors import InvalidRequest
 from mlxcel.items import FunctionCall, FunctionCallOutput, Item, Message, Reasoning
+from mlxcel.model.constrained import GrammarCompiler, compile_schema
 
 ChatMessage = dict[str, Any]
 
@@ -72,8 +73,14 @@ class ChatTokenizer(Protocol):
 class TemplateCodec:
     """Renders with the tokenizer's chat template; used off the MLX thread."""
 
-    def __init__(self, tokenizer: ChatTokenizer) -> None:
+    def __init__(self, tokenizer: ChatTokenizer, grammars: GrammarCompiler | None = None) -> None:
         self._tokenizer = tokenizer
+        self._grammars = grammars
+
+    def compile_schema(self, schema: Mapping[str, Any]) -> str:
+        if self._grammars is None:
+            return compile_schema(schema)
+        return self._grammars.compile_schema(schema)
 
     def render(
         self, messages: Sequence[ChatMessage], tools: Sequence[dict[str, Any]] | None

@@ -293,3 +293,43 @@ async def test_api_key_is_required_when_configured(start_fake_server: StartServe
         r = await http.get("/v1/models", headers={"Authorization": "Bearer secret-2"})
         assert r.status_code == 200
         assert (await http.get("/health")).status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("text", "param"),
+    [
+        (
+            {"format": {"type": "json_schema", "name": "x", "schema": {"type": "nonsense"}}},
+            "text.format.schema",
+        ),
+        ({"format": {"type": "json_schema", "schema": {"type": "object"}}}, "text.format.name"),
+        ({"format": {"type": "json_schema", "name": "x"}}, "text.format.schema"),
+        ({"format": {"type": "yaml"}}, "text.format.type"),
+        ({"format": "json"}, "text.format"),
+    ],
+)
+@pytest.mark.parametrize("background", [False, True])
+async def test_bad_text_formats_are_400_at_create(
+    fake_server: FakeServer, text: dict[str, object], param: str, background: bool
+) -> None:
+    body = {"model": "fake-model", "input": "hi", "text": text, "background": background}
+    async with httpx.AsyncClient(timeout=30) as http:
+        r = await http.post(f"{fake_server.url}/v1/responses", json=body)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == param
+
+
+async def test_valid_text_formats_are_accepted_and_echoed(fake_server: FakeServer) -> None:
+    client = fake_server.client()
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    for fmt in (
+        {"type": "json_object"},
+        {"type": "json_schema", "name": "thing", "schema": schema, "strict": True},
+        {"type": "text"},
+    ):
+        resp = await in_thread(
+            client.responses.create, model="fake-model", input="echo: {}", text={"format": fmt}
+        )
+        assert resp.text is not None
+        assert resp.text.format is not None
+        assert resp.text.format.type == fmt["type"]

@@ -1,0 +1,108 @@
+"""Structured output: JSON-schema grammars enforced on the logits with llguidance.
+
+llguidance compiles a JSON schema into a grammar and, step by step, tells which tokens
+may come next; `GrammarProcessor` turns that bitmask into an MLX mask over the logits.
+The mask is applied with plain MLX array operations, so it runs on MLX's CPU backend
+here and on Apple GPUs alike (llguidance's own MLX helper needs Metal). Grammars are
+compiled and validated when the request arrives, so a bad schema is a 400, never a
+failed generation.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+import llguidance
+import numpy as np
+
+from mlxcel.errors import InvalidRequest
+
+MAX_SCHEMA_BYTES = 64 * 1024
+
+
+def json_schema_grammar(schema: Mapping[str, Any]) -> str:
+    """The llguidance grammar for output that validates against `schema`."""
+    text = json.dumps(schema)
+    if len(text) > MAX_SCHEMA_BYTES:
+        raise InvalidRequest(
+            f"The JSON schema is {len(text)} bytes; at most {MAX_SCHEMA_BYTES} are accepted.",
+            param="text.format.schema",
+            code="invalid_json_schema",
+        )
+    # Compact JSON (", " and ": " separators, no other whitespace): a model cannot pad
+    # its answer with endless whitespace, and the output reads like `json.dumps`.
+    options: llguidance.JsonCompileOptions = {
+        "whitespace_flexible": False,
+        "item_separator": ", ",
+        "key_separator": ": ",
+    }
+    return str(llguidance.LLMatcher.grammar_from_json_schema(text, defaults=options))
+
+
+def compile_schema(
+    schema: Mapping[str, Any], tokenizer: llguidance.LLTokenizer | None = None
+) -> str:
+    """The grammar for `schema`, validated (against `tokenizer` when given); 400 if bad."""
+    grammar = json_schema_grammar(schema)
+    error = llguidance.LLMatcher.validate_grammar(grammar, tokenizer)
+    if error:
+        raise InvalidRequest(
+            f"Invalid JSON schema: {error}",
+            param="text.format.schema",
+            code="invalid_json_schema",
+        )
+    return grammar
+
+
+class GrammarCompiler:
+    """Compiles schemas against the model's tokenizer and makes logits processors."""
+
+    def __init__(self, tokenizer: llguidance.LLTokenizer) -> None:
+        self._tokenizer = tokenizer
+
+    @classmethod
+    def for_hf_tokenizer(cls, hf_tokenizer: Any) -> GrammarCompiler:
+        import llguidance.hf
+
+        return cls(llguidance.hf.from_tokenizer(hf_tokenizer))
+
+    def compile_schema(self, schema: Mapping[str, Any]) -> str:
+        return compile_schema(schema, self._tokenizer)
+
+    def processor(self, grammar: str) -> GrammarProcessor:
+        return GrammarProcessor(llguidance.LLMatcher(self._tokenizer, grammar))
+
+
+class GrammarProcessor:
+    """An mlx-lm logits processor that allows only tokens the grammar accepts next.
+
+    It sees the tokens so far at every step; the last one is the token sampled after
+    the previous call, which it feeds to the matcher before masking the next logits.
+    """
+
+    def __init__(self, matcher: llguidance.LLMatcher) -> None:
+        self._matcher = matcher
+        self._started = False
+        self._index: Any = None
+        self._shift: Any = None
+
+    def __call__(self, tokens: Any, logits: Any) -> Any:
+        import mlx.core as mx
+
+        if self._started:
+            self._matcher.consume_token(int(tokens[-1].item()))
+        self._started = True
+        if self._matcher.is_error():  # cannot happen while masking; never block generation
+            return logits
+        words = np.frombuffer(self._matcher.compute_bitmask(), dtype=np.uint32)
+        vocab = logits.shape[-1]
+        if self._index is None:
+            ids = mx.arange(vocab, dtype=mx.uint32)
+            self._index = mx.minimum(ids // 32, len(words) - 1)
+            self._shift = ids % 32
+            self._known = ids < 32 * len(words)
+        bits = (mx.array(words)[self._index] >> self._shift) & 1
+        allowed = mx.logical_and(bits.astype(mx.bool_), self._known)
+        return mx.where(allowed, logits, mx.array(-float("inf"), dtype=logits.dtype))
