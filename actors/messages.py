@@ -19,6 +19,15 @@ from mlxcel.model.engine import Sampling
 
 
 @dataclass(frozen=True, slots=True)
+class ToolUse:
+    """How the reply may call the request's function tools."""
+
+    names: frozenset[str]
+    required: bool
+    """The reply is exactly one call (`tool_choice` "required" or a named function)."""
+
+
+@dataclass(frozen=True, slots=True)
 class GenerationRequest:
     """A validated, rendered request: everything the scheduler needs to run it."""
 
@@ -26,6 +35,7 @@ class GenerationRequest:
     """The response as created: id, created_at, echo, input items; status in_progress."""
     prompt: tuple[int, ...]
     sampling: Sampling
+    tools: ToolUse | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,6 +149,20 @@ class ContentPartDone:
 
 
 @dataclass(frozen=True, slots=True)
+class FunctionCallArgumentsDelta:
+    item_id: str
+    output_index: int
+    delta: str
+
+
+@dataclass(frozen=True, slots=True)
+class FunctionCallArgumentsDone:
+    item_id: str
+    output_index: int
+    arguments: str
+
+
+@dataclass(frozen=True, slots=True)
 class OutputItemDone:
     output_index: int
     item: Item
@@ -173,6 +197,8 @@ ResponseEvent = (
     | OutputTextDelta
     | OutputTextDone
     | ContentPartDone
+    | FunctionCallArgumentsDelta
+    | FunctionCallArgumentsDone
     | OutputItemDone
     | ResponseFinished
     | StreamError

@@ -1,7 +1,10 @@
 """Turns a sequence's token events into Responses output items and stream events.
 
 One builder per response. It owns the item ids, so the ids streamed in events are the
-ids of the final object, and it produces the final record (status, output, usage).
+ids of the final object, and it produces the final record (status, output, usage). With
+function tools, a tool-call parser splits the text into message text and calls; with a
+required call, or while a reply may still turn out to be a bare JSON call, text is held
+back until the end, whose parse is authoritative.
 """
 
 from __future__ import annotations
@@ -13,6 +16,8 @@ from typing import Literal
 from mlxcel.actors.messages import (
     ContentPartAdded,
     ContentPartDone,
+    FunctionCallArgumentsDelta,
+    FunctionCallArgumentsDone,
     OutputItemAdded,
     OutputItemDone,
     OutputTextDelta,
@@ -20,17 +25,60 @@ from mlxcel.actors.messages import (
     ResponseEvent,
     ResponseInProgress,
     StreamError,
+    ToolUse,
 )
-from mlxcel.items import Message, OutputText, ResponseError, ResponseRecord, Usage, new_id
+from mlxcel.items import (
+    FunctionCall,
+    Item,
+    Message,
+    OutputText,
+    ResponseError,
+    ResponseRecord,
+    Usage,
+    new_id,
+)
 from mlxcel.model.engine import FinishReason, TokenStep
+from mlxcel.model.tool_parsers import (
+    CallArguments,
+    CallClosed,
+    CallDropped,
+    CallOpened,
+    HermesToolParser,
+    ParseEvent,
+    TextPiece,
+    fallback_call,
+)
+
+Status = Literal["completed", "incomplete"]
+
+
+@dataclasses.dataclass
+class _OpenMessage:
+    id: str
+    index: int
+    text: list[str] = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass
+class _OpenCall:
+    item: FunctionCall
+    index: int
+    sent: str = ""
 
 
 class ResponseBuilder:
-    def __init__(self, record: ResponseRecord, prompt_tokens: int) -> None:
+    def __init__(
+        self, record: ResponseRecord, prompt_tokens: int, tools: ToolUse | None = None
+    ) -> None:
         self._record = dataclasses.replace(record, status="in_progress", output=(), usage=None)
         self._prompt_tokens = prompt_tokens
-        self._message_id: str | None = None
-        self._text: list[str] = []
+        self._tools = tools
+        self._parser = HermesToolParser(tools.names) if tools else None
+        self._output: list[Item | None] = []  # None: a slot whose item is still open
+        self._message: _OpenMessage | None = None
+        self._calls: dict[int, _OpenCall] = {}
+        self._held: list[str] = []  # text that may still turn out to be a call
+        self._holding = tools is not None
         self._tokens = 0
 
     @property
@@ -42,46 +90,30 @@ class ResponseBuilder:
         return [ResponseInProgress(self._record)]
 
     def feed(self, step: TokenStep) -> list[ResponseEvent]:
-        """Events for one generated token (none when it adds no text yet)."""
+        """Events for one generated token (none when it adds no visible output yet)."""
         self._tokens += 1
-        events: list[ResponseEvent] = []
-        if self._message_id is None:
-            events.extend(self._open_message())
-        if step.text:
-            self._text.append(step.text)
-            assert self._message_id is not None
-            events.append(OutputTextDelta(self._message_id, 0, 0, step.text))
-        return events
-
-    def _open_message(self) -> list[ResponseEvent]:
-        self._message_id = new_id("msg")
-        item = Message("assistant", (), id=self._message_id, status="in_progress")
-        return [
-            OutputItemAdded(0, item),
-            ContentPartAdded(self._message_id, 0, 0, OutputText("")),
-        ]
+        if not step.text:
+            return []
+        if self._parser is None:
+            return self._text(step.text)
+        return self._parsed(self._parser.feed(step.text))
 
     def finish(self, reason: FinishReason) -> tuple[list[ResponseEvent], ResponseRecord]:
         """The closing item events and the final record (not yet stored)."""
+        status: Status = "completed" if reason == "stop" else "incomplete"
         events: list[ResponseEvent] = []
-        if self._message_id is None:
-            events.extend(self._open_message())
-        assert self._message_id is not None
-        text = "".join(self._text)
-        part = OutputText(text)
-        status: Literal["completed", "incomplete"] = (
-            "completed" if reason == "stop" else "incomplete"
-        )
-        item = Message("assistant", (part,), id=self._message_id, status=status)
-        events += [
-            OutputTextDone(self._message_id, 0, 0, text),
-            ContentPartDone(self._message_id, 0, 0, part),
-            OutputItemDone(0, item),
-        ]
+        if self._parser is not None:
+            events += self._parsed(self._parser.finish())
+            events += self._settle_held()
+        if not any(isinstance(i, FunctionCall) for i in self._output) and self._message is None:
+            events += self._open_message()
+        events += self._close_message(status)
+        for index in sorted(self._calls):
+            events += self._close_call(index, self._calls[index].item.arguments, "incomplete")
         self._record = dataclasses.replace(
             self._record,
             status=status,
-            output=(item,),
+            output=tuple(i for i in self._output if i is not None),
             usage=self._usage(),
             incomplete_reason=None if reason == "stop" else "max_output_tokens",
             completed_at=int(time.time()) if reason == "stop" else None,
@@ -105,6 +137,101 @@ class ResponseBuilder:
             return self._record
         self._record = dataclasses.replace(self._record, status="cancelled", usage=self._usage())
         return self._record
+
+    # --- text and messages -------------------------------------------------------
+
+    def _text(self, text: str) -> list[ResponseEvent]:
+        if self._holding:
+            self._held.append(text)
+            lead = "".join(self._held).lstrip()
+            required = self._tools is not None and self._tools.required
+            if required or not lead or lead[0] in "{`":
+                return []  # may be a bare or fenced JSON call: decided at the end
+            self._holding = False
+            text, self._held = "".join(self._held), []
+        events: list[ResponseEvent] = []
+        if self._message is None:
+            events += self._open_message()
+        assert self._message is not None
+        self._message.text.append(text)
+        events.append(OutputTextDelta(self._message.id, self._message.index, 0, text))
+        return events
+
+    def _settle_held(self) -> list[ResponseEvent]:
+        held, self._held = "".join(self._held), []
+        self._holding = False
+        if not held:
+            return []
+        assert self._tools is not None
+        call = fallback_call(held, self._tools.names)
+        if call is None:
+            return self._text(held)
+        index = len(self._calls) + 1000  # outside the parser's own numbering
+        events = self._parsed([CallOpened(index, call[0])])
+        return events + self._parsed([CallClosed(index, *call)])
+
+    def _open_message(self) -> list[ResponseEvent]:
+        message = _OpenMessage(new_id("msg"), len(self._output))
+        self._message = message
+        self._output.append(None)
+        item = Message("assistant", (), id=message.id, status="in_progress")
+        return [
+            OutputItemAdded(message.index, item),
+            ContentPartAdded(message.id, message.index, 0, OutputText("")),
+        ]
+
+    def _close_message(self, status: Status) -> list[ResponseEvent]:
+        message, self._message = self._message, None
+        if message is None:
+            return []
+        text = "".join(message.text)
+        part = OutputText(text)
+        item = Message("assistant", (part,), id=message.id, status=status)
+        self._output[message.index] = item
+        return [
+            OutputTextDone(message.id, message.index, 0, text),
+            ContentPartDone(message.id, message.index, 0, part),
+            OutputItemDone(message.index, item),
+        ]
+
+    # --- function calls ----------------------------------------------------------
+
+    def _parsed(self, parsed: list[ParseEvent]) -> list[ResponseEvent]:
+        events: list[ResponseEvent] = []
+        for event in parsed:
+            match event:
+                case TextPiece(text):
+                    events += self._text(text)
+                case CallOpened(index, name):
+                    events += self._close_message("completed")
+                    item = FunctionCall(new_id("call"), name, "", new_id("fc"), "in_progress")
+                    self._calls[index] = _OpenCall(item, len(self._output))
+                    self._output.append(None)
+                    events.append(OutputItemAdded(self._calls[index].index, item))
+                case CallArguments(index, delta):
+                    call = self._calls[index]
+                    call.sent += delta
+                    assert call.item.id is not None
+                    events.append(FunctionCallArgumentsDelta(call.item.id, call.index, delta))
+                case CallClosed(index, _, arguments):
+                    events += self._close_call(index, arguments, "completed")
+                case CallDropped(index):
+                    events += self._close_call(index, self._calls[index].sent, "incomplete")
+        return events
+
+    def _close_call(self, index: int, arguments: str, status: Status) -> list[ResponseEvent]:
+        call = self._calls.pop(index)
+        assert call.item.id is not None
+        events: list[ResponseEvent] = []
+        if arguments.startswith(call.sent) and len(arguments) > len(call.sent):
+            rest = arguments[len(call.sent) :]
+            events.append(FunctionCallArgumentsDelta(call.item.id, call.index, rest))
+        item = dataclasses.replace(call.item, arguments=arguments, status=status)
+        if status == "completed":
+            self._output[call.index] = item
+        events.append(FunctionCallArgumentsDone(call.item.id, call.index, arguments))
+        events.append(OutputItemDone(call.index, item))
+        return events
 
     def _usage(self) -> Usage:
         return Usage(input_tokens=self._prompt_tokens, output_tokens=self._tokens)

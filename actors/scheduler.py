@@ -196,7 +196,7 @@ class Scheduler:
 
     async def _run(self, command: Generate) -> None:
         request = command.request
-        builder = ResponseBuilder(request.record, len(request.prompt))
+        builder = ResponseBuilder(request.record, len(request.prompt), request.tools)
         running = _Running(trio.CancelScope())
         self._running[request.record.id] = running
         record: ResponseRecord | None = None

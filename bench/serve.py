@@ -56,7 +56,7 @@ PEER_MODEL = "default_model"  # mlx_lm.server's name for the folder given by --m
 PREFIX_TOKENS = 35
 PROMPT_TOKENS = 95
 LOG_TAIL_LINES = 40
-OTHER_CPU_WARN_PCT = 10.0
+OTHER_CPU_WARN_PCT = 5.0
 
 Kind = Literal["ours", "peer"]
 

@@ -8,20 +8,18 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from mlxcel.actors.messages import GenerationRequest, Table
 from mlxcel.actors.store import StoreHandle
 from mlxcel.errors import ContextLengthExceeded, InvalidRequest, ModelNotFound, UnsupportedFeature
 from mlxcel.http.schemas import CreateResponseBody, to_items
+from mlxcel.http.tools import tool_use
 from mlxcel.items import Item, JsonValue, RequestEcho, ResponseRecord, new_id
 from mlxcel.model.engine import ModelInfo, PromptCodec, Sampling
 from mlxcel.model.prompt import to_chat
 
 ID_PATTERN = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
-HOSTED_TOOL_HINT = "this server runs no hosted tools; only `function` tools are supported"
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,40 +36,17 @@ class ModelNames:
         return wanted in candidates
 
 
-def function_tools(tools: Sequence[dict[str, JsonValue]] | None) -> list[dict[str, Any]]:
-    """Chat-template tool definitions for the request's function tools (400 for others)."""
-    out: list[dict[str, Any]] = []
-    for index, tool in enumerate(tools or []):
-        kind = tool.get("type")
-        if kind != "function":
-            raise UnsupportedFeature(
-                f"Tool type {kind!r} is not supported: {HOSTED_TOOL_HINT}.",
-                param=f"tools[{index}].type",
-                code="unsupported_tool",
-            )
-        if not isinstance(tool.get("name"), str) or not tool["name"]:
-            raise InvalidRequest(
-                "Missing required parameter: 'name'.",
-                param=f"tools[{index}].name",
-                code="missing_required_parameter",
-            )
-        function = {
-            "name": tool["name"],
-            "description": tool.get("description") or "",
-            "parameters": tool.get("parameters") or {"type": "object", "properties": {}},
-        }
-        out.append({"type": "function", "function": function})
-    return out
-
-
 def output_grammar(text: dict[str, JsonValue] | None, codec: PromptCodec) -> str | None:
     """The grammar `text.format` asks for: None for plain text, else a JSON grammar."""
     fmt = (text or {}).get("format")
     if fmt is None:
         return None
     if not isinstance(fmt, dict) or not isinstance(fmt.get("type"), str):
-        raise InvalidRequest("Invalid 'text.format': expected an object with a 'type'.",
-                             param="text.format", code="invalid_value")
+        raise InvalidRequest(
+            "Invalid 'text.format': expected an object with a 'type'.",
+            param="text.format",
+            code="invalid_value",
+        )
     kind = fmt["type"]
     if kind == "text":
         return None
@@ -80,14 +55,23 @@ def output_grammar(text: dict[str, JsonValue] | None, codec: PromptCodec) -> str
     if kind == "json_schema":
         schema = fmt.get("schema")
         if not isinstance(schema, dict):
-            raise InvalidRequest("Missing required parameter: 'text.format.schema'.",
-                                 param="text.format.schema", code="missing_required_parameter")
+            raise InvalidRequest(
+                "Missing required parameter: 'text.format.schema'.",
+                param="text.format.schema",
+                code="missing_required_parameter",
+            )
         if not isinstance(fmt.get("name"), str):
-            raise InvalidRequest("Missing required parameter: 'text.format.name'.",
-                                 param="text.format.name", code="missing_required_parameter")
+            raise InvalidRequest(
+                "Missing required parameter: 'text.format.name'.",
+                param="text.format.name",
+                code="missing_required_parameter",
+            )
         return codec.compile_schema(schema)
-    raise InvalidRequest(f"Unsupported 'text.format.type': {kind[:64]!r}.",
-                         param="text.format.type", code="invalid_value")
+    raise InvalidRequest(
+        f"Unsupported 'text.format.type': {str(kind)[:64]!r}.",
+        param="text.format.type",
+        code="invalid_value",
+    )
 
 
 def conversation_id(value: str | dict[str, JsonValue] | None) -> str | None:
@@ -173,9 +157,9 @@ def render(
             param="truncation",
             code="unsupported_value",
         )
-    tools = function_tools(body.tools)
+    definitions, _, _ = tool_use(body.tools, body.tool_choice, codec)
     items = to_items(body.input)
-    prompt = codec.render(to_chat(body.instructions, history + items), tools or None)
+    prompt = codec.render(to_chat(body.instructions, history + items), definitions or None)
     return items, prompt
 
 
@@ -222,10 +206,11 @@ def build_request(
         echo=echo,
         input_items=items,
     )
+    _, tools, call_grammar = tool_use(body.tools, body.tool_choice, codec)
     sampling = Sampling(
         temperature=echo.temperature,
         top_p=echo.top_p,
         max_tokens=max_tokens,
-        grammar=output_grammar(body.text, codec),
+        grammar=call_grammar or output_grammar(body.text, codec),
     )
-    return GenerationRequest(record=record, prompt=tuple(prompt), sampling=sampling)
+    return GenerationRequest(record=record, prompt=tuple(prompt), sampling=sampling, tools=tools)

@@ -14,6 +14,8 @@ from typing import Any
 from mlxcel.actors.messages import (
     ContentPartAdded,
     ContentPartDone,
+    FunctionCallArgumentsDelta,
+    FunctionCallArgumentsDone,
     KeepAlive,
     OutputItemAdded,
     OutputItemDone,
@@ -69,6 +71,20 @@ def event_json(event: ResponseEvent) -> dict[str, Any]:
             body = dataclasses.asdict(event)
             kind = "delta" if isinstance(event, OutputTextDelta) else "done"
             return {"type": f"response.output_text.{kind}", **body, "logprobs": []}
+        case FunctionCallArgumentsDelta(item_id, index, delta):
+            return {
+                "type": "response.function_call_arguments.delta",
+                "item_id": item_id,
+                "output_index": index,
+                "delta": delta,
+            }
+        case FunctionCallArgumentsDone(item_id, index, arguments):
+            return {
+                "type": "response.function_call_arguments.done",
+                "item_id": item_id,
+                "output_index": index,
+                "arguments": arguments,
+            }
         case ResponseFinished(record):
             return {"type": _FINISHED[record.status], "response": response_json(record)}
         case StreamError(code, message):

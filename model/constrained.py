@@ -12,10 +12,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import llguidance
 import numpy as np
+
+if TYPE_CHECKING:
+    from llguidance._lib import JsonCompileOptions
 
 from mlxcel.errors import InvalidRequest
 
@@ -33,7 +36,7 @@ def json_schema_grammar(schema: Mapping[str, Any]) -> str:
         )
     # Compact JSON (", " and ": " separators, no other whitespace): a model cannot pad
     # its answer with endless whitespace, and the output reads like `json.dumps`.
-    options: llguidance.JsonCompileOptions = {
+    options: JsonCompileOptions = {
         "whitespace_flexible": False,
         "item_separator": ", ",
         "key_separator": ": ",

@@ -27,7 +27,7 @@ class FakeCodec:
     def render(
         self, messages: Sequence[dict[str, object]], tools: Sequence[dict[str, object]] | None
     ) -> list[int]:
-        text = "".join(f"<{m['role']}>{m.get('content') or ''}" for m in messages) + _MARK
+        text = "".join(f"\x01{m['role']}\x02{m.get('content') or ''}" for m in messages) + _MARK
         return [ord(c) for c in text]
 
     def compile_schema(self, schema: Mapping[str, Any]) -> str:
@@ -38,7 +38,7 @@ class FakeCodec:
 def scripted_reply(prompt: Sequence[int]) -> list[str]:
     """The words the fake model answers to a rendered prompt."""
     text = "".join(chr(t) for t in prompt)
-    last_user = text.rsplit("<user>", 1)[-1].split("<", 1)[0].removesuffix(_MARK)
+    last_user = text.rsplit("\x01user\x02", 1)[-1].split("\x01", 1)[0].removesuffix(_MARK)
     reply = last_user[len("echo:") :].strip() if last_user.startswith("echo:") else DEFAULT_REPLY
     words = reply.split(" ")
     return [w if i == 0 else " " + w for i, w in enumerate(words)]
