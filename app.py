@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import signal
 from pathlib import Path
 
 import trio
@@ -128,4 +129,17 @@ def run(settings: Settings) -> None:
     load_fast_blas()  # before anything imports mlx.core
     factory = functools.partial(load_model, path, names, settings)
     log.info("loading %s from %s", names.alias, path)
-    trio.run(functools.partial(serve, settings, factory, names))
+    trio.run(functools.partial(_serve_until_signalled, settings, factory, names))
+
+
+async def _serve_until_signalled(
+    settings: Settings, factory: EngineFactory, names: ModelNames
+) -> None:
+    """Serve until SIGINT or SIGTERM, then stop every actor and return normally."""
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(serve, settings, factory, names)
+            async for signum in signals:
+                log.info("%s: stopping", signal.Signals(signum).name)
+                nursery.cancel_scope.cancel()
+                break

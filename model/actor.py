@@ -191,6 +191,7 @@ class ModelActor:
             while True:
                 trio.from_thread.check_cancelled()
                 if not events and not engine.has_work():
+                    engine.idle()
                     first = trio.from_thread.run(self._wait_for_work)
                     self._insert(engine, first, active)
                 exchange = trio.from_thread.run_sync(self._exchange, events)

@@ -74,6 +74,10 @@ class Engine(Protocol):
 
     def has_work(self) -> bool: ...
 
+    def idle(self) -> None:
+        """Nothing is left to generate: a chance to give cached memory back."""
+        ...
+
     def close(self) -> None: ...
 
 

@@ -61,6 +61,7 @@ class FakeEngine:
     _seqs: dict[int, _Seq] = field(default_factory=dict)
     closed: bool = False
     steps: int = 0
+    idled: int = 0
 
     def insert(self, spec: SequenceSpec) -> None:
         self._seqs[spec.seq_id] = _Seq(spec, scripted_reply(spec.prompt), len(spec.prompt))
@@ -70,6 +71,9 @@ class FakeEngine:
 
     def has_work(self) -> bool:
         return bool(self._seqs)
+
+    def idle(self) -> None:
+        self.idled += 1
 
     def close(self) -> None:
         self._seqs.clear()

@@ -99,6 +99,11 @@ class MlxEngine:
     def has_work(self) -> bool:
         return bool(self._by_uid)
 
+    def idle(self) -> None:
+        # MLX keeps freed buffers for reuse; after a burst that is the KV caches of a
+        # whole batch. Return them when there is nothing to do.
+        mx.clear_cache()
+
     def close(self) -> None:
         for seq_id in list(self._uid_of):
             self.remove(seq_id)

@@ -65,14 +65,14 @@ class RealServer:
         return OpenAI(base_url=f"{self.url}/v1", api_key="sk-no-auth", max_retries=0, timeout=600)
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
 
 
 def start_server(log: Path, *flags: str) -> Iterator[RealServer]:
-    port = _free_port()
+    port = free_port()
     exe = Path(sys.executable).with_name("mlxcel-server")
     with log.open("w") as out:
         proc = subprocess.Popen(

@@ -6,11 +6,12 @@ import json
 import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import httpx
 from openai.types.responses import Response
 
-from support import RealServer
+from support import RealServer, free_port
 
 pytestmark = __import__("pytest").mark.e2e
 
@@ -181,3 +182,35 @@ def test_full_queue_is_503_and_a_disconnect_frees_the_slot(
         assert time.monotonic() < deadline, "the slot was never freed"
         time.sleep(0.2)
     assert r.json()["status"] in ("completed", "incomplete")
+
+
+def test_sigterm_and_sigint_stop_the_server_cleanly(tmp_path: Path) -> None:
+    import signal
+    import subprocess
+    import sys
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        port = free_port()
+        exe = Path(sys.executable).with_name("mlxcel-server")
+        log = tmp_path / f"server-{signum}.log"
+        with log.open("w") as out:
+            proc = subprocess.Popen(
+                [str(exe), "--port", str(port)], stdout=out, stderr=subprocess.STDOUT
+            )
+        try:
+            deadline = time.monotonic() + 300
+            while True:
+                assert proc.poll() is None, log.read_text()
+                assert time.monotonic() < deadline
+                try:
+                    if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).is_success:
+                        break
+                except httpx.TransportError:
+                    pass
+                time.sleep(0.5)
+            proc.send_signal(signum)
+            assert proc.wait(timeout=60) == 0, log.read_text()
+            assert "Traceback" not in log.read_text()
+        finally:
+            if proc.poll() is None:
+                proc.kill()
