@@ -204,7 +204,8 @@ class Scheduler:
             with running.scope:
                 record = await self._generate(command, builder)
             if running.scope.cancelled_caught:
-                record = await self._end(command, [], builder.cancel())
+                record = builder.cancel()
+                await self._end(command, [], record)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             log.info("client left %s; its sequence is stopped", request.record.id)
         finally:
@@ -243,7 +244,9 @@ class Scheduler:
             conversation = record.echo.conversation_id
             if conversation is not None and record.status in ("completed", "incomplete"):
                 await self._store.append(conversation, record.input_items + record.output)
-        await _send_all(command.reply, [*events, ResponseFinished(record)])
+        # A requester gone at the very end changes nothing: the record is kept.
+        with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+            await _send_all(command.reply, [*events, ResponseFinished(record)])
         return record
 
 

@@ -14,16 +14,23 @@ from __future__ import annotations
 
 import argparse
 import collections
-import socket
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-import httpx
 import openai
+from servers import (
+    Server,
+    ServerStartError,
+    free_port,
+    handle_stop_signals,
+    start_server,
+    stop_server,
+    wait_healthy,
+)
 
 TERMINAL = ("completed", "incomplete", "failed", "cancelled")
+STARTUP_TIMEOUT = 600.0
 
 
 def rss_mib(pid: int) -> float | None:
@@ -36,34 +43,25 @@ def rss_mib(pid: int) -> float | None:
     return None
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def start(jobs: int, parallel: int, log: Path) -> tuple[subprocess.Popen[bytes], str]:
+def start(jobs: int, parallel: int, log: Path) -> Server:
+    """A fresh server on the default model, healthy and warmed up."""
     port = free_port()
     exe = Path(sys.executable).with_name("mlxcel-server")
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [str(exe), "--port", str(port), "--max-jobs", str(jobs), "--parallel", str(parallel)],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 600
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"server exited; see {log}")
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return proc, url
-        except httpx.TransportError:
-            pass
-        time.sleep(0.5)
-    proc.kill()
-    raise SystemExit("server did not become healthy in 600 s")
+    command = [str(exe), "--port", str(port), "--max-jobs", str(jobs), "--parallel", str(parallel)]
+    try:
+        return start_server("ours", command, port, None, log, STARTUP_TIMEOUT)
+    except ServerStartError as exc:
+        raise SystemExit(f"{exc}\nfull log: {log}") from exc
+
+
+def attach(url: str) -> Server:
+    """An already running server, healthy and warmed up."""
+    server = Server("ours", url.rstrip("/"), "")
+    try:
+        wait_healthy(server, STARTUP_TIMEOUT)
+    except ServerStartError as exc:
+        raise SystemExit(str(exc)) from exc
+    return server
 
 
 def storm(client: openai.OpenAI, model: str, jobs: int, max_tokens: int) -> tuple[list[str], bool]:
@@ -113,18 +111,16 @@ def main() -> int:
     parser.add_argument("--timeout", type=float, default=1800)
     args = parser.parse_args()
 
-    proc = None
     log = Path(__file__).with_name("results") / f"jobs-{time.strftime('%Y%m%d-%H%M%S')}.log"
     log.parent.mkdir(exist_ok=True)
-    if args.url:
-        url = args.url
-    else:
-        proc, url = start(args.jobs, args.parallel, log)
+    handle_stop_signals()
+    server = attach(args.url) if args.url else start(args.jobs, args.parallel, log)
     try:
-        client = openai.OpenAI(base_url=f"{url}/v1", api_key="sk-no-auth", max_retries=0)
-        model = client.models.list().data[0].id
-        client.responses.create(model=model, input="warm up", max_output_tokens=4)
-        pid = proc.pid if proc else None
+        client = openai.OpenAI(
+            base_url=f"{server.base_url}/v1", api_key="sk-no-auth", max_retries=0
+        )
+        model = server.model
+        pid = server.proc.pid if server.proc else None
         before = rss_mib(pid) if pid else None
         started = time.monotonic()
         ids, refused = storm(client, model, args.jobs, args.max_tokens)
@@ -145,9 +141,7 @@ def main() -> int:
             )
         return 0 if len(done) == len(ids) else 1
     finally:
-        if proc is not None:
-            proc.terminate()
-            proc.wait(timeout=30)
+        stop_server(server)
 
 
 if __name__ == "__main__":

@@ -101,9 +101,14 @@ def test_constrained_output_always_validates(
     jsonschema.validate(json.loads(text), schema)
 
 
-def test_json_object_and_batch_of_different_grammars(tiny: LoadedModel) -> None:
+def test_a_batch_of_different_grammars(tiny: LoadedModel) -> None:
     schemas = [
-        {"type": "object"},
+        {
+            "type": "object",
+            "properties": {"k": {"type": "boolean"}},
+            "required": ["k"],
+            "additionalProperties": False,
+        },
         {"type": "array", "items": {"type": "boolean"}, "maxItems": 4},
         {"enum": ["red", "green"]},
     ]
