@@ -36,6 +36,8 @@ class GenerationRequest:
     prompt: tuple[int, ...]
     sampling: Sampling
     tools: ToolUse | None = None
+    reasoning_opened: bool = False
+    """The chat template's generation prompt already opened a `<think>` block."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,6 +151,22 @@ class ContentPartDone:
 
 
 @dataclass(frozen=True, slots=True)
+class ReasoningTextDelta:
+    item_id: str
+    output_index: int
+    content_index: int
+    delta: str
+
+
+@dataclass(frozen=True, slots=True)
+class ReasoningTextDone:
+    item_id: str
+    output_index: int
+    content_index: int
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
 class FunctionCallArgumentsDelta:
     item_id: str
     output_index: int
@@ -197,6 +215,8 @@ ResponseEvent = (
     | OutputTextDelta
     | OutputTextDone
     | ContentPartDone
+    | ReasoningTextDelta
+    | ReasoningTextDone
     | FunctionCallArgumentsDelta
     | FunctionCallArgumentsDone
     | OutputItemDone

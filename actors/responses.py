@@ -22,6 +22,8 @@ from mlxcel.actors.messages import (
     OutputItemDone,
     OutputTextDelta,
     OutputTextDone,
+    ReasoningTextDelta,
+    ReasoningTextDone,
     ResponseEvent,
     ResponseInProgress,
     StreamError,
@@ -32,12 +34,14 @@ from mlxcel.items import (
     Item,
     Message,
     OutputText,
+    Reasoning,
     ResponseError,
     ResponseRecord,
     Usage,
     new_id,
 )
 from mlxcel.model.engine import FinishReason, TokenStep
+from mlxcel.model.reasoning import AnswerPiece, Piece, ReasoningPiece, ReasoningSplitter
 from mlxcel.model.tool_parsers import (
     CallArguments,
     CallClosed,
@@ -68,7 +72,12 @@ class _OpenCall:
 
 class ResponseBuilder:
     def __init__(
-        self, record: ResponseRecord, prompt_tokens: int, tools: ToolUse | None = None
+        self,
+        record: ResponseRecord,
+        prompt_tokens: int,
+        tools: ToolUse | None = None,
+        *,
+        reasoning_opened: bool = False,
     ) -> None:
         self._record = dataclasses.replace(record, status="in_progress", output=(), usage=None)
         self._prompt_tokens = prompt_tokens
@@ -79,7 +88,10 @@ class ResponseBuilder:
         self._calls: dict[int, _OpenCall] = {}
         self._held: list[str] = []  # text that may still turn out to be a call
         self._holding = tools is not None
+        self._splitter = ReasoningSplitter(opened=reasoning_opened)
+        self._reasoning: _OpenMessage | None = None
         self._tokens = 0
+        self._reasoning_tokens = 0
 
     @property
     def record(self) -> ResponseRecord:
@@ -92,20 +104,58 @@ class ResponseBuilder:
     def feed(self, step: TokenStep) -> list[ResponseEvent]:
         """Events for one generated token (none when it adds no visible output yet)."""
         self._tokens += 1
-        if not step.text:
+        was_reasoning = self._splitter.reasoning
+        pieces = self._splitter.feed(step.text) if step.text else []
+        if was_reasoning and not any(isinstance(p, AnswerPiece) for p in pieces):
+            self._reasoning_tokens += 1
+        return self._pieces(pieces)
+
+    def _pieces(self, pieces: list[Piece]) -> list[ResponseEvent]:
+        events: list[ResponseEvent] = []
+        for piece in pieces:
+            if isinstance(piece, ReasoningPiece):
+                events += self._reason(piece.text)
+                continue
+            events += self._close_reasoning()
+            if self._parser is None:
+                events += self._text(piece.text)
+            else:
+                events += self._parsed(self._parser.feed(piece.text))
+        return events
+
+    def _reason(self, text: str) -> list[ResponseEvent]:
+        events: list[ResponseEvent] = []
+        if self._reasoning is None:
+            self._reasoning = _OpenMessage(new_id("rs"), len(self._output))
+            self._output.append(None)
+            item = Reasoning("", id=self._reasoning.id, status="in_progress")
+            events.append(OutputItemAdded(self._reasoning.index, item))
+        self._reasoning.text.append(text)
+        events.append(ReasoningTextDelta(self._reasoning.id, self._reasoning.index, 0, text))
+        return events
+
+    def _close_reasoning(self) -> list[ResponseEvent]:
+        open_item, self._reasoning = self._reasoning, None
+        if open_item is None:
             return []
-        if self._parser is None:
-            return self._text(step.text)
-        return self._parsed(self._parser.feed(step.text))
+        text = "".join(open_item.text)
+        item = Reasoning(text, id=open_item.id, status="completed")
+        self._output[open_item.index] = item
+        return [
+            ReasoningTextDone(open_item.id, open_item.index, 0, text),
+            OutputItemDone(open_item.index, item),
+        ]
 
     def finish(self, reason: FinishReason) -> tuple[list[ResponseEvent], ResponseRecord]:
         """The closing item events and the final record (not yet stored)."""
         status: Status = "completed" if reason == "stop" else "incomplete"
-        events: list[ResponseEvent] = []
+        events = self._pieces(self._splitter.finish())
+        events += self._close_reasoning()
         if self._parser is not None:
             events += self._parsed(self._parser.finish())
             events += self._settle_held()
-        if not any(isinstance(i, FunctionCall) for i in self._output) and self._message is None:
+        answered = any(isinstance(i, FunctionCall | Message) for i in self._output)
+        if not answered and self._message is None:
             events += self._open_message()
         events += self._close_message(status)
         for index in sorted(self._calls):
@@ -234,4 +284,8 @@ class ResponseBuilder:
         return events
 
     def _usage(self) -> Usage:
-        return Usage(input_tokens=self._prompt_tokens, output_tokens=self._tokens)
+        return Usage(
+            input_tokens=self._prompt_tokens,
+            output_tokens=self._tokens,
+            reasoning_tokens=self._reasoning_tokens,
+        )

@@ -196,7 +196,12 @@ class Scheduler:
 
     async def _run(self, command: Generate) -> None:
         request = command.request
-        builder = ResponseBuilder(request.record, len(request.prompt), request.tools)
+        builder = ResponseBuilder(
+            request.record,
+            len(request.prompt),
+            request.tools,
+            reasoning_opened=request.reasoning_opened,
+        )
         running = _Running(trio.CancelScope())
         self._running[request.record.id] = running
         record: ResponseRecord | None = None

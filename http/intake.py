@@ -213,4 +213,10 @@ def build_request(
         max_tokens=max_tokens,
         grammar=call_grammar or output_grammar(body.text, codec),
     )
-    return GenerationRequest(record=record, prompt=tuple(prompt), sampling=sampling, tools=tools)
+    return GenerationRequest(
+        record=record,
+        prompt=tuple(prompt),
+        sampling=sampling,
+        tools=tools,
+        reasoning_opened=codec.opens_reasoning,
+    )

@@ -21,6 +21,8 @@ from mlxcel.actors.messages import (
     OutputItemDone,
     OutputTextDelta,
     OutputTextDone,
+    ReasoningTextDelta,
+    ReasoningTextDone,
     ResponseCreated,
     ResponseEvent,
     ResponseFinished,
@@ -67,6 +69,9 @@ def event_json(event: ResponseEvent) -> dict[str, Any]:
                 "content_index": event.content_index,
                 "part": part_json(event.part),
             }
+        case ReasoningTextDelta() | ReasoningTextDone():
+            kind = "delta" if isinstance(event, ReasoningTextDelta) else "done"
+            return {"type": f"response.reasoning_text.{kind}", **dataclasses.asdict(event)}
         case OutputTextDelta() | OutputTextDone():
             body = dataclasses.asdict(event)
             kind = "delta" if isinstance(event, OutputTextDelta) else "done"

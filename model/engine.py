@@ -56,6 +56,9 @@ class ModelInfo:
 class PromptCodec(Protocol):
     """Renders chat messages into prompt tokens; pure Python, safe off the MLX thread."""
 
+    opens_reasoning: bool
+    """The template's generation prompt already opens a `<think>` block."""
+
     def render(
         self, messages: Sequence[dict[str, object]], tools: Sequence[dict[str, object]] | None
     ) -> list[int]: ...

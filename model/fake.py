@@ -24,6 +24,9 @@ _MARK = "\x00ASSISTANT\x00"
 class FakeCodec:
     """One token per character; the rendered prompt keeps the last user message findable."""
 
+    def __init__(self, *, opens_reasoning: bool = False) -> None:
+        self.opens_reasoning = opens_reasoning
+
     def render(
         self, messages: Sequence[dict[str, object]], tools: Sequence[dict[str, object]] | None
     ) -> list[int]:
@@ -107,10 +110,12 @@ class FakeEngine:
         return out
 
 
-def fake_factory(engine: FakeEngine | None = None, context_length: int = 4096) -> LoadedModel:
+def fake_factory(
+    engine: FakeEngine | None = None, context_length: int = 4096, *, opens_reasoning: bool = False
+) -> LoadedModel:
     """A LoadedModel around a fake engine (a new one unless given)."""
     return LoadedModel(
         engine=engine or FakeEngine(),
-        codec=FakeCodec(),
+        codec=FakeCodec(opens_reasoning=opens_reasoning),
         info=ModelInfo(name="fake", path="fake", context_length=context_length, backend="fake"),
     )

@@ -22,6 +22,7 @@ ChatMessage = dict[str, Any]
 def to_chat(instructions: str | None, items: Sequence[Item]) -> list[ChatMessage]:
     """The chat messages for `instructions` followed by `items`."""
     messages: list[ChatMessage] = []
+    pending_reasoning = ""
     if instructions:
         messages.append({"role": "system", "content": instructions})
     for item in items:
@@ -29,6 +30,9 @@ def to_chat(instructions: str | None, items: Sequence[Item]) -> list[ChatMessage
             case Message(role=role):
                 chat_role = "system" if role == "developer" else role
                 messages.append({"role": chat_role, "content": item.text})
+                if role == "assistant" and pending_reasoning:
+                    messages[-1]["reasoning_content"] = pending_reasoning
+                pending_reasoning = ""
             case FunctionCall(call_id=call_id, name=name, arguments=arguments):
                 call = {
                     "id": call_id,
@@ -42,8 +46,8 @@ def to_chat(instructions: str | None, items: Sequence[Item]) -> list[ChatMessage
                     messages.append({"role": "assistant", "content": "", "tool_calls": [call]})
             case FunctionCallOutput(call_id=call_id, output=output):
                 messages.append({"role": "tool", "tool_call_id": call_id, "content": output})
-            case Reasoning():
-                pass  # rendered by templates that keep reasoning; none of ours yet
+            case Reasoning(text=text):
+                pending_reasoning = text  # templates that keep traces read it from the turn
     if not any(m["role"] in ("user", "tool") for m in messages):
         raise InvalidRequest("The input must contain at least one user message.", param="input")
     return messages
@@ -76,6 +80,11 @@ class TemplateCodec:
     def __init__(self, tokenizer: ChatTokenizer, grammars: GrammarCompiler | None = None) -> None:
         self._tokenizer = tokenizer
         self._grammars = grammars
+        try:
+            probe = self._apply([{"role": "user", "content": "x"}], None)
+        except Exception:  # a template this strict is reported per request instead
+            probe = ""
+        self.opens_reasoning = probe.rstrip(" ").endswith("<think>\n")
 
     def compile_schema(self, schema: Mapping[str, Any]) -> str:
         if self._grammars is None:

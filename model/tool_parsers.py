@@ -103,7 +103,7 @@ class HermesToolParser:
             if self._call is None:
                 start = self._buffer.find(OPEN)
                 if start < 0:
-                    keep = _partial_suffix(self._buffer, OPEN)
+                    keep = partial_suffix(self._buffer, OPEN)
                     events += self._emit_text(self._buffer[: len(self._buffer) - keep])
                     self._buffer = self._buffer[len(self._buffer) - keep :]
                     return events
@@ -113,7 +113,7 @@ class HermesToolParser:
                 self.calls += 1
             end = self._buffer.find(CLOSE)
             if end < 0:
-                keep = _partial_suffix(self._buffer, CLOSE)
+                keep = partial_suffix(self._buffer, CLOSE)
                 self._call.raw += self._buffer[: len(self._buffer) - keep]
                 self._buffer = self._buffer[len(self._buffer) - keep :]
                 events += self._stream_call(self._call)
@@ -195,7 +195,7 @@ def _is_object(text: str) -> bool:
         return False
 
 
-def _partial_suffix(text: str, marker: str) -> int:
+def partial_suffix(text: str, marker: str) -> int:
     """Length of the longest end of `text` that could begin `marker`."""
     for size in range(min(len(marker) - 1, len(text)), 0, -1):
         if marker.startswith(text[-size:]):

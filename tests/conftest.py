@@ -23,10 +23,12 @@ def start_fake_server(nursery: trio.Nursery) -> Iterator[StartServer]:
     """Starts an in-process server (fake engine) in the test's nursery; stops with it."""
     servers: list[FakeServer] = []
 
-    async def start(engine: FakeEngine | None = None, **settings: Any) -> FakeServer:
+    async def start(
+        engine: FakeEngine | None = None, *, opens_reasoning: bool = False, **settings: Any
+    ) -> FakeServer:
         engine = engine or FakeEngine(step_delay=0.002)
         config = replace(Settings(port=0), **settings)
-        factory = functools.partial(fake_factory, engine)
+        factory = functools.partial(fake_factory, engine, opens_reasoning=opens_reasoning)
         names = ModelNames("fake-model", "/models/fake")
         urls = await nursery.start(serve, config, factory, names)
         servers.append(FakeServer(urls[0], engine, config))

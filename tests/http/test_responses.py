@@ -333,3 +333,31 @@ async def test_valid_text_formats_are_accepted_and_echoed(fake_server: FakeServe
         assert resp.text is not None
         assert resp.text.format is not None
         assert resp.text.format.type == fmt["type"]
+
+
+async def test_reasoning_items_stream_before_the_message(start_fake_server: StartServer) -> None:
+    for opened, said in (
+        (False, "echo: <think>plan it</think> done"),
+        (True, "echo: plan it</think> done"),
+    ):
+        server = await start_fake_server(opens_reasoning=opened)
+        events = await _raw_events(
+            server.url, {"model": "fake-model", "input": said, "stream": True}
+        )
+        types = [name for name, _ in events]
+        assert types[2] == "response.output_item.added"
+        assert events[2][1]["item"]["type"] == "reasoning"  # type: ignore[index]
+        deltas = [d["delta"] for n, d in events if n == "response.reasoning_text.delta"]
+        assert "".join(deltas).strip() == "plan it"  # type: ignore[arg-type]
+        final = events[-1][1]["response"]
+        assert isinstance(final, dict)
+        kinds = [item["type"] for item in final["output"]]
+        assert kinds == ["reasoning", "message"]
+        reasoning = final["output"][0]
+        assert reasoning["summary"] == []
+        assert reasoning["content"][0]["type"] == "reasoning_text"
+        assert final["output"][1]["content"][0]["text"].strip() == "done"
+        assert final["usage"]["output_tokens_details"]["reasoning_tokens"] > 0
+        client = server.client()
+        resp = await in_thread(client.responses.retrieve, final["id"])
+        assert resp.output[0].type == "reasoning"
