@@ -19,6 +19,20 @@ from mlxcel.items import Item, JsonValue, RequestEcho, ResponseRecord, new_id
 from mlxcel.model.engine import ModelInfo, PromptCodec, Sampling
 from mlxcel.model.prompt import to_chat
 
+# The server sets these itself when it renders a prompt.
+RESERVED_TEMPLATE_KWARGS = frozenset(
+    {
+        "tokenize",
+        "add_generation_prompt",
+        "tools",
+        "conversation",
+        "messages",
+        "chat_template",
+        "continue_final_message",
+        "return_dict",
+        "documents",
+    }
+)
 ID_PATTERN = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
 
 
@@ -157,9 +171,20 @@ def render(
             param="truncation",
             code="unsupported_value",
         )
+    reserved = RESERVED_TEMPLATE_KWARGS & set(body.chat_template_kwargs or {})
+    if reserved:
+        raise InvalidRequest(
+            f"'chat_template_kwargs' may not set {', '.join(sorted(reserved))}.",
+            param="chat_template_kwargs",
+            code="invalid_value",
+        )
     definitions, _, _ = tool_use(body.tools, body.tool_choice, codec)
     items = to_items(body.input)
-    prompt = codec.render(to_chat(body.instructions, history + items), definitions or None)
+    prompt = codec.render(
+        to_chat(body.instructions, history + items),
+        definitions or None,
+        body.chat_template_kwargs,
+    )
     return items, prompt
 
 
@@ -218,5 +243,5 @@ def build_request(
         prompt=tuple(prompt),
         sampling=sampling,
         tools=tools,
-        reasoning_opened=codec.opens_reasoning,
+        reasoning_opened=codec.opens_reasoning(body.chat_template_kwargs),
     )

@@ -56,12 +56,16 @@ class ModelInfo:
 class PromptCodec(Protocol):
     """Renders chat messages into prompt tokens; pure Python, safe off the MLX thread."""
 
-    opens_reasoning: bool
-    """The template's generation prompt already opens a `<think>` block."""
-
     def render(
-        self, messages: Sequence[dict[str, object]], tools: Sequence[dict[str, object]] | None
+        self,
+        messages: Sequence[dict[str, object]],
+        tools: Sequence[dict[str, object]] | None,
+        template_kwargs: Mapping[str, Any] | None = None,
     ) -> list[int]: ...
+
+    def opens_reasoning(self, template_kwargs: Mapping[str, Any] | None = None) -> bool:
+        """The template's generation prompt already opens a `<think>` block."""
+        ...
 
     def compile_schema(self, schema: Mapping[str, Any]) -> str:
         """The grammar for output valid against `schema`; InvalidRequest when unusable."""

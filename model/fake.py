@@ -25,10 +25,16 @@ class FakeCodec:
     """One token per character; the rendered prompt keeps the last user message findable."""
 
     def __init__(self, *, opens_reasoning: bool = False) -> None:
-        self.opens_reasoning = opens_reasoning
+        self._opens_reasoning = opens_reasoning
+
+    def opens_reasoning(self, template_kwargs: Mapping[str, Any] | None = None) -> bool:
+        return self._opens_reasoning and (template_kwargs or {}).get("enable_thinking") is not False
 
     def render(
-        self, messages: Sequence[dict[str, object]], tools: Sequence[dict[str, object]] | None
+        self,
+        messages: Sequence[dict[str, object]],
+        tools: Sequence[dict[str, object]] | None,
+        template_kwargs: Mapping[str, Any] | None = None,
     ) -> list[int]:
         text = "".join(f"\x01{m['role']}\x02{m.get('content') or ''}" for m in messages) + _MARK
         return [ord(c) for c in text]

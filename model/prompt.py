@@ -80,11 +80,13 @@ class TemplateCodec:
     def __init__(self, tokenizer: ChatTokenizer, grammars: GrammarCompiler | None = None) -> None:
         self._tokenizer = tokenizer
         self._grammars = grammars
+
+    def opens_reasoning(self, template_kwargs: Mapping[str, Any] | None = None) -> bool:
         try:
-            probe = self._apply([{"role": "user", "content": "x"}], None)
+            probe = self._apply([{"role": "user", "content": "x"}], None, template_kwargs)
         except Exception:  # a template this strict is reported per request instead
-            probe = ""
-        self.opens_reasoning = probe.rstrip(" ").endswith("<think>\n")
+            return False
+        return probe.rstrip(" ").endswith("<think>\n")
 
     def compile_schema(self, schema: Mapping[str, Any]) -> str:
         if self._grammars is None:
@@ -92,10 +94,13 @@ class TemplateCodec:
         return self._grammars.compile_schema(schema)
 
     def render(
-        self, messages: Sequence[ChatMessage], tools: Sequence[dict[str, Any]] | None
+        self,
+        messages: Sequence[ChatMessage],
+        tools: Sequence[dict[str, Any]] | None,
+        template_kwargs: Mapping[str, Any] | None = None,
     ) -> list[int]:
         try:
-            text = self._apply(list(messages), tools)
+            text = self._apply(list(messages), tools, template_kwargs)
         except Exception as first:
             merged = merge_system(messages)
             if merged == list(messages):
@@ -105,7 +110,7 @@ class TemplateCodec:
                     code="invalid_prompt",
                 ) from first
             try:
-                text = self._apply(merged, tools)
+                text = self._apply(merged, tools, template_kwargs)
             except Exception as exc:
                 raise InvalidRequest(
                     f"The chat template rejected the input: {exc}",
@@ -114,11 +119,17 @@ class TemplateCodec:
                 ) from exc
         return list(self._tokenizer.encode(text, add_special_tokens=False))
 
-    def _apply(self, messages: list[ChatMessage], tools: Sequence[dict[str, Any]] | None) -> str:
+    def _apply(
+        self,
+        messages: list[ChatMessage],
+        tools: Sequence[dict[str, Any]] | None,
+        template_kwargs: Mapping[str, Any] | None = None,
+    ) -> str:
         text = self._tokenizer.apply_chat_template(
             messages,
             tools=list(tools) if tools else None,
             add_generation_prompt=True,
             tokenize=False,
+            **dict(template_kwargs or {}),
         )
         return str(text)

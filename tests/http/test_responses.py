@@ -361,3 +361,26 @@ async def test_reasoning_items_stream_before_the_message(start_fake_server: Star
         client = server.client()
         resp = await in_thread(client.responses.retrieve, final["id"])
         assert resp.output[0].type == "reasoning"
+
+
+async def test_chat_template_kwargs(start_fake_server: StartServer) -> None:
+    server = await start_fake_server(opens_reasoning=True)
+    client = server.client()
+    thinking = await in_thread(
+        client.responses.create, model="fake-model", input="echo: plan</think> answer"
+    )
+    assert [item.type for item in thinking.output] == ["reasoning", "message"]
+    plain = await in_thread(
+        client.responses.create,
+        model="fake-model",
+        input="echo: plan</think> answer",
+        extra_body={"chat_template_kwargs": {"enable_thinking": False}},
+    )
+    assert [item.type for item in plain.output] == ["message"]
+    async with httpx.AsyncClient(timeout=30) as http:
+        r = await http.post(
+            f"{server.url}/v1/responses",
+            json={"model": "fake-model", "input": "x", "chat_template_kwargs": {"tokenize": True}},
+        )
+    assert r.status_code == 400
+    assert r.json()["error"]["param"] == "chat_template_kwargs"
