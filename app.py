@@ -11,6 +11,7 @@ from pathlib import Path
 
 import trio
 
+from mlxcel.actors.echo import EchoActor
 from mlxcel.actors.jobs import JobSupervisor
 from mlxcel.actors.scheduler import Scheduler
 from mlxcel.actors.store import StoreActor
@@ -49,10 +50,12 @@ async def serve(
                 settings.responses, settings.conversations, settings.background_ephemeral_ttl_secs
             ).run
         )
+        echo = await nursery.start(EchoActor(settings.reasoning_echo_max_bytes).run)
         model = await nursery.start(ModelActor(factory, settings.parallel).run)
         scheduler_actor = Scheduler(
             model,
             store,
+            echo,
             parallel=settings.parallel,
             max_queue_depth=settings.max_queue_depth,
             keepalive_secs=settings.sse_keepalive_secs,
@@ -70,6 +73,7 @@ async def serve(
             scheduler,
             store,
             jobs,
+            echo,
             names,
             background_enabled=settings.background_enabled,
             api_keys=settings.api_keys,

@@ -38,6 +38,8 @@ class GenerationRequest:
     tools: ToolUse | None = None
     reasoning_opened: bool = False
     """The chat template's generation prompt already opened a `<think>` block."""
+    echo_prefix: str | None = None
+    """Where the reasoning-echo cache files this response's reasoning (None: not at all)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,9 +19,11 @@ from dataclasses import dataclass, field
 
 import trio
 
+from mlxcel.actors.echo import EchoHandle, turn_key
 from mlxcel.actors.messages import (
     CancelResponse,
     Generate,
+    GenerationRequest,
     KeepAlive,
     ResponseEvent,
     ResponseFinished,
@@ -32,7 +34,7 @@ from mlxcel.actors.messages import (
 from mlxcel.actors.responses import ResponseBuilder
 from mlxcel.actors.store import StoreHandle
 from mlxcel.errors import QueueFull
-from mlxcel.items import ResponseRecord
+from mlxcel.items import Message, Reasoning, ResponseRecord
 from mlxcel.model.actor import ModelHandle, SequenceFailed
 
 log = logging.getLogger(__name__)
@@ -79,6 +81,7 @@ class Scheduler:
         self,
         model: ModelHandle,
         store: StoreHandle,
+        echo: EchoHandle,
         *,
         parallel: int,
         max_queue_depth: int,
@@ -86,6 +89,7 @@ class Scheduler:
     ) -> None:
         self._model = model
         self._store = store
+        self._echo = echo
         self._parallel = parallel
         self._depth = max_queue_depth
         self._keepalive = keepalive_secs
@@ -249,10 +253,19 @@ class Scheduler:
             conversation = record.echo.conversation_id
             if conversation is not None and record.status in ("completed", "incomplete"):
                 await self._store.append(conversation, record.input_items + record.output)
+            await self._remember_reasoning(command.request, record)
         # A requester gone at the very end changes nothing: the record is kept.
         with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
             await _send_all(command.reply, [*events, ResponseFinished(record)])
         return record
+
+    async def _remember_reasoning(self, request: GenerationRequest, record: ResponseRecord) -> None:
+        """An ordinary reply (reasoning, then a message; no tool calls) is remembered."""
+        if request.echo_prefix is None or record.status != "completed":
+            return
+        match record.output:
+            case (Reasoning(text=trace), Message() as message) if trace.strip():
+                await self._echo.remember(turn_key(request.echo_prefix, message.text), trace)
 
 
 async def _send_all(

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from mlxcel.actors.messages import GenerationRequest, Table
 from mlxcel.actors.store import StoreHandle
 from mlxcel.errors import ContextLengthExceeded, InvalidRequest, ModelNotFound, UnsupportedFeature
+from mlxcel.http.echoing import echo_prefix
 from mlxcel.http.schemas import CreateResponseBody, to_items
 from mlxcel.http.tools import tool_use
 from mlxcel.items import Item, JsonValue, RequestEcho, ResponseRecord, new_id
@@ -162,7 +163,10 @@ async def chain_items(store: StoreHandle, response_id: str) -> tuple[Item, ...]:
 
 
 def render(
-    body: CreateResponseBody, history: tuple[Item, ...], codec: PromptCodec
+    body: CreateResponseBody,
+    history: tuple[Item, ...],
+    codec: PromptCodec,
+    items: tuple[Item, ...] | None = None,
 ) -> tuple[tuple[Item, ...], list[int]]:
     """The request's own input items and the prompt tokens of history + input."""
     if body.truncation == "auto":
@@ -179,7 +183,7 @@ def render(
             code="invalid_value",
         )
     definitions, _, _ = tool_use(body.tools, body.tool_choice, codec)
-    items = to_items(body.input)
+    items = to_items(body.input) if items is None else items
     prompt = codec.render(
         to_chat(body.instructions, history + items),
         definitions or None,
@@ -194,10 +198,11 @@ def build_request(
     info: ModelInfo,
     codec: PromptCodec,
     history: tuple[Item, ...],
+    items: tuple[Item, ...] | None = None,
 ) -> GenerationRequest:
     if not names.matches(body.model):
         raise ModelNotFound(body.model, [names.alias])
-    items, prompt = render(body, history, codec)
+    items, prompt = render(body, history, codec, items)
     room = info.context_length - len(prompt)
     if room < 1:
         raise ContextLengthExceeded(
@@ -244,4 +249,5 @@ def build_request(
         sampling=sampling,
         tools=tools,
         reasoning_opened=codec.opens_reasoning(body.chat_template_kwargs),
+        echo_prefix=echo_prefix(body, names.alias, items),
     )

@@ -17,6 +17,7 @@ import trio
 from quart import Response, request
 from quart_trio import QuartTrio
 
+from mlxcel.actors.echo import EchoHandle
 from mlxcel.actors.jobs import JobsHandle
 from mlxcel.actors.messages import Generate, ResponseCreated, ResponseEvent, ResponseFinished, Table
 from mlxcel.actors.scheduler import SchedulerHandle
@@ -24,6 +25,7 @@ from mlxcel.actors.store import StoreHandle
 from mlxcel.errors import GenerationFailed, InvalidRequest, ModelNotFound, NotFound
 from mlxcel.http.body import read_json
 from mlxcel.http.conversations import register_conversations
+from mlxcel.http.echoing import restore_reasoning
 from mlxcel.http.errors import error_body, map_error
 from mlxcel.http.intake import ModelNames, build_request, read_history, render
 from mlxcel.http.schemas import (
@@ -32,6 +34,7 @@ from mlxcel.http.schemas import (
     item_json,
     list_page,
     response_json,
+    to_items,
 )
 from mlxcel.http.sse import SseEncoder
 from mlxcel.items import ResponseRecord
@@ -46,6 +49,7 @@ class Handles:
     scheduler: SchedulerHandle
     store: StoreHandle
     jobs: JobsHandle
+    echo: EchoHandle
     names: ModelNames
     background_enabled: bool = True
     api_keys: tuple[str, ...] = ()
@@ -116,7 +120,10 @@ def create_app(handles: Handles) -> QuartTrio:
         if body.background:
             _check_background(handles, body)
         history = await read_history(body, handles.store)
-        generation = build_request(body, handles.names, loaded.info, loaded.codec, history)
+        items = await restore_reasoning(
+            body, handles.names.alias, to_items(body.input), handles.echo
+        )
+        generation = build_request(body, handles.names, loaded.info, loaded.codec, history, items)
         if body.background:
             return json_response(response_json(await handles.jobs.submit(generation)))
         # Unbuffered: a slow client slows its own slot, never the model thread.

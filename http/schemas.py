@@ -133,6 +133,7 @@ class CreateResponseBody(_Model):
     previous_response_id: str | None = None
     conversation: str | dict[str, JsonValue] | None = None
     user: str | None = None
+    prompt_cache_key: str | None = None
     chat_template_kwargs: dict[str, JsonValue] | None = None
     """Passed straight to the chat template (e.g. `enable_thinking`); `reasoning.effort`
     is deliberately not mapped to it."""

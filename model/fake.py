@@ -36,7 +36,11 @@ class FakeCodec:
         tools: Sequence[dict[str, object]] | None,
         template_kwargs: Mapping[str, Any] | None = None,
     ) -> list[int]:
-        text = "".join(f"\x01{m['role']}\x02{m.get('content') or ''}" for m in messages) + _MARK
+        text = "".join(
+            f"\x01{m['role']}\x02{m.get('reasoning_content') or ''}{m.get('content') or ''}"
+            for m in messages
+        )
+        text += _MARK
         return [ord(c) for c in text]
 
     def compile_schema(self, schema: Mapping[str, Any]) -> str:

@@ -9,6 +9,7 @@ import pytest
 import trio
 import trio.testing
 
+from mlxcel.actors.echo import EchoActor
 from mlxcel.actors.jobs import BYTES_PER_OUTPUT_TOKEN, JobsHandle, JobSupervisor
 from mlxcel.actors.messages import GenerationRequest, Table
 from mlxcel.actors.scheduler import Scheduler
@@ -36,7 +37,14 @@ async def start(
     model = await nursery.start(ModelActor(functools.partial(fake_factory, engine), 1).run)
     await model.ready.wait()
     scheduler = await nursery.start(
-        Scheduler(model, store, parallel=1, max_queue_depth=0, keepalive_secs=3600).run
+        Scheduler(
+            model,
+            store,
+            await nursery.start(EchoActor(0).run),
+            parallel=1,
+            max_queue_depth=0,
+            keepalive_secs=3600,
+        ).run
     )
     jobs = await nursery.start(
         JobSupervisor(scheduler, store, max_jobs=max_jobs, max_bytes=max_bytes).run

@@ -7,6 +7,7 @@ import functools
 import pytest
 import trio
 
+from mlxcel.actors.echo import EchoActor
 from mlxcel.actors.messages import (
     Generate,
     GenerationRequest,
@@ -32,7 +33,10 @@ async def start(
     store = await nursery.start(StoreActor(StoreLimits(100, 1 << 20, 0), StoreLimits(0, 0, 0)).run)
     model = await nursery.start(ModelActor(functools.partial(fake_factory, engine), parallel).run)
     await model.ready.wait()
-    scheduler = Scheduler(model, store, parallel=parallel, max_queue_depth=depth, keepalive_secs=10)
+    echo = await nursery.start(EchoActor(0).run)
+    scheduler = Scheduler(
+        model, store, echo, parallel=parallel, max_queue_depth=depth, keepalive_secs=10
+    )
     return await nursery.start(scheduler.run), store
 
 

@@ -384,3 +384,32 @@ async def test_chat_template_kwargs(start_fake_server: StartServer) -> None:
         )
     assert r.status_code == 400
     assert r.json()["error"]["param"] == "chat_template_kwargs"
+
+
+async def test_reasoning_echo_restores_a_dropped_trace(start_fake_server: StartServer) -> None:
+    server = await start_fake_server()
+    client = server.client()
+    first_input = [{"role": "user", "content": "echo: <think>secret plan</think> answer"}]
+    first = await in_thread(
+        client.responses.create, model="fake-model", input=first_input, prompt_cache_key="s1"
+    )
+    assert [item.type for item in first.output] == ["reasoning", "message"]
+    message = first.output[1].model_dump()
+    follow = [*first_input, message, {"role": "user", "content": "echo: next"}]
+    without_trace = {"model": "fake-model", "input": follow, "prompt_cache_key": "s1"}
+    with_trace = {
+        "model": "fake-model",
+        "input": [*first_input, first.output[0].model_dump(), message, follow[-1]],
+        "prompt_cache_key": "s1",
+    }
+    async with httpx.AsyncClient(base_url=server.url, timeout=30) as http:
+        restored = await http.post("/v1/responses", json=without_trace)
+        sent = await http.post("/v1/responses", json=with_trace)
+        other_session = await http.post(
+            "/v1/responses", json={**without_trace, "prompt_cache_key": "s2"}
+        )
+    usage = [r.json()["usage"]["input_tokens"] for r in (restored, sent, other_session)]
+    # The dropped trace is put back: the prompt is the one the client would have sent
+    # with it; another session gets nothing back.
+    assert usage[0] == usage[1]
+    assert usage[2] < usage[0]
