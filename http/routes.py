@@ -143,7 +143,9 @@ def create_app(handles: Handles) -> QuartTrio:
         if body.model is not None and not handles.names.matches(body.model):
             raise ModelNotFound(body.model, [handles.names.alias])
         history = await read_history(body, handles.store)
-        _, prompt = render(body, history, handles.model.codec)
+        alias = handles.names.alias
+        items = await restore_reasoning(body, alias, to_items(body.input), handles.echo)
+        _, prompt = render(body, history, handles.model.codec, items)
         return json_response({"object": "response.input_tokens", "input_tokens": len(prompt)})
 
     @route("/responses/<response_id>", methods=["GET"])

@@ -413,3 +413,6 @@ async def test_reasoning_echo_restores_a_dropped_trace(start_fake_server: StartS
     # with it; another session gets nothing back.
     assert usage[0] == usage[1]
     assert usage[2] < usage[0]
+    async with httpx.AsyncClient(base_url=server.url, timeout=30) as http:
+        counted = await http.post("/v1/responses/input_tokens", json=without_trace)
+    assert counted.json()["input_tokens"] == usage[0]
