@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import trio
 
-from mlxcel.items import ContentPart, Conversation, Item, ResponseRecord
+from mlxcel.items import ContentPart, Conversation, Item, ResponseRecord, TokenLogprob
 from mlxcel.model.engine import Sampling
 
 # --- scheduler ---------------------------------------------------------------------
@@ -134,6 +134,7 @@ class OutputTextDelta:
     output_index: int
     content_index: int
     delta: str
+    logprobs: tuple[TokenLogprob, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

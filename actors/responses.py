@@ -37,6 +37,7 @@ from mlxcel.items import (
     Reasoning,
     ResponseError,
     ResponseRecord,
+    TokenLogprob,
     Usage,
     new_id,
 )
@@ -61,6 +62,7 @@ class _OpenMessage:
     id: str
     index: int
     text: list[str] = dataclasses.field(default_factory=list)
+    logprobs: list[TokenLogprob] = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass
@@ -92,6 +94,8 @@ class ResponseBuilder:
         self._reasoning: _OpenMessage | None = None
         self._tokens = 0
         self._reasoning_tokens = 0
+        # Log-probabilities of tokens whose text the detokenizer has not released yet.
+        self._pending_logprobs: list[TokenLogprob] = []
 
     @property
     def record(self) -> ResponseRecord:
@@ -108,17 +112,21 @@ class ResponseBuilder:
         pieces = self._splitter.feed(step.text) if step.text else []
         if was_reasoning and not any(isinstance(p, AnswerPiece) for p in pieces):
             self._reasoning_tokens += 1
+        if step.logprob is not None:
+            self._pending_logprobs.append(step.logprob)
         return self._pieces(pieces)
 
     def _pieces(self, pieces: list[Piece]) -> list[ResponseEvent]:
         events: list[ResponseEvent] = []
         for piece in pieces:
             if isinstance(piece, ReasoningPiece):
+                self._pending_logprobs.clear()  # reasoning tokens carry no output logprobs
                 events += self._reason(piece.text)
                 continue
             events += self._close_reasoning()
             if self._parser is None:
-                events += self._text(piece.text)
+                logprobs, self._pending_logprobs = tuple(self._pending_logprobs), []
+                events += self._text(piece.text, logprobs)
             else:
                 events += self._parsed(self._parser.feed(piece.text))
         return events
@@ -190,7 +198,7 @@ class ResponseBuilder:
 
     # --- text and messages -------------------------------------------------------
 
-    def _text(self, text: str) -> list[ResponseEvent]:
+    def _text(self, text: str, logprobs: tuple[TokenLogprob, ...] = ()) -> list[ResponseEvent]:
         if self._holding:
             self._held.append(text)
             lead = "".join(self._held).lstrip()
@@ -204,7 +212,8 @@ class ResponseBuilder:
             events += self._open_message()
         assert self._message is not None
         self._message.text.append(text)
-        events.append(OutputTextDelta(self._message.id, self._message.index, 0, text))
+        self._message.logprobs.extend(logprobs)
+        events.append(OutputTextDelta(self._message.id, self._message.index, 0, text, logprobs))
         return events
 
     def _settle_held(self) -> list[ResponseEvent]:
@@ -235,7 +244,7 @@ class ResponseBuilder:
         if message is None:
             return []
         text = "".join(message.text)
-        part = OutputText(text)
+        part = OutputText(text, tuple(message.logprobs))
         item = Message("assistant", (part,), id=message.id, status=status)
         self._output[message.index] = item
         return [

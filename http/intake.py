@@ -242,6 +242,8 @@ def build_request(
         top_p=echo.top_p,
         max_tokens=max_tokens,
         grammar=call_grammar or output_grammar(body.text, codec),
+        logprobs="message.output_text.logprobs" in (body.include or []) or bool(body.top_logprobs),
+        top_logprobs=body.top_logprobs or 0,
     )
     return GenerationRequest(
         record=record,

@@ -24,6 +24,7 @@ from mlxcel.items import (
     Reasoning,
     Refusal,
     ResponseRecord,
+    TokenLogprob,
     new_id,
 )
 
@@ -134,6 +135,7 @@ class CreateResponseBody(_Model):
     conversation: str | dict[str, JsonValue] | None = None
     user: str | None = None
     prompt_cache_key: str | None = None
+    include: list[str] | None = None
     chat_template_kwargs: dict[str, JsonValue] | None = None
     """Passed straight to the chat template (e.g. `enable_thinking`); `reasoning.effort`
     is deliberately not mapped to it."""
@@ -248,10 +250,27 @@ def to_items(
 # --- JSON out ------------------------------------------------------------------------
 
 
+def logprob_json(entry: TokenLogprob) -> dict[str, Any]:
+    return {
+        "token": entry.token,
+        "logprob": entry.logprob,
+        "bytes": list(entry.token.encode()),
+        "top_logprobs": [
+            {"token": token, "logprob": value, "bytes": list(token.encode())}
+            for token, value in entry.top
+        ],
+    }
+
+
 def part_json(part: ContentPart) -> dict[str, Any]:
     match part:
-        case OutputText(text=text):
-            return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+        case OutputText(text=text, logprobs=logprobs):
+            return {
+                "type": "output_text",
+                "text": text,
+                "annotations": [],
+                "logprobs": [logprob_json(e) for e in logprobs],
+            }
         case InputText(text=text):
             return {"type": "input_text", "text": text}
         case Refusal(refusal=refusal):

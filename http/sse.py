@@ -29,7 +29,7 @@ from mlxcel.actors.messages import (
     ResponseInProgress,
     StreamError,
 )
-from mlxcel.http.schemas import item_json, part_json, response_json
+from mlxcel.http.schemas import item_json, logprob_json, part_json, response_json
 
 KEEPALIVE_FRAME = b": keep-alive\n\n"
 
@@ -72,10 +72,21 @@ def event_json(event: ResponseEvent) -> dict[str, Any]:
         case ReasoningTextDelta() | ReasoningTextDone():
             kind = "delta" if isinstance(event, ReasoningTextDelta) else "done"
             return {"type": f"response.reasoning_text.{kind}", **dataclasses.asdict(event)}
-        case OutputTextDelta() | OutputTextDone():
-            body = dataclasses.asdict(event)
-            kind = "delta" if isinstance(event, OutputTextDelta) else "done"
-            return {"type": f"response.output_text.{kind}", **body, "logprobs": []}
+        case OutputTextDelta(item_id, index, content_index, delta, logprobs):
+            return {
+                "type": "response.output_text.delta",
+                "item_id": item_id,
+                "output_index": index,
+                "content_index": content_index,
+                "delta": delta,
+                "logprobs": [logprob_json(e) for e in logprobs],
+            }
+        case OutputTextDone():
+            return {
+                "type": "response.output_text.done",
+                **dataclasses.asdict(event),
+                "logprobs": [],
+            }
         case FunctionCallArgumentsDelta(item_id, index, delta):
             return {
                 "type": "response.function_call_arguments.delta",

@@ -12,6 +12,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, TypeAlias
 
+from mlxcel.items import TokenLogprob
+
 FinishReason: TypeAlias = Literal["stop", "length"]
 
 
@@ -23,6 +25,10 @@ class Sampling:
     seed: int | None = None
     grammar: str | None = None
     """An llguidance grammar the output must follow (structured output)."""
+    logprobs: bool = False
+    """Report each token's log-probability ..."""
+    top_logprobs: int = 0
+    """... and this many most likely alternatives."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +49,7 @@ class TokenStep:
     token: int
     text: str
     finish: FinishReason | None = None
+    logprob: TokenLogprob | None = None
 
 
 @dataclass(frozen=True, slots=True)

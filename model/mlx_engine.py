@@ -15,9 +15,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mlxcel.items import TokenLogprob
 from mlxcel.model.blas import BlasInfo
 from mlxcel.model.constrained import GrammarCompiler
-from mlxcel.model.engine import LoadedModel, ModelInfo, SequenceSpec, TokenStep
+from mlxcel.model.engine import LoadedModel, ModelInfo, Sampling, SequenceSpec, TokenStep
 from mlxcel.model.prompt import TemplateCodec
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # weights are local; never reach for a hub
@@ -36,6 +37,7 @@ Sampler = Any  # mlx-lm's `Callable[[mx.array], mx.array]`
 class _Live:
     seq_id: int
     detokenizer: Any
+    sampling: Sampling
 
 
 @dataclass
@@ -60,7 +62,7 @@ class MlxEngine:
             samplers=[self._sampler(sampling.temperature, sampling.top_p)],
             logits_processors=[processors],
         )
-        self._by_uid[uid] = _Live(spec.seq_id, self.tokenizer.detokenizer)
+        self._by_uid[uid] = _Live(spec.seq_id, self.tokenizer.detokenizer, sampling)
         self._uid_of[spec.seq_id] = uid
 
     def _sampler(self, temperature: float, top_p: float) -> Sampler:
@@ -87,8 +89,25 @@ class MlxEngine:
                 del self._by_uid[response.uid]
                 del self._uid_of[live.seq_id]
             text = detok.last_segment
-            steps.append(TokenStep(live.seq_id, response.token, text, finish))
+            logprob = self._logprob(response, live.sampling) if finish != "stop" else None
+            steps.append(TokenStep(live.seq_id, response.token, text, finish, logprob))
         return steps
+
+    def _logprob(self, response: Any, sampling: Sampling) -> TokenLogprob | None:
+        """The token's log-probability and top alternatives, for sequences that asked."""
+        if not sampling.logprobs:
+            return None
+        vector = response.logprobs
+        top: tuple[tuple[str, float], ...] = ()
+        if sampling.top_logprobs:
+            k = sampling.top_logprobs
+            ids = mx.argpartition(-vector, kth=k - 1)[:k]
+            id_list: list[int] = ids.tolist()  # type: ignore[assignment]
+            values: list[float] = vector[ids].tolist()
+            pairs = sorted(zip(id_list, values, strict=True), key=lambda p: -p[1])
+            top = tuple((self.tokenizer.decode([i]), float(v)) for i, v in pairs)
+        token = self.tokenizer.decode([response.token])
+        return TokenLogprob(token, float(vector[response.token].item()), top)
 
     def remove(self, seq_id: int) -> None:
         uid = self._uid_of.pop(seq_id, None)

@@ -214,3 +214,28 @@ def test_sigterm_and_sigint_stop_the_server_cleanly(tmp_path: Path) -> None:
         finally:
             if proc.poll() is None:
                 proc.kill()
+
+
+def test_logprobs_with_top_alternatives(real_server: RealServer) -> None:
+    client = real_server.client()
+    resp = client.responses.create(
+        model=real_server.alias,
+        input="Count: one, two,",
+        max_output_tokens=8,
+        temperature=0,
+        top_logprobs=3,
+        include=["message.output_text.logprobs"],
+    )
+    part = resp.output[0].content[0]  # type: ignore[union-attr]
+    assert part.type == "output_text"
+    assert part.logprobs
+    assert "".join(entry.token for entry in part.logprobs) == part.text
+    for entry in part.logprobs:
+        assert entry.logprob <= 0
+        assert len(entry.top_logprobs) == 3
+        values = [alt.logprob for alt in entry.top_logprobs]
+        assert values == sorted(values, reverse=True)
+        # Greedy decoding picks the most likely token.
+        assert entry.top_logprobs[0].token == entry.token
+    plain = client.responses.create(model=real_server.alias, input="Hi.", max_output_tokens=4)
+    assert plain.output[0].content[0].logprobs == []  # type: ignore[union-attr]
