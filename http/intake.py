@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from mlxcel.actors.messages import GenerationRequest, Table
 from mlxcel.actors.store import StoreHandle
@@ -167,8 +168,11 @@ def render(
     history: tuple[Item, ...],
     codec: PromptCodec,
     items: tuple[Item, ...] | None = None,
+    definitions: list[dict[str, Any]] | None = None,
 ) -> tuple[tuple[Item, ...], list[int]]:
-    """The request's own input items and the prompt tokens of history + input."""
+    """The request's own input items and the prompt tokens of history + input.
+
+    `definitions` are the chat-template tools when the caller already worked them out."""
     if body.truncation == "auto":
         raise UnsupportedFeature(
             'Only `truncation: "disabled"` is supported.',
@@ -182,7 +186,8 @@ def render(
             param="chat_template_kwargs",
             code="invalid_value",
         )
-    definitions, _, _ = tool_use(body.tools, body.tool_choice, codec)
+    if definitions is None:
+        definitions, _, _ = tool_use(body.tools, body.tool_choice, codec)
     items = to_items(body.input) if items is None else items
     prompt = codec.render(
         to_chat(body.instructions, history + items),
@@ -202,7 +207,9 @@ def build_request(
 ) -> GenerationRequest:
     if not names.matches(body.model):
         raise ModelNotFound(body.model, [names.alias])
-    items, prompt = render(body, history, codec, items)
+    # Tools once per request: a forced call's grammar is compiled here, not twice.
+    definitions, tools, call_grammar = tool_use(body.tools, body.tool_choice, codec)
+    items, prompt = render(body, history, codec, items, definitions)
     room = info.context_length - len(prompt)
     if room < 1:
         raise ContextLengthExceeded(
@@ -236,7 +243,6 @@ def build_request(
         echo=echo,
         input_items=items,
     )
-    _, tools, call_grammar = tool_use(body.tools, body.tool_choice, codec)
     sampling = Sampling(
         temperature=echo.temperature,
         top_p=echo.top_p,
