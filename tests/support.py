@@ -98,3 +98,29 @@ def start_server(log: Path, *flags: str) -> Iterator[RealServer]:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def pieces(tokenizer: Any, text: str) -> list[str]:
+    """`text` as a model emits it: the newly decodable text of one token at a time."""
+    ids = tokenizer.encode(text, add_special_tokens=False).ids
+    out, done = [], ""
+    for i in range(1, len(ids) + 1):
+        now = tokenizer.decode(ids[:i], skip_special_tokens=False)
+        out.append(now[len(done) :])
+        done = now
+    assert "".join(out) == text
+    return out
+
+
+async def post(server: FakeServer, path: str, body: dict[str, Any]) -> httpx.Response:
+    """A raw JSON POST, for what the SDK would refuse to send or parse."""
+    async with httpx.AsyncClient(base_url=server.url, timeout=30) as http:
+        return await http.post(path, json=body)
+
+
+async def count(server: FakeServer, body: dict[str, Any]) -> int:
+    """`/v1/responses/input_tokens` for `body`."""
+    r = await post(server, "/v1/responses/input_tokens", body)
+    assert r.status_code == 200, r.text
+    assert r.json()["object"] == "response.input_tokens"
+    return int(r.json()["input_tokens"])

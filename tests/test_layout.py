@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -26,3 +27,16 @@ def test_mlxcel_http_still_imports_as_a_namespace_portion() -> None:
 def test_no_init_files_that_could_shadow() -> None:
     assert not (ROOT / "http" / "__init__.py").exists()
     assert not list((ROOT / "tests").rglob("__init__.py"))
+
+
+def test_every_source_folder_is_an_installed_package() -> None:
+    """A folder of modules left out of pyproject's list is missing from a real install."""
+    listed = set(
+        tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+    )
+    folders = {
+        path.parent.relative_to(ROOT)
+        for top in ("actors", "http", "model")
+        for path in (ROOT / top).rglob("*.py")
+    }
+    assert {".".join(("mlxcel", *folder.parts)) for folder in folders} <= listed

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,30 +18,9 @@ from mlxcel.model.tool_parsers import (
     fallback_call,
 )
 
+from support import pieces
+
 NAMES = frozenset({"get_weather", "get_time"})
-
-
-@pytest.fixture(scope="module")
-def tokenizer() -> Any:
-    from tokenizers import Tokenizer
-
-    from mlxcel.model.fetch import default_model_dir, is_ready
-
-    path = default_model_dir()
-    if not is_ready(path):
-        pytest.skip("the default model has not been fetched")  # the test command fetches it
-    return Tokenizer.from_file(str(Path(path) / "tokenizer.json"))
-
-
-def pieces(tokenizer: Any, text: str) -> list[str]:
-    """The text as the model would emit it: one decoded token at a time."""
-    ids = tokenizer.encode(text, add_special_tokens=False).ids
-    out, done = [], ""
-    for i in range(1, len(ids) + 1):
-        now = tokenizer.decode(ids[:i], skip_special_tokens=False)
-        out.append(now[len(done) :])
-        done = now
-    return out
 
 
 def run(chunks: list[str]) -> list[ParseEvent]:
