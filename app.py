@@ -4,6 +4,7 @@ is ready, and all stopped together.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import signal
@@ -44,6 +45,8 @@ async def serve(
     Error handling: an actor that crashes cancels the others and the error propagates:
     a half-working server is worse than a stopped one.
     """
+    if settings.tool_call_parser is not None:
+        factory = functools.partial(_with_tool_parser, factory, settings.tool_call_parser)
     async with trio.open_nursery() as nursery:
         store = await nursery.start(
             StoreActor(
@@ -102,6 +105,12 @@ def resolve_model(settings: Settings) -> tuple[Path, ModelNames]:
             raise ConfigError(f"--model {settings.model}: not an MLX model folder (no config.json)")
         alias = settings.alias or path.name
     return path, ModelNames(alias=alias, path=str(path))
+
+
+def _with_tool_parser(factory: EngineFactory, kind: str) -> LoadedModel:
+    """The loaded model, with the tool-call format `--tool-call-parser` names."""
+    loaded = factory()
+    return dataclasses.replace(loaded, info=dataclasses.replace(loaded.info, tool_parser=kind))
 
 
 def load_model(path: Path, names: ModelNames, settings: Settings) -> LoadedModel:

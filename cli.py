@@ -88,6 +88,15 @@ FLAGS: tuple[Flag, ...] = (
         "prompt tokens prefilled per engine step between decode steps",
     ),
     Flag(
+        ("--tool-call-parser",),
+        "tool_call_parser",
+        str,
+        None,
+        "MLXCEL_TOOL_CALL_PARSER",
+        "tool-call format the model writes: hermes, mistral, llama3_json, qwen3_coder, "
+        "functionary or pythonic (default: picked from the model's chat template)",
+    ),
+    Flag(
         ("--sse-keepalive-secs",),
         "sse_keepalive_secs",
         float,
@@ -231,6 +240,7 @@ def settings_from_args(args: argparse.Namespace, environ: dict[str, str]) -> Set
         parallel=args.parallel,
         max_queue_depth=args.max_queue_depth,
         prefill_step_size=args.prefill_step_size,
+        tool_call_parser=args.tool_call_parser,
         sse_keepalive_secs=args.sse_keepalive_secs,
         api_keys=keys,
         responses=StoreLimits(

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mlxcel.errors import ConfigError
+from mlxcel.model.tool_parsers import PARSERS
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +37,8 @@ class Settings:
     """Requests allowed to wait for a slot; beyond it, 503."""
     prefill_step_size: int = 256
     """Prompt tokens prefilled per engine step, so a long prompt cannot stall decoding."""
+    tool_call_parser: str | None = None
+    """The model's tool-call format; None picks it from the chat template."""
     sse_keepalive_secs: float = 10.0
     api_keys: tuple[str, ...] = ()
     responses: StoreLimits = StoreLimits(1024, 268_435_456, 3600)
@@ -64,6 +67,10 @@ class Settings:
                 "--responses-background-ephemeral-ttl-secs must be at least 1",
             ),
             (self.reasoning_echo_max_bytes >= 0, "MLXCEL_REASONING_ECHO_MAX_BYTES must be >= 0"),
+            (
+                self.tool_call_parser is None or self.tool_call_parser in PARSERS,
+                f"--tool-call-parser must be one of {', '.join(PARSERS)}",
+            ),
         ]
         for ok, message in checks:
             if not ok:

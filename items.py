@@ -67,6 +67,22 @@ class FunctionCall:
     arguments: str
     id: str | None = None
     status: ItemStatus = "completed"
+    namespace: str | None = None
+    """The namespace tool the function belongs to (the model sees `flat_name`)."""
+
+    @property
+    def flat_name(self) -> str:
+        return flat_name(self.namespace, self.name)
+
+
+def flat_name(namespace: str | None, name: str) -> str:
+    """A namespaced function's name as the model sees it: `crm__lookup`.
+
+    Chat templates know only flat function lists, so namespace tools are flattened
+    under MCP-style names; calls are split back into `namespace` and `name`."""
+    if not namespace:
+        return name
+    return f"{namespace}{name}" if namespace.endswith("__") else f"{namespace}__{name}"
 
 
 @dataclass(frozen=True, slots=True)

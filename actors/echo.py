@@ -31,8 +31,8 @@ def turn_prefix(model: str, signature: Any, session: str, earlier: Sequence[Item
         match item:
             case Message(role=role):
                 digest.update(json.dumps(["m", role, item.text]).encode())
-            case FunctionCall(call_id=call_id, name=name, arguments=arguments):
-                digest.update(json.dumps(["c", call_id, name, arguments]).encode())
+            case FunctionCall(call_id=call_id, arguments=arguments):
+                digest.update(json.dumps(["c", call_id, item.flat_name, arguments]).encode())
             case FunctionCallOutput(call_id=call_id, output=output):
                 digest.update(json.dumps(["o", call_id, output]).encode())
             case Reasoning():

@@ -8,7 +8,9 @@ brings; the producer closes it when done.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
 import trio
 
@@ -23,8 +25,17 @@ class ToolUse:
     """How the reply may call the request's function tools."""
 
     names: frozenset[str]
+    """The functions the reply may call, by the (flat) name the model sees."""
     required: bool
     """The reply is exactly one call (`tool_choice` "required" or a named function)."""
+    parser: str = "hermes"
+    """The tool-call format the model writes (a key of `tool_parsers.PARSERS`)."""
+    parallel: bool = True
+    """Several calls may be made in one reply (`parallel_tool_calls`)."""
+    parameters: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    """Each function's JSON-schema parameters, by flat name."""
+    namespaces: Mapping[str, tuple[str, str]] = field(default_factory=dict)
+    """Flat names of namespaced functions, to (namespace, name)."""
 
 
 @dataclass(frozen=True, slots=True)

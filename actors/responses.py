@@ -48,10 +48,10 @@ from mlxcel.model.tool_parsers import (
     CallClosed,
     CallDropped,
     CallOpened,
-    HermesToolParser,
     ParseEvent,
     TextPiece,
     fallback_call,
+    make_parser,
 )
 
 Status = Literal["completed", "incomplete"]
@@ -84,10 +84,11 @@ class ResponseBuilder:
         self._record = dataclasses.replace(record, status="in_progress", output=(), usage=None)
         self._prompt_tokens = prompt_tokens
         self._tools = tools
-        self._parser = HermesToolParser(tools.names) if tools else None
+        self._parser = make_parser(tools.parser, tools.names, tools.parameters) if tools else None
         self._output: list[Item | None] = []  # None: a slot whose item is still open
         self._message: _OpenMessage | None = None
         self._calls: dict[int, _OpenCall] = {}
+        self._ignored: set[int] = set()  # calls beyond the first when parallel_tool_calls is off
         self._held: list[str] = []  # text that may still turn out to be a call
         self._holding = tools is not None
         self._splitter = ReasoningSplitter(opened=reasoning_opened)
@@ -258,12 +259,20 @@ class ResponseBuilder:
     def _parsed(self, parsed: list[ParseEvent]) -> list[ResponseEvent]:
         events: list[ResponseEvent] = []
         for event in parsed:
+            if not isinstance(event, TextPiece) and event.index in self._ignored:
+                continue
             match event:
                 case TextPiece(text):
                     events += self._text(text)
+                case CallOpened(index, name) if self._one_call_made():
+                    self._ignored.add(index)  # parallel_tool_calls is off: first call only
                 case CallOpened(index, name):
                     events += self._close_message("completed")
-                    item = FunctionCall(new_id("call"), name, "", new_id("fc"), "in_progress")
+                    assert self._tools is not None
+                    namespace, name = self._tools.namespaces.get(name, (None, name))
+                    item = FunctionCall(
+                        new_id("call"), name, "", new_id("fc"), "in_progress", namespace
+                    )
                     self._calls[index] = _OpenCall(item, len(self._output))
                     self._output.append(None)
                     events.append(OutputItemAdded(self._calls[index].index, item))
@@ -277,6 +286,12 @@ class ResponseBuilder:
                 case CallDropped(index):
                     events += self._close_call(index, self._calls[index].sent, "incomplete")
         return events
+
+    def _one_call_made(self) -> bool:
+        """Another call would break `parallel_tool_calls: false`."""
+        if self._tools is None or self._tools.parallel:
+            return False
+        return bool(self._calls) or any(isinstance(i, FunctionCall) for i in self._output)
 
     def _close_call(self, index: int, arguments: str, status: Status) -> list[ResponseEvent]:
         call = self._calls.pop(index)

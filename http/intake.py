@@ -208,7 +208,13 @@ def build_request(
     if not names.matches(body.model):
         raise ModelNotFound(body.model, [names.alias])
     # Tools once per request: a forced call's grammar is compiled here, not twice.
-    definitions, tools, call_grammar = tool_use(body.tools, body.tool_choice, codec)
+    definitions, tools, call_grammar = tool_use(
+        body.tools,
+        body.tool_choice,
+        codec,
+        parser=info.tool_parser,
+        parallel=body.parallel_tool_calls,
+    )
     items, prompt = render(body, history, codec, items, definitions)
     room = info.context_length - len(prompt)
     if room < 1:

@@ -65,6 +65,7 @@ class FunctionCallIn(_Model):
     name: str
     arguments: str
     id: str | None = None
+    namespace: str | None = None
 
 
 class FunctionCallOutputIn(_Model):
@@ -237,7 +238,9 @@ def to_items(
                 content = tuple(_part(p) for p in parts)
                 items.append(Message(role, content, id=item_id or new_id("msg")))
             case FunctionCallIn(call_id=call_id, name=name, arguments=arguments, id=item_id):
-                items.append(FunctionCall(call_id, name, arguments, id=item_id or new_id("fc")))
+                item_id = item_id or new_id("fc")
+                namespace = raw.namespace
+                items.append(FunctionCall(call_id, name, arguments, item_id, namespace=namespace))
             case FunctionCallOutputIn(call_id=call_id, output=output, id=item_id):
                 text = output if isinstance(output, str) else "".join(p.text for p in output)
                 items.append(FunctionCallOutput(call_id, text, id=item_id or new_id("fco")))
@@ -289,7 +292,7 @@ def item_json(item: Item) -> dict[str, Any]:
                 "content": [part_json(p) for p in item.content],
             }
         case FunctionCall():
-            return {
+            call = {
                 "id": item.id,
                 "type": "function_call",
                 "call_id": item.call_id,
@@ -297,6 +300,7 @@ def item_json(item: Item) -> dict[str, Any]:
                 "arguments": item.arguments,
                 "status": item.status,
             }
+            return call | ({"namespace": item.namespace} if item.namespace else {})
         case FunctionCallOutput():
             return {
                 "id": item.id,

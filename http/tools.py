@@ -1,6 +1,7 @@
 """Function tools at the edge: validation, `tool_choice`, and the grammar of a forced call.
 
-Only `function` tools run here; every hosted tool type answers 400. With `tool_choice`
+Only `function` tools run here, and `namespace` tools (groups of functions, as Codex
+CLI sends) are flattened into them; every hosted tool type answers 400. With `tool_choice`
 "required" or a named function, the reply is constrained to one JSON call
 (`{"name": …, "arguments": …}`) to an allowed tool, so the model cannot answer without it.
 """
@@ -12,36 +13,74 @@ from typing import Any
 
 from mlxcel.actors.messages import ToolUse
 from mlxcel.errors import InvalidRequest, UnsupportedFeature
-from mlxcel.items import JsonValue
+from mlxcel.items import JsonValue, flat_name
 from mlxcel.model.engine import PromptCodec
 
 HOSTED_TOOL_HINT = "this server runs no hosted tools; only `function` tools are supported"
 
 
-def function_tools(tools: Sequence[dict[str, JsonValue]] | None) -> list[dict[str, Any]]:
-    """Chat-template tool definitions for the request's function tools (400 for others)."""
+def function_tools(
+    tools: Sequence[dict[str, JsonValue]] | None,
+) -> tuple[list[dict[str, Any]], dict[str, tuple[str, str]]]:
+    """Chat-template definitions of the request's functions (400 for hosted tools).
+
+    `namespace` tools are flattened into their functions under `flat_name`s; the second
+    result maps those names back to (namespace, name)."""
     out: list[dict[str, Any]] = []
+    namespaces: dict[str, tuple[str, str]] = {}
     for index, tool in enumerate(tools or []):
-        kind = tool.get("type")
-        if kind != "function":
-            raise UnsupportedFeature(
-                f"Tool type {kind!r} is not supported: {HOSTED_TOOL_HINT}.",
-                param=f"tools[{index}].type",
-                code="unsupported_tool",
-            )
-        if not isinstance(tool.get("name"), str) or not tool["name"]:
+        if tool.get("type") != "namespace":
+            out.append(_definition(tool, f"tools[{index}]"))
+            continue
+        namespace = tool.get("name")
+        members = tool.get("tools")
+        if not isinstance(namespace, str) or not namespace:
             raise InvalidRequest(
                 "Missing required parameter: 'name'.",
                 param=f"tools[{index}].name",
                 code="missing_required_parameter",
             )
-        function = {
-            "name": tool["name"],
-            "description": tool.get("description") or "",
-            "parameters": tool.get("parameters") or {"type": "object", "properties": {}},
-        }
-        out.append({"type": "function", "function": function})
-    return out
+        if not isinstance(members, list):
+            raise InvalidRequest(
+                "A namespace tool needs a 'tools' list.",
+                param=f"tools[{index}].tools",
+                code="missing_required_parameter",
+            )
+        for inner, member in enumerate(members):
+            if not isinstance(member, dict):
+                raise InvalidRequest(
+                    "Each tool must be an object.",
+                    param=f"tools[{index}].tools[{inner}]",
+                    code="invalid_type",
+                )
+            definition = _definition(member, f"tools[{index}].tools[{inner}]")
+            name = definition["function"]["name"]
+            definition["function"]["name"] = flat = flat_name(namespace, name)
+            namespaces[flat] = (namespace, name)
+            out.append(definition)
+    return out, namespaces
+
+
+def _definition(tool: dict[str, JsonValue], where: str) -> dict[str, Any]:
+    kind = tool.get("type")
+    if kind != "function":
+        raise UnsupportedFeature(
+            f"Tool type {kind!r} is not supported: {HOSTED_TOOL_HINT}.",
+            param=f"{where}.type",
+            code="unsupported_tool",
+        )
+    if not isinstance(tool.get("name"), str) or not tool["name"]:
+        raise InvalidRequest(
+            "Missing required parameter: 'name'.",
+            param=f"{where}.name",
+            code="missing_required_parameter",
+        )
+    function = {
+        "name": tool["name"],
+        "description": tool.get("description") or "",
+        "parameters": tool.get("parameters") or {"type": "object", "properties": {}},
+    }
+    return {"type": "function", "function": function}
 
 
 def chosen_tool(choice: str | dict[str, JsonValue] | None) -> tuple[str, str | None]:
@@ -65,9 +104,12 @@ def tool_use(
     tools: Sequence[dict[str, JsonValue]] | None,
     choice: str | dict[str, JsonValue] | None,
     codec: PromptCodec,
+    *,
+    parser: str = "hermes",
+    parallel: bool | None = None,
 ) -> tuple[list[dict[str, Any]], ToolUse | None, str | None]:
     """The tools to render, how the reply may call them, and a forced call's grammar."""
-    definitions = function_tools(tools)
+    definitions, namespaces = function_tools(tools)
     mode, name = chosen_tool(choice)
     if mode == "none" or not definitions:
         if mode == "required":
@@ -77,28 +119,35 @@ def tool_use(
                 code="invalid_value",
             )
         return ([] if mode == "none" else definitions), None, None
-    names = [d["function"]["name"] for d in definitions]
-    if name is not None and name not in names:
+    parameters = {d["function"]["name"]: d["function"]["parameters"] for d in definitions}
+    inner = [flat for flat, (_, function) in namespaces.items() if function == name]
+    if name not in parameters and len(inner) == 1:
+        name = inner[0]  # a namespaced function named without its namespace
+    if name is not None and name not in parameters:
         raise InvalidRequest(
             f"'tool_choice' names {name!r}, which is not among the tools.",
             param="tool_choice",
             code="invalid_value",
         )
-    allowed = [name] if name is not None else names
-    if mode != "required":
-        return definitions, ToolUse(frozenset(names), required=False), None
+    use = ToolUse(
+        frozenset([name] if name is not None else parameters),
+        required=mode == "required",
+        parser=parser,
+        parallel=parallel is not False,
+        parameters=parameters,
+        namespaces=namespaces,
+    )
+    if not use.required:
+        return definitions, use, None
     calls = [
         {
             "type": "object",
-            "properties": {
-                "name": {"const": d["function"]["name"]},
-                "arguments": d["function"]["parameters"],
-            },
+            "properties": {"name": {"const": tool}, "arguments": parameters[tool]},
             "required": ["name", "arguments"],
             "additionalProperties": False,
         }
-        for d in definitions
-        if d["function"]["name"] in allowed
+        for tool in parameters
+        if tool in use.names
     ]
     schema = calls[0] if len(calls) == 1 else {"anyOf": calls}
     try:
@@ -107,4 +156,4 @@ def tool_use(
         raise InvalidRequest(
             f"Invalid tool parameters: {exc.message}", param="tools", code="invalid_tool_parameters"
         ) from exc
-    return definitions, ToolUse(frozenset(allowed), required=True), grammar
+    return definitions, use, grammar

@@ -58,6 +58,8 @@ class ModelInfo:
     path: str
     context_length: int
     backend: str
+    tool_parser: str = "hermes"
+    """The tool-call format the model writes (picked from its chat template)."""
 
 
 class PromptCodec(Protocol):

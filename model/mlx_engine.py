@@ -20,6 +20,7 @@ from mlxcel.model.blas import BlasInfo
 from mlxcel.model.constrained import GrammarCompiler
 from mlxcel.model.engine import LoadedModel, ModelInfo, Sampling, SequenceSpec, TokenStep
 from mlxcel.model.prompt import TemplateCodec
+from mlxcel.model.tool_parsers import detect_parser
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # weights are local; never reach for a hub
 
@@ -156,10 +157,12 @@ def load_mlx_model(
     engine = MlxEngine(generator, tokenizer, grammars)
     version = getattr(mx, "__version__", "?")
     backend = f"mlx {version} on {mx.default_device()}, BLAS: {blas.name}"
+    model_type = json.loads((path / "config.json").read_text()).get("model_type")
     info = ModelInfo(
         name=name,
         path=str(path),
         context_length=ctx_size or context_length(path),
         backend=backend,
+        tool_parser=detect_parser(getattr(tokenizer, "chat_template", None), model_type),
     )
     return LoadedModel(engine=engine, codec=TemplateCodec(tokenizer, grammars), info=info)

@@ -33,11 +33,11 @@ def to_chat(instructions: str | None, items: Sequence[Item]) -> list[ChatMessage
                 if role == "assistant" and pending_reasoning:
                     messages[-1]["reasoning_content"] = pending_reasoning
                 pending_reasoning = ""
-            case FunctionCall(call_id=call_id, name=name, arguments=arguments):
+            case FunctionCall(call_id=call_id, arguments=arguments):
                 call = {
                     "id": call_id,
                     "type": "function",
-                    "function": {"name": name, "arguments": _arguments(arguments)},
+                    "function": {"name": item.flat_name, "arguments": _arguments(arguments)},
                 }
                 last = messages[-1] if messages else None
                 if last is not None and last["role"] == "assistant":

@@ -86,6 +86,13 @@ def test_environment_variables_and_flags_win() -> None:
     assert settings(["--responses-background-max-jobs", "1"], env).background_max_jobs == 1
 
 
+def test_tool_call_parser_from_flag_or_environment() -> None:
+    assert settings([]).tool_call_parser is None  # picked from the chat template
+    env = {"MLXCEL_TOOL_CALL_PARSER": "mistral"}
+    assert settings([], env).tool_call_parser == "mistral"
+    assert settings(["--tool-call-parser", "pythonic"], env).tool_call_parser == "pythonic"
+
+
 def test_zero_disables_background_mode() -> None:
     assert settings([]).background_enabled
     for flag in ("--max-jobs", "--responses-store-max-entries", "--responses-store-max-bytes"):
@@ -99,6 +106,7 @@ def test_zero_disables_background_mode() -> None:
         ["--parallel", "0"],
         ["--responses-store-max-entries", "-1"],
         ["--port", "70000"],
+        ["--tool-call-parser", "xml"],
     ],
 )
 def test_invalid_values_fail_start_up_with_a_clear_message(

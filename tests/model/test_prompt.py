@@ -60,6 +60,16 @@ def test_function_calls_join_the_assistant_turn_and_outputs_are_tool_messages() 
     assert chat[2] == {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}
 
 
+def test_a_namespaced_call_renders_under_its_flat_name() -> None:
+    items = [
+        Message("user", (InputText("who is 7?"),)),
+        FunctionCall("call_1", "lookup", '{"id": "7"}', namespace="crm"),
+        FunctionCall("call_2", "find", "{}", namespace="mcp__files__"),
+    ]
+    calls = to_chat(None, items)[1]["tool_calls"]
+    assert [c["function"]["name"] for c in calls] == ["crm__lookup", "mcp__files__find"]
+
+
 def test_input_without_a_user_turn_is_rejected() -> None:
     with pytest.raises(InvalidRequest):
         to_chat("sys", [Message("assistant", (OutputText("x"),))])
