@@ -8,6 +8,7 @@ dataclasses serves all three. Validation happens at the HTTP edge; these are pla
 from __future__ import annotations
 
 import secrets
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal, TypeAlias
 
@@ -99,7 +100,40 @@ class Reasoning:
     status: ItemStatus = "completed"
 
 
-Item: TypeAlias = Message | FunctionCall | FunctionCallOutput | Reasoning
+@dataclass(frozen=True, slots=True)
+class Compaction:
+    """A compacted history: a summary standing in for earlier turns, and the turns kept.
+
+    In JSON it is `{"type": "compaction", "encrypted_content": …}`, where the content is
+    base64url JSON of `summary` and `preserved` (not encrypted: client input like any
+    other)."""
+
+    summary: str
+    preserved: tuple[Item, ...] = ()
+    id: str | None = None
+
+
+Item: TypeAlias = Message | FunctionCall | FunctionCallOutput | Reasoning | Compaction
+
+SUMMARY_PREFIX = "Summary of the earlier conversation, which it replaces:\n\n"
+
+
+def replay(items: Sequence[Item]) -> list[Item]:
+    """The items as the model sees them: the last compaction stands in for every item
+    before it except system and developer messages, as its summary (a user message)
+    followed by the turns it preserved."""
+    last = max((i for i, item in enumerate(items) if isinstance(item, Compaction)), default=-1)
+    if last < 0:
+        return list(items)
+    compaction = items[last]
+    assert isinstance(compaction, Compaction)
+    kept = [
+        item
+        for item in items[:last]
+        if isinstance(item, Message) and item.role in ("system", "developer")
+    ]
+    summary = Message("user", (InputText(SUMMARY_PREFIX + compaction.summary),))
+    return [*kept, summary, *compaction.preserved, *items[last + 1 :]]
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,14 +20,14 @@ from typing import Any
 import trio
 from cachetools import LRUCache
 
-from mlxcel.items import FunctionCall, FunctionCallOutput, Item, Message, Reasoning
+from mlxcel.items import FunctionCall, FunctionCallOutput, Item, Message, Reasoning, replay
 
 
 def turn_prefix(model: str, signature: Any, session: str, earlier: Sequence[Item]) -> str:
     """The part of a key fixed before the assistant turn: all but its own text."""
     digest = hashlib.sha256()
     digest.update(json.dumps([model, signature, session], sort_keys=True, default=str).encode())
-    for item in earlier:
+    for item in replay(earlier):
         match item:
             case Message(role=role):
                 digest.update(json.dumps(["m", role, item.text]).encode())

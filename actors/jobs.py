@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 import trio
@@ -31,7 +32,7 @@ from mlxcel.actors.messages import (
 from mlxcel.actors.responses import ResponseBuilder
 from mlxcel.actors.scheduler import SchedulerHandle
 from mlxcel.actors.store import StoreHandle, approx_json_size
-from mlxcel.errors import RateLimited
+from mlxcel.errors import InvalidRequest, MlxcelError, RateLimited
 from mlxcel.items import ResponseError, ResponseRecord, Usage
 
 log = logging.getLogger(__name__)
@@ -44,10 +45,15 @@ class JobsHandle:
     def __init__(self, inbox: trio.MemorySendChannel[JobCommand]) -> None:
         self._inbox = inbox
 
-    async def submit(self, request: GenerationRequest) -> ResponseRecord:
-        """Admit a job: its `queued` record, or `RateLimited` (429)."""
+    async def submit(
+        self,
+        request: GenerationRequest,
+        prepare: Callable[[], Awaitable[GenerationRequest]] | None = None,
+    ) -> ResponseRecord:
+        """Admit a job: its `queued` record, or `RateLimited` (429). With `prepare`, the
+        request is worked out anew when the job starts (a failure there fails the job)."""
         send, recv = trio.open_memory_channel[ResponseRecord | Exception](1)
-        await self._inbox.send(SubmitJob(request, send))
+        await self._inbox.send(SubmitJob(request, send, prepare))
         answer = await recv.receive()
         if isinstance(answer, Exception):
             raise answer
@@ -64,6 +70,7 @@ class JobsHandle:
 class _Job:
     request: GenerationRequest
     bytes: int
+    prepare: Callable[[], Awaitable[GenerationRequest]] | None = None
     scope: trio.CancelScope = field(default_factory=trio.CancelScope)
     waiters: list[trio.MemorySendChannel[ResponseRecord | None]] = field(default_factory=list)
 
@@ -100,13 +107,16 @@ class JobSupervisor:
             async with recv:
                 async for command in recv:
                     match command:
-                        case SubmitJob(request, reply):
-                            reply.send_nowait(await self._admit(request, nursery))
+                        case SubmitJob(request, reply, prepare):
+                            reply.send_nowait(await self._admit(request, prepare, nursery))
                         case CancelJob(response_id, reply):
                             self._cancel(response_id, reply)
 
     async def _admit(
-        self, request: GenerationRequest, nursery: trio.Nursery
+        self,
+        request: GenerationRequest,
+        prepare: Callable[[], Awaitable[GenerationRequest]] | None,
+        nursery: trio.Nursery,
     ) -> ResponseRecord | Exception:
         queued = dataclasses.replace(request.record, status="queued", usage=Usage())
         size = approx_json_size(queued) + BYTES_PER_OUTPUT_TOKEN * request.sampling.max_tokens
@@ -122,7 +132,7 @@ class JobSupervisor:
                 "budget; retry after one of them ends.",
                 code="rate_limit_exceeded",
             )
-        job = _Job(dataclasses.replace(request, record=queued), size)
+        job = _Job(dataclasses.replace(request, record=queued), size, prepare)
         self._jobs[queued.id] = job
         self._active_bytes += size
         await self._store.put(queued, Table.ACTIVE)
@@ -159,8 +169,19 @@ class JobSupervisor:
 
     async def _generate(self, job: _Job) -> ResponseRecord:
         """Run the job through the scheduler, recording `in_progress` when a slot takes it."""
+        request = job.request
+        if job.prepare is not None:
+            try:
+                prepared = await job.prepare()
+            except MlxcelError as exc:
+                code = "invalid_prompt" if isinstance(exc, InvalidRequest) else "server_error"
+                return self._failed(job, code, exc.message)
+            # The job keeps the identity it was admitted with.
+            record = dataclasses.replace(prepared.record, id=request.record.id)
+            record = dataclasses.replace(record, created_at=request.record.created_at)
+            request = dataclasses.replace(prepared, record=record)
         send, recv = trio.open_memory_channel[ResponseEvent](0)
-        await self._scheduler.submit(Generate(job.request, send), waits=True)
+        await self._scheduler.submit(Generate(request, send), waits=True)
         async with recv:
             async for event in recv:
                 if isinstance(event, ResponseInProgress):
@@ -168,11 +189,12 @@ class JobSupervisor:
                     await self._store.put(started, Table.ACTIVE)
                 elif isinstance(event, ResponseFinished):
                     return event.record
+        return self._failed(job, "server_error", "the generation worker stopped")
+
+    @staticmethod
+    def _failed(job: _Job, code: str, message: str) -> ResponseRecord:
         return dataclasses.replace(
-            job.request.record,
-            status="failed",
-            usage=Usage(),
-            error=ResponseError("server_error", "the generation worker stopped"),
+            job.request.record, status="failed", usage=Usage(), error=ResponseError(code, message)
         )
 
     @staticmethod

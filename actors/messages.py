@@ -8,13 +8,20 @@ brings; the producer closes it when done.
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import trio
 
-from mlxcel.items import ContentPart, Conversation, Item, ResponseRecord, TokenLogprob
+from mlxcel.items import (
+    Compaction,
+    ContentPart,
+    Conversation,
+    Item,
+    ResponseRecord,
+    TokenLogprob,
+)
 from mlxcel.model.engine import Sampling
 
 # --- scheduler ---------------------------------------------------------------------
@@ -39,6 +46,15 @@ class ToolUse:
 
 
 @dataclass(frozen=True, slots=True)
+class CompactionReport:
+    """The history was compacted before generating (`context_management`)."""
+
+    item: Compaction
+    tokens_before: int
+    tokens_after: int
+
+
+@dataclass(frozen=True, slots=True)
 class GenerationRequest:
     """A validated, rendered request: everything the scheduler needs to run it."""
 
@@ -51,6 +67,8 @@ class GenerationRequest:
     """The chat template's generation prompt already opened a `<think>` block."""
     echo_prefix: str | None = None
     """Where the reasoning-echo cache files this response's reasoning (None: not at all)."""
+    compaction: CompactionReport | None = None
+    """The compaction the prompt was rendered with; its item leads the output."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +117,9 @@ class SubmitJob:
 
     request: GenerationRequest
     reply: trio.MemorySendChannel[ResponseRecord | Exception]
+    prepare: Callable[[], Awaitable[GenerationRequest]] | None = None
+    """Work out the request anew when its turn comes (compaction); `request` then only
+    reserves its place."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,6 +144,23 @@ class ResponseCreated:
 @dataclass(frozen=True, slots=True)
 class ResponseInProgress:
     record: ResponseRecord
+
+
+@dataclass(frozen=True, slots=True)
+class CompactionStarted:
+    """`mlx.compaction.started`: the rendered input reached the compaction threshold."""
+
+    response_id: str
+    input_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class CompactionCompleted:
+    """`mlx.compaction.completed`: the history now renders to `input_tokens_after`."""
+
+    response_id: str
+    input_tokens_before: int
+    input_tokens_after: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,6 +262,8 @@ class KeepAlive:
 ResponseEvent = (
     ResponseCreated
     | ResponseInProgress
+    | CompactionStarted
+    | CompactionCompleted
     | OutputItemAdded
     | ContentPartAdded
     | OutputTextDelta

@@ -14,6 +14,9 @@ import time
 from typing import Literal
 
 from mlxcel.actors.messages import (
+    CompactionCompleted,
+    CompactionReport,
+    CompactionStarted,
     ContentPartAdded,
     ContentPartDone,
     FunctionCallArgumentsDelta,
@@ -80,6 +83,7 @@ class ResponseBuilder:
         tools: ToolUse | None = None,
         *,
         reasoning_opened: bool = False,
+        compaction: CompactionReport | None = None,
     ) -> None:
         self._record = dataclasses.replace(record, status="in_progress", output=(), usage=None)
         self._prompt_tokens = prompt_tokens
@@ -97,6 +101,9 @@ class ResponseBuilder:
         self._reasoning_tokens = 0
         # Log-probabilities of tokens whose text the detokenizer has not released yet.
         self._pending_logprobs: list[TokenLogprob] = []
+        self._compaction = compaction
+        if compaction is not None:  # it leads the output, at index 0
+            self._output.append(compaction.item)
 
     @property
     def record(self) -> ResponseRecord:
@@ -104,7 +111,16 @@ class ResponseBuilder:
 
     def start(self) -> list[ResponseEvent]:
         """A slot took the response (the HTTP edge already announced it as created)."""
-        return [ResponseInProgress(self._record)]
+        events: list[ResponseEvent] = [ResponseInProgress(self._record)]
+        if self._compaction is not None:
+            report, response_id = self._compaction, self._record.id
+            events += [
+                CompactionStarted(response_id, report.tokens_before),
+                CompactionCompleted(response_id, report.tokens_before, report.tokens_after),
+                OutputItemAdded(0, report.item),
+                OutputItemDone(0, report.item),
+            ]
+        return events
 
     def feed(self, step: TokenStep) -> list[ResponseEvent]:
         """Events for one generated token (none when it adds no visible output yet)."""

@@ -33,7 +33,7 @@ from mlxcel.actors.messages import (
 )
 from mlxcel.actors.responses import ResponseBuilder
 from mlxcel.actors.store import StoreHandle
-from mlxcel.errors import QueueFull
+from mlxcel.errors import GenerationFailed, QueueFull
 from mlxcel.items import Message, Reasoning, ResponseRecord
 from mlxcel.model.actor import ModelHandle, SequenceFailed
 
@@ -56,6 +56,16 @@ class SchedulerHandle:
                 f"queue is full ({self.max_queue_depth}). Retry shortly.",
                 code="server_overloaded",
             )
+
+    async def generate(self, request: GenerationRequest, *, waits: bool = False) -> ResponseRecord:
+        """Run a request to its end: its final record (the events on the way are dropped)."""
+        send, recv = trio.open_memory_channel[ResponseEvent](0)
+        await self.submit(Generate(request, send), waits=waits)
+        async with recv:
+            async for event in recv:
+                if isinstance(event, ResponseFinished):
+                    return event.record
+        raise GenerationFailed("The response ended without a result.")
 
     async def cancel(self, response_id: str) -> ResponseRecord | None:
         """Cancel a queued or running response; its final record, or None if not held."""
@@ -205,6 +215,7 @@ class Scheduler:
             len(request.prompt),
             request.tools,
             reasoning_opened=request.reasoning_opened,
+            compaction=request.compaction,
         )
         running = _Running(trio.CancelScope())
         self._running[request.record.id] = running

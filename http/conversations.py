@@ -16,12 +16,11 @@ from mlxcel.actors.messages import AddItems, RemoveItem, SetMetadata
 from mlxcel.actors.store import StoreHandle
 from mlxcel.errors import InvalidRequest, NotFound
 from mlxcel.http.body import read_json
+from mlxcel.http.objects import conversation_json, item_json
 from mlxcel.http.schemas import (
     ConversationCreateBody,
     ConversationItemsBody,
     ConversationUpdateBody,
-    conversation_json,
-    item_json,
     list_page,
     to_items,
 )

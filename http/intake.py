@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from mlxcel.actors.messages import GenerationRequest, Table
 from mlxcel.actors.store import StoreHandle
@@ -17,7 +17,7 @@ from mlxcel.errors import ContextLengthExceeded, InvalidRequest, ModelNotFound, 
 from mlxcel.http.echoing import echo_prefix
 from mlxcel.http.schemas import CreateResponseBody, to_items
 from mlxcel.http.tools import tool_use
-from mlxcel.items import Item, JsonValue, RequestEcho, ResponseRecord, new_id
+from mlxcel.items import Compaction, Item, JsonValue, RequestEcho, ResponseRecord, new_id
 from mlxcel.model.engine import ModelInfo, PromptCodec, Sampling
 from mlxcel.model.prompt import to_chat
 
@@ -104,7 +104,17 @@ def conversation_id(value: str | dict[str, JsonValue] | None) -> str | None:
     return raw
 
 
-async def read_history(body: CreateResponseBody, store: StoreHandle) -> tuple[Item, ...]:
+class HistorySource(Protocol):
+    """A body that may name earlier turns."""
+
+    @property
+    def previous_response_id(self) -> str | None: ...
+
+    @property
+    def conversation(self) -> str | dict[str, JsonValue] | None: ...
+
+
+async def read_history(body: HistorySource, store: StoreHandle) -> tuple[Item, ...]:
     """The items that precede the request's input: a stored chain or a conversation."""
     conversation = conversation_id(body.conversation)
     if body.previous_response_id is not None and conversation is not None:
@@ -169,8 +179,10 @@ def render(
     codec: PromptCodec,
     items: tuple[Item, ...] | None = None,
     definitions: list[dict[str, Any]] | None = None,
+    tail: tuple[Item, ...] = (),
 ) -> tuple[tuple[Item, ...], list[int]]:
-    """The request's own input items and the prompt tokens of history + input.
+    """The request's own input items and the prompt tokens of history + input (+ `tail`,
+    such as the compaction that stands in for them).
 
     `definitions` are the chat-template tools when the caller already worked them out."""
     if body.truncation == "auto":
@@ -190,7 +202,7 @@ def render(
         definitions, _, _ = tool_use(body.tools, body.tool_choice, codec)
     items = to_items(body.input) if items is None else items
     prompt = codec.render(
-        to_chat(body.instructions, history + items),
+        to_chat(body.instructions, history + items + tail),
         definitions or None,
         body.chat_template_kwargs,
     )
@@ -204,7 +216,13 @@ def build_request(
     codec: PromptCodec,
     history: tuple[Item, ...],
     items: tuple[Item, ...] | None = None,
+    compaction: Compaction | None = None,
+    *,
+    fits: bool = True,
 ) -> GenerationRequest:
+    """The request to generate. With `compaction`, the prompt is rendered from it (it
+    stands in for history and input). `fits=False` lets a prompt that leaves no room for
+    output through, for a job that compacts it later."""
     if not names.matches(body.model):
         raise ModelNotFound(body.model, [names.alias])
     # Tools once per request: a forced call's grammar is compiled here, not twice.
@@ -215,14 +233,15 @@ def build_request(
         parser=info.tool_parser,
         parallel=body.parallel_tool_calls,
     )
-    items, prompt = render(body, history, codec, items, definitions)
+    tail = (compaction,) if compaction is not None else ()
+    items, prompt = render(body, history, codec, items, definitions, tail)
     room = info.context_length - len(prompt)
-    if room < 1:
+    if room < 1 and fits:
         raise ContextLengthExceeded(
             f"The input is {len(prompt)} tokens; the context window is "
             f"{info.context_length} tokens and leaves no room for output."
         )
-    max_tokens = min(body.max_output_tokens or room, room)
+    max_tokens = max(1, min(body.max_output_tokens or room, room))
     echo = RequestEcho(
         model=body.model,
         instructions=body.instructions,

@@ -6,6 +6,8 @@ reply channel to SSE frames. Every route is mounted with and without `/v1`.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import hmac
 import json
 import time
@@ -19,26 +21,41 @@ from quart_trio import QuartTrio
 
 from mlxcel.actors.echo import EchoHandle
 from mlxcel.actors.jobs import JobsHandle
-from mlxcel.actors.messages import Generate, ResponseCreated, ResponseEvent, ResponseFinished, Table
+from mlxcel.actors.messages import (
+    CompactionReport,
+    Generate,
+    GenerationRequest,
+    ResponseCreated,
+    ResponseEvent,
+    Table,
+)
 from mlxcel.actors.scheduler import SchedulerHandle
 from mlxcel.actors.store import StoreHandle
-from mlxcel.errors import GenerationFailed, InvalidRequest, ModelNotFound, NotFound
+from mlxcel.errors import ContextLengthExceeded, InvalidRequest, ModelNotFound, NotFound
 from mlxcel.http.body import read_json
+from mlxcel.http.compaction import (
+    DEFAULT_SUMMARY_TOKENS,
+    Compactor,
+    check_reduction,
+    default_keep_tokens,
+)
 from mlxcel.http.conversations import register_conversations
 from mlxcel.http.echoing import restore_reasoning
 from mlxcel.http.errors import error_body, map_error
 from mlxcel.http.intake import ModelNames, build_request, read_history, render
+from mlxcel.http.objects import item_json, response_json, usage_json
 from mlxcel.http.schemas import (
+    MAX_COMPACT_THRESHOLD,
+    CompactBody,
     CreateResponseBody,
     InputTokensBody,
-    item_json,
     list_page,
-    response_json,
     to_items,
 )
 from mlxcel.http.sse import SseEncoder
-from mlxcel.items import ResponseRecord
+from mlxcel.items import Item, ResponseRecord, new_id
 from mlxcel.model.actor import ModelHandle
+from mlxcel.model.prompt import to_chat
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,19 +140,27 @@ def create_app(handles: Handles) -> QuartTrio:
         items = await restore_reasoning(
             body, handles.names.alias, to_items(body.input), handles.echo
         )
-        generation = build_request(body, handles.names, loaded.info, loaded.codec, history, items)
+        compacts = body.compact_threshold is not None
+        if compacts and not body.background:
+            generation = await _prepare(handles, body, history, items)
+        else:  # a background job compacts when its turn comes
+            generation = build_request(
+                body, handles.names, loaded.info, loaded.codec, history, items, fits=not compacts
+            )
         if body.background:
-            return json_response(response_json(await handles.jobs.submit(generation)))
+            prepare = functools.partial(_prepare, handles, body, history, items, waits=True)
+            queued = await handles.jobs.submit(generation, prepare if compacts else None)
+            return json_response(response_json(queued))
+        if not body.stream:
+            return json_response(response_json(await handles.scheduler.generate(generation)))
         # Unbuffered: a slow client slows its own slot, never the model thread.
         send, recv = trio.open_memory_channel[ResponseEvent](0)
         await handles.scheduler.submit(Generate(generation, send))
-        if body.stream:
-            return Response(
-                _sse(ResponseCreated(generation.record), recv),
-                content_type="text/event-stream",
-                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-            )
-        return json_response(response_json(await _final(recv)))
+        return Response(
+            _sse(ResponseCreated(generation.record), recv),
+            content_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
 
     @route("/responses/input_tokens", methods=["POST"])
     async def count_input_tokens() -> Response:
@@ -147,6 +172,53 @@ def create_app(handles: Handles) -> QuartTrio:
         items = await restore_reasoning(body, alias, to_items(body.input), handles.echo)
         _, prompt = render(body, history, handles.model.codec, items)
         return json_response({"object": "response.input_tokens", "input_tokens": len(prompt)})
+
+    @route("/responses/compact", methods=["POST"])
+    async def compact_history() -> Response:
+        body = CompactBody.model_validate(await read_json(request.body))
+        if not handles.names.matches(body.model):
+            raise ModelNotFound(body.model, [handles.names.alias])
+        if body.stream:
+            raise InvalidRequest(
+                "Compaction does not stream.", param="stream", code="unsupported_value"
+            )
+        if body.conversation is not None:
+            raise InvalidRequest(
+                "Compaction takes its history from 'input' or 'previous_response_id', "
+                "not from a conversation.",
+                param="conversation",
+                code="unsupported_parameter",
+            )
+        history = await read_history(body, handles.store)
+        items = history + to_items(body.input)
+        loaded = handles.model.loaded
+        info, codec = loaded.info, loaded.codec
+        before = len(codec.render(to_chat(None, items), None))
+        if before > info.context_length:
+            raise ContextLengthExceeded(
+                f"The history is {before} tokens, longer than the {info.context_length}-token "
+                "context window, so it cannot be summarised in one pass."
+            )
+        compactor = Compactor(handles.scheduler, codec, info, handles.names.alias)
+        compacted = await compactor.compact(
+            items,
+            instructions=body.instructions,
+            keep_tokens=body.keep_tokens,
+            max_output_tokens=body.max_output_tokens,
+        )
+        output: tuple[Item, ...] = (*compacted.kept, *compacted.item.preserved, compacted.item)
+        after = len(codec.render(to_chat(None, output), None))
+        check_reduction(before, after, info.context_length)
+        return json_response(
+            {
+                "id": new_id("resp"),
+                "object": "response.compaction",
+                "created_at": int(time.time()),
+                "model": body.model,
+                "output": [item_json(i) for i in output],
+                "usage": usage_json(compacted.usage),
+            }
+        )
 
     @route("/responses/<response_id>", methods=["GET"])
     async def retrieve_response(response_id: str) -> Response:
@@ -186,6 +258,36 @@ def create_app(handles: Handles) -> QuartTrio:
     return app
 
 
+async def _prepare(
+    handles: Handles,
+    body: CreateResponseBody,
+    history: tuple[Item, ...],
+    items: tuple[Item, ...],
+    *,
+    waits: bool = False,
+) -> GenerationRequest:
+    """The request under `context_management`: compacted first when its rendered input
+    reaches the threshold or leaves no room for output."""
+    loaded = handles.model.loaded
+    info, codec = loaded.info, loaded.codec
+    _, prompt = render(body, history, codec, items)
+    threshold = body.compact_threshold or MAX_COMPACT_THRESHOLD
+    if len(prompt) < threshold and len(prompt) < info.context_length:
+        return build_request(body, handles.names, info, codec, history, items)
+    compactor = Compactor(handles.scheduler, codec, info, handles.names.alias)
+    # Preserved turns get at most half the threshold and the summary a quarter, so the
+    # compacted prompt starts well below it.
+    keep = min(default_keep_tokens(info.context_length), max(1, threshold // 2))
+    summary = min(DEFAULT_SUMMARY_TOKENS, max(16, threshold // 4))
+    compacted = await compactor.compact(
+        history + items, keep_tokens=keep, max_output_tokens=summary, waits=waits
+    )
+    generation = build_request(body, handles.names, info, codec, history, items, compacted.item)
+    check_reduction(len(prompt), len(generation.prompt), info.context_length)
+    report = CompactionReport(compacted.item, len(prompt), len(generation.prompt))
+    return dataclasses.replace(generation, compaction=report)
+
+
 def _check_background(handles: Handles, body: CreateResponseBody) -> None:
     if body.stream:
         raise InvalidRequest(
@@ -222,14 +324,6 @@ async def _stored(handles: Handles, response_id: str) -> ResponseRecord:
     if record is None:
         raise NotFound(f"Response with id '{response_id}' not found.", code="not_found")
     return record
-
-
-async def _final(events: trio.MemoryReceiveChannel[ResponseEvent]) -> Any:
-    async with events:
-        async for event in events:
-            if isinstance(event, ResponseFinished):
-                return event.record
-    raise GenerationFailed("The response ended without a result.")
 
 
 async def _sse(

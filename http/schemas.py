@@ -6,6 +6,9 @@ this module is free of pydantic. Response JSON follows the `openai` SDK's types.
 
 from __future__ import annotations
 
+import base64
+import binascii
+import json
 from collections.abc import Mapping, Sequence
 from typing import Annotated, Any, Literal
 
@@ -13,8 +16,8 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, JsonValue
 
 from mlxcel.errors import InvalidRequest
 from mlxcel.items import (
+    Compaction,
     ContentPart,
-    Conversation,
     FunctionCall,
     FunctionCallOutput,
     InputText,
@@ -23,8 +26,6 @@ from mlxcel.items import (
     OutputText,
     Reasoning,
     Refusal,
-    ResponseRecord,
-    TokenLogprob,
     new_id,
 )
 
@@ -93,8 +94,36 @@ def _default_message_type(value: Any) -> Any:
     return value
 
 
-_TaggedItem = Annotated[
+_PlainItem = Annotated[
     MessageIn | FunctionCallIn | FunctionCallOutputIn | ReasoningIn, Field(discriminator="type")
+]
+
+
+class CompactionContent(_Model):
+    """What a compaction item's `encrypted_content` holds (base64url JSON)."""
+
+    summary: str
+    preserved: list[Annotated[_PlainItem, BeforeValidator(_default_message_type)]]
+
+
+def _decode_content(value: Any) -> Any:
+    if not isinstance(value, str):
+        return value  # reported as the wrong type
+    try:
+        return json.loads(base64.urlsafe_b64decode(value + "=" * (-len(value) % 4)))
+    except (ValueError, binascii.Error) as exc:
+        raise ValueError("not the base64url JSON a compaction produced") from exc
+
+
+class CompactionIn(_Model):
+    type: Literal["compaction"]
+    encrypted_content: Annotated[CompactionContent, BeforeValidator(_decode_content)]
+    id: str | None = None
+
+
+_TaggedItem = Annotated[
+    MessageIn | FunctionCallIn | FunctionCallOutputIn | ReasoningIn | CompactionIn,
+    Field(discriminator="type"),
 ]
 InputItemIn = Annotated[_TaggedItem, BeforeValidator(_default_message_type)]
 # The tags pydantic puts in error locations between field names.
@@ -104,12 +133,23 @@ ITEM_TAGS = frozenset(
         "function_call",
         "function_call_output",
         "reasoning",
+        "compaction",
         "input_text",
         "output_text",
         "refusal",
         "reasoning_text",
     }
 )
+
+
+MAX_COMPACT_THRESHOLD = 100_000_000
+
+
+class CompactionSetting(_Model):
+    """`context_management: [{"type": "compaction", "compact_threshold": N}]`."""
+
+    type: Literal["compaction"]
+    compact_threshold: int | None = Field(default=None, ge=1, le=MAX_COMPACT_THRESHOLD)
 
 
 class CreateResponseBody(_Model):
@@ -140,6 +180,33 @@ class CreateResponseBody(_Model):
     chat_template_kwargs: dict[str, JsonValue] | None = None
     """Passed straight to the chat template (e.g. `enable_thinking`); `reasoning.effort`
     is deliberately not mapped to it."""
+    context_management: list[CompactionSetting] | None = Field(default=None, max_length=1)
+
+    @property
+    def compact_threshold(self) -> int | None:
+        """Compact first at this many rendered input tokens (None: no compaction)."""
+        for setting in self.context_management or ():
+            return setting.compact_threshold or MAX_COMPACT_THRESHOLD
+        return None
+
+
+class CompactBody(_Model):
+    """`POST /v1/responses/compact`."""
+
+    model: str
+    input: str | list[InputItemIn] = Field(default_factory=list)
+    instructions: str | None = None
+    """What the summary must keep, besides the default goals, decisions and next steps."""
+    previous_response_id: str | None = None
+    conversation: str | dict[str, JsonValue] | None = None
+    """Rejected: compaction takes its history from `input` or a response chain."""
+    stream: bool | None = None
+    keep_tokens: int | None = Field(default=None, gt=0)
+    max_output_tokens: int | None = Field(default=None, ge=1, le=16384)
+    tools: list[dict[str, JsonValue]] | None = None
+    chat_template_kwargs: dict[str, JsonValue] | None = None
+    prompt_cache_key: str | None = None
+    user: str | None = None
 
 
 Metadata = dict[Annotated[str, Field(max_length=64)], Annotated[str, Field(max_length=512)]]
@@ -156,15 +223,6 @@ class ConversationUpdateBody(_Model):
 
 class ConversationItemsBody(_Model):
     items: list[InputItemIn] = Field(min_length=1, max_length=20)
-
-
-def conversation_json(conversation: Conversation) -> dict[str, Any]:
-    return {
-        "id": conversation.id,
-        "object": "conversation",
-        "created_at": conversation.created_at,
-        "metadata": conversation.metadata,
-    }
 
 
 class InputTokensBody(CreateResponseBody):
@@ -222,9 +280,10 @@ def _part(part: InputTextPart | OutputTextPart | RefusalPart) -> ContentPart:
     raise AssertionError(part)
 
 
-def to_items(
-    raw_input: str | Sequence[MessageIn | FunctionCallIn | FunctionCallOutputIn | ReasoningIn],
-) -> tuple[Item, ...]:
+InputItem = MessageIn | FunctionCallIn | FunctionCallOutputIn | ReasoningIn | CompactionIn
+
+
+def to_items(raw_input: str | Sequence[InputItem]) -> tuple[Item, ...]:
     """Request input as conversation items; items sent without an id get one."""
     if isinstance(raw_input, str):
         return (Message("user", (InputText(raw_input),), id=new_id("msg")),)
@@ -247,125 +306,7 @@ def to_items(
             case ReasoningIn(id=item_id, content=content):
                 text = "".join(c.text for c in content or [])
                 items.append(Reasoning(text, id=item_id or new_id("rs")))
+            case CompactionIn(encrypted_content=content, id=item_id):
+                preserved = to_items(content.preserved)
+                items.append(Compaction(content.summary, preserved, id=item_id or new_id("cmp")))
     return tuple(items)
-
-
-# --- JSON out ------------------------------------------------------------------------
-
-
-def logprob_json(entry: TokenLogprob) -> dict[str, Any]:
-    return {
-        "token": entry.token,
-        "logprob": entry.logprob,
-        "bytes": list(entry.token.encode()),
-        "top_logprobs": [
-            {"token": token, "logprob": value, "bytes": list(token.encode())}
-            for token, value in entry.top
-        ],
-    }
-
-
-def part_json(part: ContentPart) -> dict[str, Any]:
-    match part:
-        case OutputText(text=text, logprobs=logprobs):
-            return {
-                "type": "output_text",
-                "text": text,
-                "annotations": [],
-                "logprobs": [logprob_json(e) for e in logprobs],
-            }
-        case InputText(text=text):
-            return {"type": "input_text", "text": text}
-        case Refusal(refusal=refusal):
-            return {"type": "refusal", "refusal": refusal}
-    raise AssertionError(part)
-
-
-def item_json(item: Item) -> dict[str, Any]:
-    match item:
-        case Message():
-            return {
-                "id": item.id,
-                "type": "message",
-                "role": item.role,
-                "status": item.status,
-                "content": [part_json(p) for p in item.content],
-            }
-        case FunctionCall():
-            call = {
-                "id": item.id,
-                "type": "function_call",
-                "call_id": item.call_id,
-                "name": item.name,
-                "arguments": item.arguments,
-                "status": item.status,
-            }
-            return call | ({"namespace": item.namespace} if item.namespace else {})
-        case FunctionCallOutput():
-            return {
-                "id": item.id,
-                "type": "function_call_output",
-                "call_id": item.call_id,
-                "output": item.output,
-            }
-        case Reasoning():
-            return {
-                "id": item.id,
-                "type": "reasoning",
-                "summary": [],
-                "content": [{"type": "reasoning_text", "text": item.text}],
-                "status": item.status,
-            }
-    raise AssertionError(item)
-
-
-def response_json(record: ResponseRecord) -> dict[str, Any]:
-    """The Responses API object for a record, as the `openai` SDK's `Response` parses it."""
-    echo = record.echo
-    usage = record.usage
-    body: dict[str, Any] = {
-        "id": record.id,
-        "object": "response",
-        "created_at": record.created_at,
-        "status": record.status,
-        "completed_at": record.completed_at,
-        "error": (
-            {"code": record.error.code, "message": record.error.message} if record.error else None
-        ),
-        "incomplete_details": (
-            {"reason": record.incomplete_reason} if record.incomplete_reason else None
-        ),
-        "instructions": echo.instructions,
-        "max_output_tokens": echo.max_output_tokens,
-        "model": echo.model,
-        "output": [item_json(i) for i in record.output],
-        "parallel_tool_calls": echo.parallel_tool_calls,
-        "previous_response_id": echo.previous_response_id,
-        "reasoning": echo.reasoning
-        if echo.reasoning is not None
-        else {"effort": None, "summary": None},
-        "store": echo.store,
-        "temperature": echo.temperature,
-        "text": echo.text,
-        "tool_choice": echo.tool_choice,
-        "tools": list(echo.tools),
-        "top_logprobs": echo.top_logprobs,
-        "top_p": echo.top_p,
-        "truncation": echo.truncation,
-        "usage": None
-        if usage is None
-        else {
-            "input_tokens": usage.input_tokens,
-            "input_tokens_details": {"cached_tokens": usage.cached_tokens},
-            "output_tokens": usage.output_tokens,
-            "output_tokens_details": {"reasoning_tokens": usage.reasoning_tokens},
-            "total_tokens": usage.total_tokens,
-        },
-        "user": echo.user,
-        "metadata": echo.metadata,
-    }
-    if echo.conversation_id is not None:
-        body["conversation"] = {"id": echo.conversation_id}
-    if echo.background:
-        body["background"] = True
-    return body

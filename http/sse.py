@@ -12,6 +12,8 @@ import json
 from typing import Any
 
 from mlxcel.actors.messages import (
+    CompactionCompleted,
+    CompactionStarted,
     ContentPartAdded,
     ContentPartDone,
     FunctionCallArgumentsDelta,
@@ -29,7 +31,7 @@ from mlxcel.actors.messages import (
     ResponseInProgress,
     StreamError,
 )
-from mlxcel.http.schemas import item_json, logprob_json, part_json, response_json
+from mlxcel.http.objects import item_json, logprob_json, part_json, response_json
 
 KEEPALIVE_FRAME = b": keep-alive\n\n"
 
@@ -48,6 +50,19 @@ def event_json(event: ResponseEvent) -> dict[str, Any]:
             return {"type": "response.created", "response": response_json(record)}
         case ResponseInProgress(record):
             return {"type": "response.in_progress", "response": response_json(record)}
+        case CompactionStarted(response_id, tokens):
+            return {
+                "type": "mlx.compaction.started",
+                "response_id": response_id,
+                "input_tokens": tokens,
+            }
+        case CompactionCompleted(response_id, before, after):
+            return {
+                "type": "mlx.compaction.completed",
+                "response_id": response_id,
+                "input_tokens_before": before,
+                "input_tokens_after": after,
+            }
         case OutputItemAdded(index, item):
             return {
                 "type": "response.output_item.added",

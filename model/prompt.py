@@ -13,19 +13,20 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from mlxcel.errors import InvalidRequest
-from mlxcel.items import FunctionCall, FunctionCallOutput, Item, Message, Reasoning
+from mlxcel.items import FunctionCall, FunctionCallOutput, Item, Message, Reasoning, replay
 from mlxcel.model.constrained import GrammarCompiler, compile_schema
 
 ChatMessage = dict[str, Any]
 
 
 def to_chat(instructions: str | None, items: Sequence[Item]) -> list[ChatMessage]:
-    """The chat messages for `instructions` followed by `items`."""
+    """The chat messages for `instructions` followed by `items` (a compaction standing
+    in for the items before it)."""
     messages: list[ChatMessage] = []
     pending_reasoning = ""
     if instructions:
         messages.append({"role": "system", "content": instructions})
-    for item in items:
+    for item in replay(items):
         match item:
             case Message(role=role):
                 chat_role = "system" if role == "developer" else role

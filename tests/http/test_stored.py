@@ -12,21 +12,9 @@ import trio
 from mlxcel.config import StoreLimits
 from mlxcel.model.fake import FakeEngine
 
-from support import FakeServer, StartServer, in_thread, wait_until
+from support import FakeServer, StartServer, count, in_thread, post, wait_until
 
 LONG = "echo: " + " ".join(f"w{i}" for i in range(400))
-
-
-async def post(server: FakeServer, path: str, body: dict[str, Any]) -> httpx.Response:
-    async with httpx.AsyncClient(base_url=server.url, timeout=30) as http:
-        return await http.post(path, json=body)
-
-
-async def count(server: FakeServer, body: dict[str, Any]) -> int:
-    r = await post(server, "/v1/responses/input_tokens", body)
-    assert r.status_code == 200, r.text
-    assert r.json()["object"] == "response.input_tokens"
-    return int(r.json()["input_tokens"])
 
 
 async def test_retrieve_equals_create_and_delete(fake_server: FakeServer) -> None:

@@ -1,0 +1,212 @@
+"""Compaction: a long history becomes a summary plus the newest turns.
+
+The history (compaction items already replayed) is split in three: system and developer
+messages are kept as they are; the newest complete turns that fit in `keep_tokens`, and
+always the last user message, are preserved; everything before them is summarised by
+one ordinary, non-streaming generation on the scheduler's path. The result is one
+`Compaction` item, which stands in for the whole history when it is sent back.
+
+A cut is only ever made before a user turn or after a completed tool-call group, so a
+function call is never separated from its output. Compaction that cannot help (nothing
+to summarise, a transcript beyond the context window, a summary that does not shorten
+the prompt) is a 400 `context_length_exceeded` and changes nothing.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from mlxcel.actors.messages import GenerationRequest
+from mlxcel.actors.scheduler import SchedulerHandle
+from mlxcel.errors import ContextLengthExceeded, GenerationFailed
+from mlxcel.items import (
+    Compaction,
+    FunctionCall,
+    FunctionCallOutput,
+    InputText,
+    Item,
+    Message,
+    Reasoning,
+    RequestEcho,
+    ResponseRecord,
+    Usage,
+    new_id,
+    replay,
+)
+from mlxcel.model.engine import ModelInfo, PromptCodec, Sampling
+from mlxcel.model.prompt import to_chat
+
+DEFAULT_SUMMARY_TOKENS = 1024
+KEEP_TOKENS_CAP = 8192
+
+SUMMARY_INSTRUCTIONS = (
+    "You compact a conversation so that it can go on without its full history. Write "
+    "notes for the assistant that will continue it. Keep: the user's goals and "
+    "requirements; decisions made and why; names, identifiers, numbers, file paths, "
+    "commands and code that later turns may need; what tools returned; open questions "
+    "and the next steps. Be concise and write no preamble."
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Split:
+    kept: tuple[Item, ...]
+    """System and developer messages, kept as they are."""
+    summarised: tuple[Item, ...]
+    preserved: tuple[Item, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Compacted:
+    item: Compaction
+    kept: tuple[Item, ...]
+    usage: Usage
+    """The summary generation's tokens."""
+
+
+def default_keep_tokens(context_length: int) -> int:
+    return max(1, min(context_length // 16, KEEP_TOKENS_CAP))
+
+
+def cut_points(items: Sequence[Item]) -> list[int]:
+    """Where `items` may be cut: before a user turn, or after a completed tool-call group."""
+    points: list[int] = []
+    open_calls: set[str] = set()
+    for index, item in enumerate(items):
+        user_turn = isinstance(item, Message) and item.role == "user"
+        after_group = index > 0 and isinstance(items[index - 1], FunctionCallOutput)
+        if (
+            not open_calls
+            and not isinstance(item, FunctionCallOutput)
+            and (user_turn or after_group)
+        ):
+            points.append(index)
+        if isinstance(item, FunctionCall):
+            open_calls.add(item.call_id)
+        elif isinstance(item, FunctionCallOutput):
+            open_calls.discard(item.call_id)
+    return points
+
+
+def _is_system(item: Item) -> bool:
+    return isinstance(item, Message) and item.role in ("system", "developer")
+
+
+def split(items: Sequence[Item], keep_tokens: int, count: Callable[[Sequence[Item]], int]) -> Split:
+    """Keep system messages, preserve the newest turns that fit, summarise the rest."""
+    kept = tuple(i for i in items if _is_system(i))
+    turns = [i for i in items if not _is_system(i)]
+    users = [k for k, i in enumerate(turns) if isinstance(i, Message) and i.role == "user"]
+    points = [p for p in cut_points(turns) if users and p <= users[-1]]
+    if not points or points[-1] == 0:
+        raise ContextLengthExceeded(
+            "Nothing to compact: the history has no complete turn before its last user message."
+        )
+    start = points[-1]  # the last user message is always preserved
+    for point in reversed(points[:-1]):
+        if count(turns[point:]) > keep_tokens:
+            break
+        start = point
+    if start == 0:
+        start = next(p for p in points if p > 0)  # something must be summarised
+    return Split(kept, tuple(turns[:start]), tuple(turns[start:]))
+
+
+def transcript(items: Sequence[Item]) -> str:
+    """The summarised turns as plain text for the summariser."""
+    lines: list[str] = []
+    for item in items:
+        match item:
+            case Message(role=role):
+                lines.append(f"{role.capitalize()}: {item.text}")
+            case FunctionCall(arguments=arguments):
+                lines.append(f"Assistant called {item.flat_name}({arguments})")
+            case FunctionCallOutput(call_id=call_id, output=output):
+                lines.append(f"Tool result for {call_id}: {output}")
+            case Reasoning() | Compaction():
+                pass  # traces are not carried over; compactions were replayed before this
+    return "\n\n".join(lines)
+
+
+@dataclass(frozen=True, slots=True)
+class Compactor:
+    """Compacts histories by generating summaries through the scheduler."""
+
+    scheduler: SchedulerHandle
+    codec: PromptCodec
+    info: ModelInfo
+    alias: str
+
+    def count(self, items: Sequence[Item]) -> int:
+        """Tokens `items` add to a rendered prompt (tools and instructions aside)."""
+        probe = Message("user", (InputText("."),))
+        base = len(self.codec.render(to_chat(None, [probe]), None))
+        return len(self.codec.render(to_chat(None, [probe, *items]), None)) - base
+
+    async def compact(
+        self,
+        items: Sequence[Item],
+        *,
+        instructions: str | None = None,
+        keep_tokens: int | None = None,
+        max_output_tokens: int | None = None,
+        waits: bool = False,
+    ) -> Compacted:
+        """One compaction item for `items`; ContextLengthExceeded when it cannot help."""
+        keep = keep_tokens or default_keep_tokens(self.info.context_length)
+        parts = split(replay(items), keep, self.count)
+        summary, usage = await self._summarise(
+            parts.summarised, instructions, max_output_tokens or DEFAULT_SUMMARY_TOKENS, waits
+        )
+        item = Compaction(summary, parts.preserved, id=new_id("cmp"))
+        return Compacted(item, parts.kept, usage)
+
+    async def _summarise(
+        self, items: Sequence[Item], instructions: str | None, max_tokens: int, waits: bool
+    ) -> tuple[str, Usage]:
+        system = SUMMARY_INSTRUCTIONS
+        if instructions:
+            system += f"\n\nThe summary must also keep: {instructions}"
+        messages: list[dict[str, object]] = [
+            {"role": "system", "content": system},
+            {
+                "role": "user",
+                "content": f"The conversation so far:\n\n{transcript(items)}\n\n"
+                "Write the notes now.",
+            },
+        ]
+        prompt = self.codec.render(messages, None)
+        limit = self.info.context_length
+        if len(prompt) + max_tokens > limit:
+            raise ContextLengthExceeded(
+                f"The history to summarise renders to {len(prompt)} tokens; with room for a "
+                f"{max_tokens}-token summary it does not fit the {limit}-token context window."
+            )
+        record = ResponseRecord(
+            id=new_id("resp"),
+            created_at=int(time.time()),
+            status="in_progress",
+            echo=RequestEcho(model=self.alias, store=False, temperature=0.0),
+        )
+        sampling = Sampling(temperature=0.0, max_tokens=max_tokens)
+        request = GenerationRequest(record=record, prompt=tuple(prompt), sampling=sampling)
+        final = await self.scheduler.generate(request, waits=waits)
+        if final.status not in ("completed", "incomplete") or not final.output_text.strip():
+            reason = final.error.message if final.error else "the model wrote no summary"
+            raise GenerationFailed(f"Compaction failed: {reason}")
+        return final.output_text.strip(), final.usage or Usage()
+
+
+def check_reduction(before: int, after: int, limit: int) -> None:
+    """A compaction must shorten the prompt, and leave room for output."""
+    if after >= before:
+        raise ContextLengthExceeded(
+            f"Compaction does not shorten the history ({before} tokens before, {after} after)."
+        )
+    if after >= limit:
+        raise ContextLengthExceeded(
+            f"The compacted history is {after} tokens and does not fit the {limit}-token "
+            "context window."
+        )

@@ -1,0 +1,160 @@
+"""The API's objects as JSON: responses, items, content parts, conversations.
+
+The shapes follow the `openai` SDK's types, which is what real clients parse.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from typing import Any
+
+from mlxcel.items import (
+    Compaction,
+    ContentPart,
+    Conversation,
+    FunctionCall,
+    FunctionCallOutput,
+    InputText,
+    Item,
+    Message,
+    OutputText,
+    Reasoning,
+    Refusal,
+    ResponseRecord,
+    TokenLogprob,
+    Usage,
+)
+
+
+def conversation_json(conversation: Conversation) -> dict[str, Any]:
+    return {
+        "id": conversation.id,
+        "object": "conversation",
+        "created_at": conversation.created_at,
+        "metadata": conversation.metadata,
+    }
+
+
+def logprob_json(entry: TokenLogprob) -> dict[str, Any]:
+    return {
+        "token": entry.token,
+        "logprob": entry.logprob,
+        "bytes": list(entry.token.encode()),
+        "top_logprobs": [
+            {"token": token, "logprob": value, "bytes": list(token.encode())}
+            for token, value in entry.top
+        ],
+    }
+
+
+def part_json(part: ContentPart) -> dict[str, Any]:
+    match part:
+        case OutputText(text=text, logprobs=logprobs):
+            return {
+                "type": "output_text",
+                "text": text,
+                "annotations": [],
+                "logprobs": [logprob_json(e) for e in logprobs],
+            }
+        case InputText(text=text):
+            return {"type": "input_text", "text": text}
+        case Refusal(refusal=refusal):
+            return {"type": "refusal", "refusal": refusal}
+    raise AssertionError(part)
+
+
+def item_json(item: Item) -> dict[str, Any]:
+    match item:
+        case Message():
+            return {
+                "id": item.id,
+                "type": "message",
+                "role": item.role,
+                "status": item.status,
+                "content": [part_json(p) for p in item.content],
+            }
+        case FunctionCall():
+            call = {
+                "id": item.id,
+                "type": "function_call",
+                "call_id": item.call_id,
+                "name": item.name,
+                "arguments": item.arguments,
+                "status": item.status,
+            }
+            return call | ({"namespace": item.namespace} if item.namespace else {})
+        case FunctionCallOutput():
+            return {
+                "id": item.id,
+                "type": "function_call_output",
+                "call_id": item.call_id,
+                "output": item.output,
+            }
+        case Compaction():
+            content = {"summary": item.summary, "preserved": [item_json(i) for i in item.preserved]}
+            encoded = base64.urlsafe_b64encode(json.dumps(content).encode()).rstrip(b"=")
+            return {"id": item.id, "type": "compaction", "encrypted_content": encoded.decode()}
+        case Reasoning():
+            return {
+                "id": item.id,
+                "type": "reasoning",
+                "summary": [],
+                "content": [{"type": "reasoning_text", "text": item.text}],
+                "status": item.status,
+            }
+    raise AssertionError(item)
+
+
+def response_json(record: ResponseRecord) -> dict[str, Any]:
+    """The Responses API object for a record, as the `openai` SDK's `Response` parses it."""
+    echo = record.echo
+    usage = record.usage
+    body: dict[str, Any] = {
+        "id": record.id,
+        "object": "response",
+        "created_at": record.created_at,
+        "status": record.status,
+        "completed_at": record.completed_at,
+        "error": (
+            {"code": record.error.code, "message": record.error.message} if record.error else None
+        ),
+        "incomplete_details": (
+            {"reason": record.incomplete_reason} if record.incomplete_reason else None
+        ),
+        "instructions": echo.instructions,
+        "max_output_tokens": echo.max_output_tokens,
+        "model": echo.model,
+        "output": [item_json(i) for i in record.output],
+        "parallel_tool_calls": echo.parallel_tool_calls,
+        "previous_response_id": echo.previous_response_id,
+        "reasoning": echo.reasoning
+        if echo.reasoning is not None
+        else {"effort": None, "summary": None},
+        "store": echo.store,
+        "temperature": echo.temperature,
+        "text": echo.text,
+        "tool_choice": echo.tool_choice,
+        "tools": list(echo.tools),
+        "top_logprobs": echo.top_logprobs,
+        "top_p": echo.top_p,
+        "truncation": echo.truncation,
+        "usage": None if usage is None else usage_json(usage),
+        "user": echo.user,
+        "metadata": echo.metadata,
+    }
+    if echo.conversation_id is not None:
+        body["conversation"] = {"id": echo.conversation_id}
+    if echo.background:
+        body["background"] = True
+    return body
+
+
+def usage_json(usage: Usage) -> dict[str, Any]:
+    return {
+        "input_tokens": usage.input_tokens,
+        "input_tokens_details": {"cached_tokens": usage.cached_tokens},
+        "output_tokens": usage.output_tokens,
+        "output_tokens_details": {"reasoning_tokens": usage.reasoning_tokens},
+        "total_tokens": usage.total_tokens,
+    }

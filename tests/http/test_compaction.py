@@ -1,0 +1,355 @@
+"""Compaction: the split rules, `/v1/responses/compact`, replay, and `context_management`
+(fake engine; it answers a summary prompt with its default reply)."""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+import trio
+
+from mlxcel.errors import ContextLengthExceeded
+from mlxcel.http.compaction import cut_points, split
+from mlxcel.items import FunctionCall, FunctionCallOutput, InputText, Item, Message, OutputText
+from mlxcel.model.fake import DEFAULT_REPLY
+
+from support import FakeServer, StartServer, count, in_thread, post
+
+
+def user(text: str) -> Message:
+    return Message("user", (InputText(text),))
+
+
+def assistant(text: str) -> Message:
+    return Message("assistant", (OutputText(text),))
+
+
+def call(call_id: str) -> FunctionCall:
+    return FunctionCall(call_id, "get_weather", '{"city": "Paris"}')
+
+
+def output(call_id: str) -> FunctionCallOutput:
+    return FunctionCallOutput(call_id, "sunny")
+
+
+def chars(items: Sequence[Item]) -> int:
+    """A stand-in token count: the characters of the items' text."""
+    return sum(len(getattr(i, "text", "") or getattr(i, "output", "")) for i in items)
+
+
+# --- split rules ---------------------------------------------------------------------
+
+
+def test_cuts_fall_before_user_turns_and_after_completed_tool_groups() -> None:
+    items = [
+        user("a"),  # 0
+        assistant("b"),  # 1
+        user("c"),  # 2
+        call("1"),  # 3
+        call("2"),  # 4
+        output("1"),  # 5
+        output("2"),  # 6
+        assistant("d"),  # 7: after the completed group
+        user("e"),  # 8
+    ]
+    assert cut_points(items) == [0, 2, 7, 8]
+
+
+def test_no_cut_while_a_call_waits_for_its_output() -> None:
+    items = [user("a"), call("1"), call("2"), output("1"), user("b"), output("2"), user("c")]
+    assert cut_points(items) == [0, 6]
+
+
+def test_split_keeps_system_messages_and_preserves_the_newest_turns_that_fit() -> None:
+    system = Message("developer", (InputText("be brief"),))
+    turns = [user("x" * 50), assistant("y" * 50), user("z" * 10), assistant("w" * 10), user("q")]
+    parts = split([system, *turns], keep_tokens=25, count=chars)
+    assert parts.kept == (system,)
+    assert parts.preserved == tuple(turns[2:])  # 21 characters fit; the 121 before do not
+    assert parts.summarised == tuple(turns[:2])
+
+
+def test_split_always_preserves_the_last_user_message() -> None:
+    turns = [user("a"), assistant("b"), user("c" * 100)]
+    parts = split(turns, keep_tokens=1, count=chars)
+    assert parts.preserved == (turns[2],)
+
+
+def test_split_never_separates_a_call_from_its_output() -> None:
+    turns = [user("a" * 40), call("1"), output("1"), assistant("b"), user("c")]
+    # Cutting before the output would fit too, but the cuts are before `b` and `c` only.
+    parts = split(turns, keep_tokens=len("sunny") + 3, count=chars)
+    assert parts.preserved == (turns[3], turns[4])
+
+
+def test_split_summarises_something_even_when_everything_fits() -> None:
+    turns = [user("a"), assistant("b"), user("c")]
+    parts = split(turns, keep_tokens=10_000, count=chars)
+    assert parts.summarised == tuple(turns[:2])
+
+
+def test_split_with_nothing_before_the_last_user_message_is_refused() -> None:
+    with pytest.raises(ContextLengthExceeded):
+        split([user("only")], keep_tokens=10, count=chars)
+    with pytest.raises(ContextLengthExceeded):
+        split([assistant("no user at all")], keep_tokens=10, count=chars)
+
+
+# --- over HTTP -----------------------------------------------------------------------
+
+
+def history(turns: int = 6) -> list[dict[str, Any]]:
+    """`turns` long user/assistant exchanges, then a last user message."""
+    items: list[dict[str, Any]] = [{"role": "developer", "content": "Answer in English."}]
+    for n in range(turns):
+        items.append({"role": "user", "content": f"turn {n}: " + "lorem ipsum " * 15})
+        items.append({"role": "assistant", "content": f"answer {n}: " + "dolor sit " * 15})
+    items.append({"role": "user", "content": "echo: And now?"})
+    return items
+
+
+def decode(encrypted: str) -> dict[str, Any]:
+    content: dict[str, Any] = json.loads(base64.urlsafe_b64decode(encrypted + "==="))
+    return content
+
+
+async def test_compact_returns_kept_messages_preserved_turns_and_one_compaction(
+    fake_server: FakeServer,
+) -> None:
+    client = fake_server.client()
+    compacted = await in_thread(
+        client.responses.compact,
+        model="fake-model",
+        input=history(),
+        extra_body={"keep_tokens": 50},
+    )
+    assert compacted.object == "response.compaction"
+    types = [item.type for item in compacted.output]
+    assert types == ["message", "message", "compaction"]
+    assert compacted.output[0].role == "developer"  # type: ignore[union-attr]
+    assert compacted.output[1].content[0].text == "echo: And now?"  # type: ignore[union-attr]
+    content = decode(compacted.output[-1].encrypted_content)  # type: ignore[union-attr]
+    assert content["summary"] == DEFAULT_REPLY
+    assert [p["content"][0]["text"] for p in content["preserved"]] == ["echo: And now?"]
+    assert compacted.usage.output_tokens == len(DEFAULT_REPLY.split(" "))
+    assert compacted.usage.input_tokens > 0
+    assert compacted.model_extra is not None
+    assert compacted.model_extra["model"] == "fake-model"
+
+
+async def test_a_compaction_replays_in_place_of_the_history(fake_server: FakeServer) -> None:
+    client = fake_server.client()
+    full = history()
+    compacted = await in_thread(client.responses.compact, model="fake-model", input=full)
+    follow_up = [i.model_dump(exclude_none=True, warnings=False) for i in compacted.output]
+    follow_up.append({"role": "user", "content": "echo: continued"})
+    resp = await in_thread(client.responses.create, model="fake-model", input=follow_up)
+    assert resp.output_text == "continued"
+    before = await count(fake_server, {"model": "fake-model", "input": full})
+    after = await count(fake_server, {"model": "fake-model", "input": follow_up})
+    assert after < before / 2
+    assert resp.usage is not None
+    assert resp.usage.input_tokens == after
+    # The compaction alone stands for the turns it preserved.
+    alone = await count(fake_server, {"model": "fake-model", "input": follow_up[-2:]})
+    assert alone == after - len("\x01system\x02Answer in English.")
+
+
+async def test_compact_a_stored_chain(fake_server: FakeServer) -> None:
+    client = fake_server.client()
+    first = await in_thread(client.responses.create, model="fake-model", input=history(3))
+    compacted = await in_thread(
+        client.responses.compact,
+        model="fake-model",
+        previous_response_id=first.id,
+        input="echo: next",
+        instructions="keep the numbers",
+    )
+    assert compacted.output[-1].type == "compaction"
+    content = decode(compacted.output[-1].encrypted_content)  # type: ignore[union-attr]
+    assert content["preserved"][-1]["content"][0]["text"] == "echo: next"
+
+
+@pytest.mark.parametrize(
+    ("extra", "param", "code"),
+    [
+        ({"stream": True}, "stream", "unsupported_value"),
+        ({"conversation": "conv_1"}, "conversation", "unsupported_parameter"),
+        ({"keep_tokens": 0}, "keep_tokens", "invalid_value"),
+        ({"max_output_tokens": 16385}, "max_output_tokens", "invalid_value"),
+        ({"max_output_tokens": 0}, "max_output_tokens", "invalid_value"),
+        (
+            {"input": [{"role": "user", "content": "echo: only"}]},
+            "input",
+            "context_length_exceeded",
+        ),
+    ],
+)
+async def test_compact_refusals_are_400(
+    fake_server: FakeServer, extra: dict[str, Any], param: str, code: str
+) -> None:
+    r = await post(
+        fake_server, "/v1/responses/compact", {"model": "fake-model", "input": history(), **extra}
+    )
+    assert r.status_code == 400, r.text
+    assert (r.json()["error"]["param"], r.json()["error"]["code"]) == (param, code)
+
+
+async def test_compact_without_reduction_is_400(fake_server: FakeServer) -> None:
+    # One tiny earlier turn: its summary (the default reply) is longer than the turn.
+    short = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]
+    r = await post(
+        fake_server,
+        "/responses/compact",
+        {"model": "fake-model", "input": [*short, {"role": "user", "content": "x"}]},
+    )
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["code"] == "context_length_exceeded"
+
+
+@pytest.mark.parametrize("content", ["%%%", base64.urlsafe_b64encode(b'{"summary": 1}').decode()])
+async def test_malformed_compaction_content_is_400(fake_server: FakeServer, content: str) -> None:
+    item = {"type": "compaction", "encrypted_content": content}
+    r = await post(
+        fake_server,
+        "/v1/responses",
+        {"model": "fake-model", "input": [item, {"role": "user", "content": "x"}]},
+    )
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"].startswith("input[0].encrypted_content")
+
+
+# --- context_management --------------------------------------------------------------
+
+MANAGED = [{"type": "compaction", "compact_threshold": 500}]
+
+
+async def test_context_management_compacts_first_and_streams_its_events(
+    fake_server: FakeServer,
+) -> None:
+    client = fake_server.client()
+
+    def stream() -> tuple[list[Any], Any]:
+        with client.responses.stream(
+            model="fake-model", input=history(), extra_body={"context_management": MANAGED}
+        ) as s:
+            return list(s), s.get_final_response()
+
+    events, final = await in_thread(stream)
+    types = [e.type for e in events]
+    assert types[:6] == [
+        "response.created",
+        "response.in_progress",
+        "mlx.compaction.started",
+        "mlx.compaction.completed",
+        "response.output_item.added",
+        "response.output_item.done",
+    ]
+    started, completed = events[2], events[3]
+    assert started.model_extra["response_id"] == final.id
+    before = completed.model_extra["input_tokens_before"]
+    assert started.model_extra["input_tokens"] == before >= 500
+    assert completed.model_extra["input_tokens_after"] < before
+    assert events[4].output_index == 0
+    assert events[4].item.type == "compaction"
+    assert [i.type for i in final.output] == ["compaction", "message"]
+    assert final.output_text == "And now?"
+    assert final.usage.input_tokens == completed.model_extra["input_tokens_after"]
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+
+
+async def test_a_chained_follow_up_replays_the_summary_without_compacting_again(
+    fake_server: FakeServer,
+) -> None:
+    client = fake_server.client()
+    first = await in_thread(
+        client.responses.create,
+        model="fake-model",
+        input=history(),
+        extra_body={"context_management": MANAGED},
+    )
+    assert first.output[0].type == "compaction"
+    second = await in_thread(
+        client.responses.create,
+        model="fake-model",
+        previous_response_id=first.id,
+        input="echo: again",
+        extra_body={"context_management": MANAGED},
+    )
+    assert [i.type for i in second.output] == ["message"]
+    assert second.output_text == "again"
+    assert second.usage is not None
+    assert second.usage.input_tokens < 500
+
+
+async def test_below_the_threshold_nothing_is_compacted(fake_server: FakeServer) -> None:
+    client = fake_server.client()
+    resp = await in_thread(
+        client.responses.create,
+        model="fake-model",
+        input="echo: short",
+        extra_body={"context_management": MANAGED},
+    )
+    assert [i.type for i in resp.output] == ["message"]
+
+
+async def test_context_management_failure_is_an_http_error(fake_server: FakeServer) -> None:
+    body = {
+        "model": "fake-model",
+        "input": "echo: " + "long " * 200,  # over the threshold, but nothing to summarise
+        "context_management": MANAGED,
+    }
+    for stream in (False, True):
+        r = await post(fake_server, "/v1/responses", {**body, "stream": stream})
+        assert r.status_code == 400, r.text
+        assert r.json()["error"]["code"] == "context_length_exceeded"
+
+
+@pytest.mark.parametrize("threshold", [0, 100_000_001])
+async def test_bad_thresholds_are_400(fake_server: FakeServer, threshold: int) -> None:
+    r = await post(
+        fake_server,
+        "/v1/responses",
+        {
+            "model": "fake-model",
+            "input": "x",
+            "context_management": [{"type": "compaction", "compact_threshold": threshold}],
+        },
+    )
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == "context_management[0].compact_threshold"
+
+
+async def test_background_jobs_compact_or_fail_with_invalid_prompt(
+    start_fake_server: StartServer,
+) -> None:
+    server = await start_fake_server()
+    client = server.client()
+    done = await in_thread(
+        client.responses.create,
+        model="fake-model",
+        input=history(),
+        background=True,
+        extra_body={"context_management": MANAGED},
+    )
+    failed = await in_thread(
+        client.responses.create,
+        model="fake-model",
+        input="echo: " + "long " * 200,
+        background=True,
+        extra_body={"context_management": MANAGED},
+    )
+    for _ in range(200):
+        done = await in_thread(client.responses.retrieve, done.id)
+        failed = await in_thread(client.responses.retrieve, failed.id)
+        if done.status not in ("queued", "in_progress") and failed.status == "failed":
+            break
+        await trio.sleep(0.05)
+    assert done.status == "completed"
+    assert [i.type for i in done.output] == ["compaction", "message"]
+    assert failed.status == "failed"
+    assert failed.error is not None
+    assert failed.error.code == "invalid_prompt"
