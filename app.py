@@ -131,6 +131,7 @@ def load_model(path: Path, names: ModelNames, settings: Settings) -> LoadedModel
         prefill_step_size=settings.prefill_step_size,
         blas=blas,
         ctx_size=settings.ctx_size,
+        prompt_cache_bytes=settings.prompt_cache_bytes,
     )
 
 

@@ -88,6 +88,15 @@ FLAGS: tuple[Flag, ...] = (
         "prompt tokens prefilled per engine step between decode steps",
     ),
     Flag(
+        ("--prompt-cache-bytes",),
+        "prompt_cache_bytes",
+        int,
+        2 * 1024**3,
+        "MLXCEL_PROMPT_CACHE_BYTES",
+        "bytes of KV state kept so later prompts that start alike (follow-up turns, shared "
+        "instructions) skip prefilling that part; counts the live sequences too; 0 disables",
+    ),
+    Flag(
         ("--tool-call-parser",),
         "tool_call_parser",
         str,
@@ -240,6 +249,7 @@ def settings_from_args(args: argparse.Namespace, environ: dict[str, str]) -> Set
         parallel=args.parallel,
         max_queue_depth=args.max_queue_depth,
         prefill_step_size=args.prefill_step_size,
+        prompt_cache_bytes=args.prompt_cache_bytes,
         tool_call_parser=args.tool_call_parser,
         sse_keepalive_secs=args.sse_keepalive_secs,
         api_keys=keys,

@@ -37,6 +37,9 @@ class Settings:
     """Requests allowed to wait for a slot; beyond it, 503."""
     prefill_step_size: int = 256
     """Prompt tokens prefilled per engine step, so a long prompt cannot stall decoding."""
+    prompt_cache_bytes: int = 2 * 1024**3
+    """KV states kept for reuse by later prompts that start alike, plus the live
+    sequences' own, in bytes; 0 disables the prompt cache."""
     tool_call_parser: str | None = None
     """The model's tool-call format; None picks it from the chat template."""
     sse_keepalive_secs: float = 10.0
@@ -53,6 +56,7 @@ class Settings:
             (self.parallel >= 1, "--parallel must be at least 1"),
             (self.max_queue_depth >= 0, "--max-queue-depth must be 0 or more"),
             (self.prefill_step_size >= 16, "--prefill-step-size must be at least 16"),
+            (self.prompt_cache_bytes >= 0, "--prompt-cache-bytes must be 0 or more"),
             (self.ctx_size is None or self.ctx_size >= 16, "--ctx-size must be at least 16"),
             (self.sse_keepalive_secs > 0, "--sse-keepalive-secs must be positive"),
             (self.responses.max_entries >= 0, "--responses-store-max-entries must be >= 0"),

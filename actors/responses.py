@@ -98,6 +98,7 @@ class ResponseBuilder:
         self._splitter = ReasoningSplitter(opened=reasoning_opened)
         self._reasoning: _OpenMessage | None = None
         self._tokens = 0
+        self._cached_tokens = 0  # prompt tokens reused from the prefix cache
         self._reasoning_tokens = 0
         # Log-probabilities of tokens whose text the detokenizer has not released yet.
         self._pending_logprobs: list[TokenLogprob] = []
@@ -124,6 +125,8 @@ class ResponseBuilder:
 
     def feed(self, step: TokenStep) -> list[ResponseEvent]:
         """Events for one generated token (none when it adds no visible output yet)."""
+        if self._tokens == 0:
+            self._cached_tokens = step.cached_tokens  # set on a sequence's first step
         self._tokens += 1
         was_reasoning = self._splitter.reasoning
         pieces = self._splitter.feed(step.text) if step.text else []
@@ -327,5 +330,6 @@ class ResponseBuilder:
         return Usage(
             input_tokens=self._prompt_tokens,
             output_tokens=self._tokens,
+            cached_tokens=self._cached_tokens,
             reasoning_tokens=self._reasoning_tokens,
         )

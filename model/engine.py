@@ -50,6 +50,9 @@ class TokenStep:
     text: str
     finish: FinishReason | None = None
     logprob: TokenLogprob | None = None
+    cached_tokens: int = 0
+    """On a sequence's first step: its prompt tokens whose KV state came from the prefix
+    cache instead of being prefilled (0 on later steps)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -93,6 +93,13 @@ def test_tool_call_parser_from_flag_or_environment() -> None:
     assert settings(["--tool-call-parser", "pythonic"], env).tool_call_parser == "pythonic"
 
 
+def test_prompt_cache_bytes_from_flag_or_environment() -> None:
+    assert settings([]).prompt_cache_bytes == 2 * 1024**3
+    env = {"MLXCEL_PROMPT_CACHE_BYTES": "1000"}
+    assert settings([], env).prompt_cache_bytes == 1000
+    assert settings(["--prompt-cache-bytes", "0"], env).prompt_cache_bytes == 0  # disabled
+
+
 def test_zero_disables_background_mode() -> None:
     assert settings([]).background_enabled
     for flag in ("--max-jobs", "--responses-store-max-entries", "--responses-store-max-bytes"):
@@ -106,6 +113,7 @@ def test_zero_disables_background_mode() -> None:
         ["--parallel", "0"],
         ["--responses-store-max-entries", "-1"],
         ["--port", "70000"],
+        ["--prompt-cache-bytes", "-1"],
         ["--tool-call-parser", "xml"],
     ],
 )
