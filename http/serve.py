@@ -22,4 +22,7 @@ async def serve_http(
     config.errorlog = "-"
     config.graceful_timeout = 2.0
     config.keep_alive_timeout = 75.0
+    # Agents and benchmarks open hundreds of connections at once; hypercorn's default
+    # listen backlog (100) would make the kernel drop the rest. It caps this at somaxconn.
+    config.backlog = 2048
     await serve(app, config, shutdown_trigger=trio.sleep_forever, task_status=task_status)

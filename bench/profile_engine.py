@@ -1,0 +1,83 @@
+"""Where a decode step's time goes in the MLX engine: the model, or our Python around it.
+
+For each batch size N it inserts N of the serving benchmark's prompts into `MlxEngine`
+(as the model actor does), runs every step under `cProfile` until all sequences end,
+and splits the time of `MlxEngine.step` into mlx-lm's `BatchGenerator.next` (prefill
+and decode on MLX) and the rest: our per-token work (detokenisation, `TokenStep`s,
+the prompt cache's bookkeeping). Prints figures; asserts nothing.
+
+    .venv/bin/python bench/profile_engine.py [--levels 1,8,32,64] [--max-tokens 32]
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import pstats
+import time
+from pathlib import Path
+from typing import Any
+
+from prompts import TokenCounter, make_prompt
+
+from mlxcel.model.blas import describe, load_fast_blas
+from mlxcel.model.fetch import default_model_dir, is_ready
+
+
+def cumulative(stats: pstats.Stats, name: str, file_part: str) -> float:
+    """Cumulative seconds of the outermost function called `name` in a file matching
+    (nested functions of the same name are inside it)."""
+    table: dict[Any, Any] = stats.stats  # type: ignore[attr-defined]
+    rows = [row[3] for (path, _, func), row in table.items() if func == name and file_part in path]
+    return max(rows, default=0.0)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", type=Path, default=None)
+    parser.add_argument("--levels", default="1,8,32,64")
+    parser.add_argument("--max-tokens", type=int, default=32)
+    args = parser.parse_args()
+    path = args.model or default_model_dir()
+    if args.model is None and not is_ready(path):
+        raise SystemExit("run `mlxcel fetch-model` first, or pass --model")
+
+    blas = load_fast_blas()  # before anything imports mlx.core
+    from mlxcel.model.engine import Sampling, SequenceSpec
+    from mlxcel.model.mlx_engine import load_mlx_model
+
+    print(describe(blas))
+    levels = [int(n) for n in args.levels.split(",")]
+    counter = TokenCounter(path)
+    print("|  N | steps | wall s | in BatchGenerator.next | our Python per step | share |")
+    print("|---:|------:|-------:|-----------------------:|--------------------:|------:|")
+    for n in levels:
+        loaded = load_mlx_model(path, name=path.name, max_batch=n, prefill_step_size=256, blas=blas)
+        engine = loaded.engine
+        sampling = Sampling(temperature=0.0, max_tokens=args.max_tokens)
+        for i in range(n):
+            text = make_prompt(f"p{n}-{i}", counter)
+            prompt = loaded.codec.render([{"role": "user", "content": text}], None)
+            engine.insert(SequenceSpec(i, tuple(prompt), sampling))
+        profile = cProfile.Profile()
+        steps, started = 0, time.perf_counter()
+        profile.enable()
+        while engine.has_work():
+            engine.step()
+            steps += 1
+        profile.disable()
+        wall = time.perf_counter() - started
+        stats = pstats.Stats(profile)
+        step = cumulative(stats, "step", "mlx_engine")
+        model = cumulative(stats, "next", "generate.py")
+        ours = step - model
+        print(
+            f"| {n:>2} | {steps:5d} | {wall:6.1f} | {model:20.1f} s "
+            f"| {1000 * ours / steps:16.2f} ms | {100 * ours / step:4.1f}% |"
+        )
+        engine.close()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
