@@ -2,8 +2,9 @@
 
 Only `function` tools run here, and `namespace` tools (groups of functions, as Codex
 CLI sends) are flattened into them; every hosted tool type answers 400. With `tool_choice`
-"required" or a named function, the reply is constrained to one JSON call
-(`{"name": …, "arguments": …}`) to an allowed tool, so the model cannot answer without it.
+"required" or a named function, the reply is constrained to one call to an allowed tool
+(`{"name": …, "arguments": …}`, inside `<tool_call>` tokens for models that write the Hermes
+form), so the model cannot answer without it.
 """
 
 from __future__ import annotations
@@ -151,7 +152,7 @@ def tool_use(
     ]
     schema = calls[0] if len(calls) == 1 else {"anyOf": calls}
     try:
-        grammar = codec.compile_schema(schema)
+        grammar = codec.compile_call(schema, parser)
     except InvalidRequest as exc:
         raise InvalidRequest(
             f"Invalid tool parameters: {exc.message}", param="tools", code="invalid_tool_parameters"

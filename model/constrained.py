@@ -25,8 +25,16 @@ from mlxcel.errors import InvalidRequest
 MAX_SCHEMA_BYTES = 64 * 1024
 
 
-def json_schema_grammar(schema: Mapping[str, Any]) -> str:
-    """The llguidance grammar for output that validates against `schema`."""
+# Compact JSON (", " and ": " separators, no other whitespace): a model cannot pad its
+# answer with endless whitespace, and the output reads like `json.dumps`.
+COMPACT_JSON: JsonCompileOptions = {
+    "whitespace_flexible": False,
+    "item_separator": ", ",
+    "key_separator": ": ",
+}
+
+
+def _schema_text(schema: Mapping[str, Any]) -> str:
     text = json.dumps(schema)
     if len(text) > MAX_SCHEMA_BYTES:
         raise InvalidRequest(
@@ -34,14 +42,22 @@ def json_schema_grammar(schema: Mapping[str, Any]) -> str:
             param="text.format.schema",
             code="invalid_json_schema",
         )
-    # Compact JSON (", " and ": " separators, no other whitespace): a model cannot pad
-    # its answer with endless whitespace, and the output reads like `json.dumps`.
-    options: JsonCompileOptions = {
-        "whitespace_flexible": False,
-        "item_separator": ", ",
-        "key_separator": ": ",
-    }
-    return str(llguidance.LLMatcher.grammar_from_json_schema(text, defaults=options))
+    return text
+
+
+def json_schema_grammar(schema: Mapping[str, Any]) -> str:
+    """The llguidance grammar for output that validates against `schema`."""
+    text = _schema_text(schema)
+    return str(llguidance.LLMatcher.grammar_from_json_schema(text, defaults=COMPACT_JSON))
+
+
+def tagged_call_grammar(schema: Mapping[str, Any], open_token: int, close_token: int) -> str:
+    """One call in the Hermes form: the `<tool_call>` token, a newline, a JSON call
+    valid against `schema`, a newline and the `</tool_call>` token (tokens by id: the
+    tokenizer keeps them whole, so their text must not be spelled out byte by byte)."""
+    body = _schema_text({**schema, "x-guidance": COMPACT_JSON})
+    lark = f'start: <[{open_token}]> "\\n" call "\\n" <[{close_token}]>\ncall: %json {body}'
+    return str(llguidance.LLMatcher.grammar_from_lark(lark))
 
 
 def compile_schema(
@@ -73,6 +89,15 @@ class GrammarCompiler:
 
     def compile_schema(self, schema: Mapping[str, Any]) -> str:
         return compile_schema(schema, self._tokenizer)
+
+    def compile_tagged_call(
+        self, schema: Mapping[str, Any], open_token: int, close_token: int
+    ) -> str:
+        grammar = tagged_call_grammar(schema, open_token, close_token)
+        error = llguidance.LLMatcher.validate_grammar(grammar, self._tokenizer)
+        if error:
+            raise InvalidRequest(f"Invalid JSON schema: {error}", code="invalid_json_schema")
+        return grammar
 
     def processor(self, grammar: str) -> GrammarProcessor:
         return GrammarProcessor(llguidance.LLMatcher(self._tokenizer, grammar))

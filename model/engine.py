@@ -83,6 +83,11 @@ class PromptCodec(Protocol):
         """The grammar for output valid against `schema`; InvalidRequest when unusable."""
         ...
 
+    def compile_call(self, schema: Mapping[str, Any], parser: str) -> str:
+        """The grammar of one forced tool call whose JSON (`name`, `arguments`) is valid
+        against `schema`, in the model's own call markup where `parser` has one."""
+        ...
+
 
 class Engine(Protocol):
     def insert(self, spec: SequenceSpec) -> None: ...

@@ -47,6 +47,10 @@ class FakeCodec:
         """Validated like the real codec's (without a tokenizer); the fake ignores it."""
         return compile_schema(schema)
 
+    def compile_call(self, schema: Mapping[str, Any], parser: str) -> str:
+        """A bare JSON call (the fake has no call tokens); the fake ignores it."""
+        return compile_schema(schema)
+
 
 def scripted_reply(prompt: Sequence[int]) -> list[str]:
     """The words the fake model answers to a rendered prompt."""

@@ -75,6 +75,9 @@ class ChatTokenizer(Protocol):
     def encode(self, text: str, add_special_tokens: bool = ...) -> list[int]: ...
 
 
+HERMES_TAGS = ("<tool_call>", "</tool_call>")
+
+
 class TemplateCodec:
     """Renders with the tokenizer's chat template; used off the MLX thread."""
 
@@ -93,6 +96,13 @@ class TemplateCodec:
         if self._grammars is None:
             return compile_schema(schema)
         return self._grammars.compile_schema(schema)
+
+    def compile_call(self, schema: Mapping[str, Any], parser: str) -> str:
+        """In the Hermes form when the model writes it with whole `<tool_call>` tokens."""
+        markers = [self._tokenizer.encode(m, add_special_tokens=False) for m in HERMES_TAGS]
+        if parser != "hermes" or self._grammars is None or any(len(m) != 1 for m in markers):
+            return self.compile_schema(schema)
+        return self._grammars.compile_tagged_call(schema, markers[0][0], markers[1][0])
 
     def render(
         self,

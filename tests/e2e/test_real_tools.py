@@ -58,7 +58,10 @@ def test_required_tool_call_sync_and_streamed(real_server: RealServer) -> None:
     streamed_call = final.output[-1]
     assert isinstance(streamed_call, ResponseFunctionToolCall)
     assert "".join(deltas) == streamed_call.arguments
+    assert len(deltas) > 1  # the forced call is tagged, so its arguments stream as generated
     assert "city" in json.loads(streamed_call.arguments)
+    assert streamed_call.status == "completed"
+    assert final.output_text == ""  # the tags never leak into the text
 
     answer = client.responses.create(
         model=real_server.alias,

@@ -20,6 +20,7 @@ from mlxcel.model.blas import load_fast_blas
 from mlxcel.model.constrained import compile_schema
 from mlxcel.model.engine import LoadedModel, Sampling, SequenceSpec
 from mlxcel.model.fetch import ensure_tiny_model
+from mlxcel.model.tool_parsers import CallClosed, HermesToolParser
 
 pytestmark = pytest.mark.mlx
 
@@ -138,3 +139,35 @@ def test_oversized_schema_is_rejected() -> None:
     huge = {"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(5000)}}
     with pytest.raises(InvalidRequest):
         compile_schema(huge)
+
+
+FORCED_CALL = {
+    "type": "object",
+    "properties": {
+        "name": {"const": "get_weather"},
+        "arguments": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "maxLength": 12}},
+            "required": ["city"],
+            "additionalProperties": False,
+        },
+    },
+    "required": ["name", "arguments"],
+    "additionalProperties": False,
+}
+
+
+@pytest.mark.parametrize("seq_id", [300, 301, 302])
+def test_a_forced_call_is_written_in_the_models_own_tags(tiny: LoadedModel, seq_id: int) -> None:
+    text = generate(tiny, tiny.codec.compile_call(FORCED_CALL, "hermes"), seq_id, max_tokens=120)
+    assert text.startswith("<tool_call>\n")
+    assert text.endswith("\n</tool_call>")
+    parser = HermesToolParser(frozenset({"get_weather"}))
+    events = parser.feed(text) + parser.finish()
+    (call,) = [e for e in events if isinstance(e, CallClosed)]
+    jsonschema.validate(json.loads(call.arguments), FORCED_CALL["properties"]["arguments"])
+    assert parser.text == ""
+
+
+def test_formats_without_call_tokens_get_a_bare_json_call(tiny: LoadedModel) -> None:
+    assert tiny.codec.compile_call(FORCED_CALL, "mistral") == tiny.codec.compile_schema(FORCED_CALL)
