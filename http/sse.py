@@ -50,19 +50,10 @@ def event_json(event: ResponseEvent) -> dict[str, Any]:
             return {"type": "response.created", "response": response_json(record)}
         case ResponseInProgress(record):
             return {"type": "response.in_progress", "response": response_json(record)}
-        case CompactionStarted(response_id, tokens):
-            return {
-                "type": "mlx.compaction.started",
-                "response_id": response_id,
-                "input_tokens": tokens,
-            }
-        case CompactionCompleted(response_id, before, after):
-            return {
-                "type": "mlx.compaction.completed",
-                "response_id": response_id,
-                "input_tokens_before": before,
-                "input_tokens_after": after,
-            }
+        case CompactionStarted():
+            return {"type": "mlx.compaction.started", **dataclasses.asdict(event)}
+        case CompactionCompleted():
+            return {"type": "mlx.compaction.completed", **dataclasses.asdict(event)}
         case OutputItemAdded(index, item):
             return {
                 "type": "response.output_item.added",
@@ -102,20 +93,9 @@ def event_json(event: ResponseEvent) -> dict[str, Any]:
                 **dataclasses.asdict(event),
                 "logprobs": [],
             }
-        case FunctionCallArgumentsDelta(item_id, index, delta):
-            return {
-                "type": "response.function_call_arguments.delta",
-                "item_id": item_id,
-                "output_index": index,
-                "delta": delta,
-            }
-        case FunctionCallArgumentsDone(item_id, index, arguments):
-            return {
-                "type": "response.function_call_arguments.done",
-                "item_id": item_id,
-                "output_index": index,
-                "arguments": arguments,
-            }
+        case FunctionCallArgumentsDelta() | FunctionCallArgumentsDone():
+            kind = "delta" if isinstance(event, FunctionCallArgumentsDelta) else "done"
+            return {"type": f"response.function_call_arguments.{kind}", **dataclasses.asdict(event)}
         case ResponseFinished(record):
             return {"type": _FINISHED[record.status], "response": response_json(record)}
         case StreamError(code, message):
