@@ -139,11 +139,10 @@ class Compactor:
     info: ModelInfo
     alias: str
 
-    def count(self, items: Sequence[Item]) -> int:
-        """Tokens `items` add to a rendered prompt (tools and instructions aside)."""
+    def _rendered(self, items: Sequence[Item]) -> int:
+        """Tokens of `items` rendered after a one-word user turn (so any items render)."""
         probe = Message("user", (InputText("."),))
-        base = len(self.codec.render(to_chat(None, [probe]), None))
-        return len(self.codec.render(to_chat(None, [probe, *items]), None)) - base
+        return len(self.codec.render(to_chat(None, [probe, *items]), None))
 
     async def compact(
         self,
@@ -156,7 +155,8 @@ class Compactor:
     ) -> Compacted:
         """One compaction item for `items`; ContextLengthExceeded when it cannot help."""
         keep = keep_tokens or default_keep_tokens(self.info.context_length)
-        parts = split(replay(items), keep, self.count)
+        base = self._rendered(())
+        parts = split(replay(items), keep, lambda turns: self._rendered(turns) - base)
         summary, usage = await self._summarise(
             parts.summarised, instructions, max_output_tokens or DEFAULT_SUMMARY_TOKENS, waits
         )

@@ -270,10 +270,11 @@ async def _prepare(
     reaches the threshold or leaves no room for output."""
     loaded = handles.model.loaded
     info, codec = loaded.info, loaded.codec
-    _, prompt = render(body, history, codec, items)
+    generation = build_request(body, handles.names, info, codec, history, items, fits=False)
+    before = len(generation.prompt)
     threshold = body.compact_threshold or MAX_COMPACT_THRESHOLD
-    if len(prompt) < threshold and len(prompt) < info.context_length:
-        return build_request(body, handles.names, info, codec, history, items)
+    if before < threshold and before < info.context_length:
+        return generation
     compactor = Compactor(handles.scheduler, codec, info, handles.names.alias)
     # Preserved turns get at most half the threshold and the summary a quarter, so the
     # compacted prompt starts well below it.
@@ -283,8 +284,8 @@ async def _prepare(
         history + items, keep_tokens=keep, max_output_tokens=summary, waits=waits
     )
     generation = build_request(body, handles.names, info, codec, history, items, compacted.item)
-    check_reduction(len(prompt), len(generation.prompt), info.context_length)
-    report = CompactionReport(compacted.item, len(prompt), len(generation.prompt))
+    check_reduction(before, len(generation.prompt), info.context_length)
+    report = CompactionReport(compacted.item, before, len(generation.prompt))
     return dataclasses.replace(generation, compaction=report)
 
 

@@ -84,6 +84,10 @@ class TemplateCodec:
     def __init__(self, tokenizer: ChatTokenizer, grammars: GrammarCompiler | None = None) -> None:
         self._tokenizer = tokenizer
         self._grammars = grammars
+        # The Hermes call tags as token ids, when the tokenizer keeps each one whole.
+        tags = [tokenizer.encode(tag, add_special_tokens=False) for tag in HERMES_TAGS]
+        whole = all(len(ids) == 1 for ids in tags)
+        self._call_tokens = (tags[0][0], tags[1][0]) if whole else None
 
     def opens_reasoning(self, template_kwargs: Mapping[str, Any] | None = None) -> bool:
         try:
@@ -99,10 +103,9 @@ class TemplateCodec:
 
     def compile_call(self, schema: Mapping[str, Any], parser: str) -> str:
         """In the Hermes form when the model writes it with whole `<tool_call>` tokens."""
-        markers = [self._tokenizer.encode(m, add_special_tokens=False) for m in HERMES_TAGS]
-        if parser != "hermes" or self._grammars is None or any(len(m) != 1 for m in markers):
+        if parser != "hermes" or self._grammars is None or self._call_tokens is None:
             return self.compile_schema(schema)
-        return self._grammars.compile_tagged_call(schema, markers[0][0], markers[1][0])
+        return self._grammars.compile_tagged_call(schema, *self._call_tokens)
 
     def render(
         self,
