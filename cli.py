@@ -32,7 +32,10 @@ class Flag:
 
 
 def _nonneg_float(text: str) -> float:
-    return float(text)
+    value = float(text)
+    if not value >= 0:  # also refuses nan
+        raise ValueError(text)
+    return value
 
 
 FLAGS: tuple[Flag, ...] = (
@@ -112,6 +115,48 @@ FLAGS: tuple[Flag, ...] = (
         10.0,
         "MLXCEL_SSE_KEEPALIVE_SECS",
         "idle seconds before a stream sends a keep-alive comment",
+    ),
+    Flag(
+        ("--send-timeout-secs",),
+        "send_timeout_secs",
+        float,
+        30.0,
+        "MLXCEL_SEND_TIMEOUT_SECS",
+        "seconds a stream waits for a client that stops reading before treating it as gone "
+        "(its slot is freed)",
+    ),
+    Flag(
+        ("--shutdown-timeout-secs",),
+        "shutdown_timeout_secs",
+        float,
+        30.0,
+        "MLXCEL_SHUTDOWN_TIMEOUT_SECS",
+        "on SIGTERM/SIGINT, seconds in-flight responses get to finish before they are ended "
+        "(a second signal exits at once)",
+    ),
+    Flag(
+        ("--body-timeout-secs",),
+        "body_timeout_secs",
+        float,
+        60.0,
+        "MLXCEL_BODY_TIMEOUT_SECS",
+        "seconds a request body may take to arrive whole",
+    ),
+    Flag(
+        ("--read-timeout-secs",),
+        "read_timeout_secs",
+        float,
+        30.0,
+        "MLXCEL_READ_TIMEOUT_SECS",
+        "seconds a connection may take to send a request's headers",
+    ),
+    Flag(
+        ("--max-connections",),
+        "max_connections",
+        int,
+        1024,
+        "MLXCEL_MAX_CONNECTIONS",
+        "open HTTP connections served at once; more wait in the listen backlog",
     ),
     Flag(
         ("--api-key",),
@@ -266,6 +311,11 @@ def settings_from_args(args: argparse.Namespace, environ: dict[str, str]) -> Set
         background_max_jobs=args.background_max_jobs,
         background_ephemeral_ttl_secs=args.background_ephemeral_ttl_secs,
         reasoning_echo_max_bytes=reasoning_echo_max_bytes,
+        send_timeout_secs=args.send_timeout_secs,
+        shutdown_timeout_secs=args.shutdown_timeout_secs,
+        body_timeout_secs=args.body_timeout_secs,
+        read_timeout_secs=args.read_timeout_secs,
+        max_connections=args.max_connections,
     )
 
 

@@ -49,6 +49,16 @@ class Settings:
     background_max_jobs: int = 64
     background_ephemeral_ttl_secs: float = 600
     reasoning_echo_max_bytes: int = 16 * 1024 * 1024
+    send_timeout_secs: float = 30.0
+    """A stream whose client reads nothing for this long is treated as gone."""
+    shutdown_timeout_secs: float = 30.0
+    """On SIGTERM/SIGINT, in-flight responses get this long to finish."""
+    body_timeout_secs: float = 60.0
+    """A request body must arrive whole within this many seconds (408 otherwise)."""
+    read_timeout_secs: float = 30.0
+    """A connection that sends no byte of a request (headers) for this long is closed."""
+    max_connections: int = 1024
+    """Open HTTP connections at once; more wait in the listen backlog."""
 
     def __post_init__(self) -> None:
         checks: list[tuple[bool, str]] = [
@@ -70,6 +80,11 @@ class Settings:
                 self.background_ephemeral_ttl_secs >= 1,
                 "--responses-background-ephemeral-ttl-secs must be at least 1",
             ),
+            (self.send_timeout_secs > 0, "--send-timeout-secs must be positive"),
+            (self.shutdown_timeout_secs >= 0, "--shutdown-timeout-secs must be 0 or more"),
+            (self.body_timeout_secs > 0, "--body-timeout-secs must be positive"),
+            (self.read_timeout_secs > 0, "--read-timeout-secs must be positive"),
+            (self.max_connections >= 1, "--max-connections must be at least 1"),
             (self.reasoning_echo_max_bytes >= 0, "MLXCEL_REASONING_ECHO_MAX_BYTES must be >= 0"),
             (
                 self.tool_call_parser is None or self.tool_call_parser in PARSERS,
