@@ -13,8 +13,8 @@ from pathlib import Path
 import trio
 
 from mlxcel.actors.echo import EchoActor
-from mlxcel.actors.jobs import JobSupervisor
-from mlxcel.actors.scheduler import Scheduler
+from mlxcel.actors.jobs import JobsHandle, JobSupervisor
+from mlxcel.actors.scheduler import Scheduler, SchedulerHandle
 from mlxcel.actors.store import StoreActor
 from mlxcel.config import Settings
 from mlxcel.errors import ConfigError
@@ -28,23 +28,32 @@ log = logging.getLogger(__name__)
 
 DEFAULT_ALIAS = "qwen2.5-coder-0.5b-instruct"
 
+SHUTDOWN_GRACE_SECS = 5.0
+"""How long after the drain the HTTP server waits for connections to close by themselves."""
+
 
 async def serve(
     settings: Settings,
     factory: EngineFactory,
     names: ModelNames,
     *,
+    shutdown: trio.Event | None = None,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Run every actor (store → model → scheduler → jobs → HTTP) until cancelled; reports
-    the HTTP URLs once listening.
+    """Run every actor (store → model → scheduler → jobs → HTTP) until cancelled, or until
+    `shutdown` is set and the drain is over; reports the HTTP URLs once listening.
 
-    Resource handling: every actor lives in this one nursery, so cancelling it (Ctrl-C,
-    a test leaving its scope) stops them all; the model thread closes its engine.
+    Resource handling: every actor lives in this one nursery, so cancelling it (a second
+    signal, a test leaving its scope) stops them all; the model thread closes its engine.
+    Setting `shutdown` drains instead: no new connections or generations, in-flight
+    responses get `--shutdown-timeout-secs` to finish, then every one still running is
+    ended with its terminal event, and only then do the actors stop.
 
     Error handling: an actor that crashes cancels the others and the error propagates:
-    a half-working server is worse than a stopped one.
+    a half-working server is worse than a stopped one. No request can make an actor
+    crash: each actor fails the one response at fault.
     """
+    shutdown = shutdown or trio.Event()
     if settings.tool_call_parser is not None:
         factory = functools.partial(_with_tool_parser, factory, settings.tool_call_parser)
     async with trio.open_nursery() as nursery:
@@ -62,6 +71,7 @@ async def serve(
             parallel=settings.parallel,
             max_queue_depth=settings.max_queue_depth,
             keepalive_secs=settings.sse_keepalive_secs,
+            send_timeout_secs=settings.send_timeout_secs,
         )
         scheduler = await nursery.start(scheduler_actor.run)
         supervisor = JobSupervisor(
@@ -80,11 +90,40 @@ async def serve(
             names,
             background_enabled=settings.background_enabled,
             api_keys=settings.api_keys,
+            stopping=shutdown,
         )
         app = create_app(handles)
-        urls = await nursery.start(serve_http, app, settings.host, settings.port)
-        log.info("listening on %s (model %s)", ", ".join(urls), names.alias)
-        task_status.started(urls)
+        async with trio.open_nursery() as edge:
+            http = functools.partial(
+                serve_http,
+                app,
+                settings.host,
+                settings.port,
+                shutdown_trigger=shutdown.wait,
+                # A backstop only: the drain ends every response before this runs out.
+                graceful_timeout=settings.shutdown_timeout_secs + SHUTDOWN_GRACE_SECS,
+            )
+            urls = await edge.start(http)
+            log.info("listening on %s (model %s)", ", ".join(urls), names.alias)
+            task_status.started(urls)
+            edge.start_soon(_drain, shutdown, settings.shutdown_timeout_secs, scheduler, jobs)
+        # HTTP has stopped and every response has ended: stop the actors.
+        nursery.cancel_scope.cancel()
+
+
+async def _drain(
+    shutdown: trio.Event, grace_secs: float, scheduler: SchedulerHandle, jobs: JobsHandle
+) -> None:
+    """After `shutdown`: let in-flight responses finish within `grace_secs`, then end the
+    rest (running jobs `failed`, requests `incomplete`, each with its terminal event)."""
+    await shutdown.wait()
+    log.info("stopping: in-flight responses get up to %g s to finish", grace_secs)
+    with trio.move_on_after(grace_secs) as late:
+        await scheduler.wait_idle()
+    if late.cancelled_caught:
+        log.warning("stopping: ending the responses still in flight")
+    await jobs.end_all()
+    await scheduler.end_all()
 
 
 def resolve_model(settings: Settings) -> tuple[Path, ModelNames]:
@@ -149,11 +188,22 @@ def run(settings: Settings) -> None:
 async def _serve_until_signalled(
     settings: Settings, factory: EngineFactory, names: ModelNames
 ) -> None:
-    """Serve until SIGINT or SIGTERM, then stop every actor and return normally."""
+    """Serve until SIGINT or SIGTERM, drain, and return normally; a second signal stops
+    everything at once."""
+    shutdown = trio.Event()
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(serve, settings, factory, names)
+
+            async def serve_then_stop() -> None:
+                await serve(settings, factory, names, shutdown=shutdown)
+                nursery.cancel_scope.cancel()  # drained: stop listening for signals
+
+            nursery.start_soon(serve_then_stop)
             async for signum in signals:
-                log.info("%s: stopping", signal.Signals(signum).name)
-                nursery.cancel_scope.cancel()
-                break
+                name = signal.Signals(signum).name
+                if shutdown.is_set():
+                    log.warning("%s again: stopping at once", name)
+                    nursery.cancel_scope.cancel()
+                    break
+                log.info("%s: draining (a second signal stops at once)", name)
+                shutdown.set()

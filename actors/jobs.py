@@ -11,19 +11,20 @@ endpoint stops a job; no HTTP connection owns it.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import trio
 
 from mlxcel.actors.messages import (
     CancelJob,
-    Generate,
+    EndJobs,
     GenerationRequest,
     JobCommand,
-    ResponseEvent,
     ResponseFinished,
     ResponseInProgress,
     SubmitJob,
@@ -36,6 +37,10 @@ from mlxcel.errors import InvalidRequest, MlxcelError, RateLimited
 from mlxcel.items import ResponseError, ResponseRecord, Usage
 
 log = logging.getLogger(__name__)
+
+SHUTDOWN_MESSAGE = "The server shut down before this response finished."
+
+T = TypeVar("T")
 
 BYTES_PER_OUTPUT_TOKEN = 8
 """Rough JSON bytes one generated token adds to a final object (text plus escaping)."""
@@ -65,6 +70,12 @@ class JobsHandle:
         await self._inbox.send(CancelJob(response_id, send))
         return await recv.receive()
 
+    async def end_all(self) -> None:
+        """End every active job `failed` (shutdown); returns once each end is stored."""
+        send, recv = trio.open_memory_channel[None](1)
+        await self._inbox.send(EndJobs(send))
+        await recv.receive()
+
 
 @dataclass
 class _Job:
@@ -72,6 +83,8 @@ class _Job:
     bytes: int
     prepare: Callable[[], Awaitable[GenerationRequest]] | None = None
     scope: trio.CancelScope = field(default_factory=trio.CancelScope)
+    shutdown: bool = False
+    """Ended by a shutdown (failed), not by a cancel."""
     waiters: list[trio.MemorySendChannel[ResponseRecord | None]] = field(default_factory=list)
 
 
@@ -85,6 +98,7 @@ class JobSupervisor:
         self._max_bytes = max_bytes
         self._jobs: dict[str, _Job] = {}
         self._active_bytes = 0
+        self._drained: list[trio.MemorySendChannel[None]] = []  # answered when no job is left
 
     async def run(
         self, *, task_status: trio.TaskStatus[JobsHandle] = trio.TASK_STATUS_IGNORED
@@ -111,6 +125,12 @@ class JobSupervisor:
                             reply.send_nowait(await self._admit(request, prepare, nursery))
                         case CancelJob(response_id, reply):
                             self._cancel(response_id, reply)
+                        case EndJobs(reply):
+                            self._drained.append(reply)
+                            for job in self._jobs.values():
+                                job.shutdown = True
+                                job.scope.cancel()
+                            self._answer_drained()
 
     async def _admit(
         self,
@@ -144,7 +164,7 @@ class JobSupervisor:
     ) -> None:
         job = self._jobs.get(response_id)
         if job is None:
-            reply.send_nowait(None)
+            _answer(reply, None)
             return
         job.scope.cancel()
         job.waiters.append(reply)  # answered once the cancelled object is stored
@@ -153,11 +173,15 @@ class JobSupervisor:
         record_id = job.request.record.id
         final: ResponseRecord | None = None
         try:
-            with job.scope:
-                final = await self._generate(job)
-            if final is None:  # cancelled
-                with trio.CancelScope(shield=True):
-                    await self._scheduler.cancel(record_id)  # drop it from the queue too
+            try:
+                with job.scope:  # leaving it withdraws the job from the scheduler too
+                    final = await self._generate(job)
+            except Exception:
+                log.exception("background response %s failed", record_id)
+                final = self._failed(job, "server_error", "The server had an error.")
+            if final is None and job.shutdown:
+                final = self._failed(job, "server_error", SHUTDOWN_MESSAGE)
+            elif final is None:
                 final = self._cancelled(job)
             with trio.CancelScope(shield=True):
                 final = await self._keep(final)
@@ -165,7 +189,14 @@ class JobSupervisor:
             del self._jobs[record_id]
             self._active_bytes -= job.bytes
             for waiter in job.waiters:
-                waiter.send_nowait(final)
+                _answer(waiter, final)
+            self._answer_drained()
+
+    def _answer_drained(self) -> None:
+        if not self._jobs:
+            for reply in self._drained:
+                _answer(reply, None)
+            self._drained.clear()
 
     async def _generate(self, job: _Job) -> ResponseRecord:
         """Run the job through the scheduler, recording `in_progress` when a slot takes it."""
@@ -180,10 +211,9 @@ class JobSupervisor:
             record = dataclasses.replace(prepared.record, id=request.record.id)
             record = dataclasses.replace(record, created_at=request.record.created_at)
             request = dataclasses.replace(prepared, record=record)
-        send, recv = trio.open_memory_channel[ResponseEvent](0)
-        await self._scheduler.submit(Generate(request, send), waits=True)
-        async with recv:
-            async for event in recv:
+        async with self._scheduler.stream(request, waits=True) as events:
+            await events.submit()
+            async for event in events:
                 if isinstance(event, ResponseInProgress):
                     started = dataclasses.replace(event.record, usage=Usage(), output=())
                     await self._store.put(started, Table.ACTIVE)
@@ -220,3 +250,9 @@ class JobSupervisor:
             await self._store.put(final, table)
         await self._store.delete(final.id, Table.ACTIVE)
         return final
+
+
+def _answer(reply: trio.MemorySendChannel[T], value: T) -> None:
+    """Answer a one-shot reply channel (buffer 1); a requester that left changes nothing."""
+    with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError, trio.WouldBlock):
+        reply.send_nowait(value)

@@ -105,7 +105,44 @@ class CancelResponse:
     reply: trio.MemorySendChannel[ResponseRecord | None]
 
 
-SchedulerCommand = Submit | CancelResponse | SlotIdle
+@dataclass(frozen=True, slots=True)
+class Withdraw:
+    """The requester of `response_id` left (closed its reply channel): a queued response
+    leaves the line at once, a running one is stopped and its slot freed."""
+
+    response_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class EndAll:
+    """Shutdown: end every queued and running response now, each with its terminal event;
+    the reply comes once every slot is idle again."""
+
+    reply: trio.MemorySendChannel[None]
+
+
+@dataclass(frozen=True, slots=True)
+class WaitIdle:
+    """Reply once no response is queued or running (the drain before a shutdown)."""
+
+    reply: trio.MemorySendChannel[None]
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerStatistics:
+    slots: int
+    busy: int
+    queued: int
+
+
+@dataclass(frozen=True, slots=True)
+class ReadSchedulerStatistics:
+    reply: trio.MemorySendChannel[SchedulerStatistics]
+
+
+SchedulerCommand = (
+    Submit | CancelResponse | SlotIdle | Withdraw | EndAll | WaitIdle | ReadSchedulerStatistics
+)
 
 
 # --- job supervisor ------------------------------------------------------------------
@@ -130,7 +167,14 @@ class CancelJob:
     reply: trio.MemorySendChannel[ResponseRecord | None]
 
 
-JobCommand = SubmitJob | CancelJob
+@dataclass(frozen=True, slots=True)
+class EndJobs:
+    """Shutdown: end every active job `failed`; the reply comes once all are stored."""
+
+    reply: trio.MemorySendChannel[None]
+
+
+JobCommand = SubmitJob | CancelJob | EndJobs
 
 
 # --- response events (scheduler -> HTTP) -------------------------------------------

@@ -211,10 +211,28 @@ class ResponseBuilder:
 
     def cancel(self) -> ResponseRecord:
         """The record as cancelled; a response that already ended is returned unchanged."""
-        if self._record.status in ("completed", "incomplete", "failed", "cancelled"):
-            return self._record
-        self._record = dataclasses.replace(self._record, status="cancelled", usage=self._usage())
-        return self._record
+        return self.interrupt("cancelled")[1]
+
+    def interrupt(
+        self, status: Literal["cancelled", "incomplete"], *, reason: str | None = None
+    ) -> tuple[list[ResponseEvent], ResponseRecord]:
+        """Stop before the end (a cancel, a client gone, a shutdown): the open items are
+        closed as they stand and kept; held text that may be a call is dropped. A
+        response that already ended is returned unchanged, with no events."""
+        if self._record.status != "in_progress":
+            return [], self._record
+        events = self._close_reasoning()
+        events += self._close_message("incomplete")
+        for index in sorted(self._calls):
+            events += self._close_call(index, self._calls[index].sent, "incomplete")
+        self._record = dataclasses.replace(
+            self._record,
+            status=status,
+            output=tuple(i for i in self._output if i is not None),
+            usage=self._usage(),
+            incomplete_reason=reason,
+        )
+        return events, self._record
 
     # --- text and messages -------------------------------------------------------
 

@@ -3,81 +3,78 @@
 A control task owns admission. Free slots report `SlotIdle`; a submitted command goes
 to an idle slot at once or waits in one FIFO line. Requests may wait only while fewer
 than `--max-queue-depth` requests are waiting (else `QueueFull`: 503); background jobs
-always wait their turn (the job cap bounds them). The control task also cancels queued
-or running responses. A slot runs its response to the end: it opens a sequence in the
-model actor, relays the model's tokens through a `ResponseBuilder` to the requester,
-stores the final record, appends the turn to its conversation, and only then reports
-the end.
+always wait their turn (the job cap bounds them). The control task also cancels and
+withdraws queued or running responses, and ends them all at shutdown. A slot runs its
+response to the end: it opens a sequence in the model actor, relays the model's tokens
+through a `ResponseBuilder` to the requester, and ends the record in one place
+(`_end`: stored, its turn appended, remembered) before the requester sees the end.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Literal, TypeVar
 
 import trio
 
 from mlxcel.actors.echo import EchoHandle, turn_key
 from mlxcel.actors.messages import (
     CancelResponse,
+    EndAll,
     Generate,
     GenerationRequest,
     KeepAlive,
+    ReadSchedulerStatistics,
     ResponseEvent,
     ResponseFinished,
     SchedulerCommand,
+    SchedulerStatistics,
     SlotIdle,
+    StreamError,
     Submit,
+    WaitIdle,
+    Withdraw,
 )
+from mlxcel.actors.response_stream import SchedulerHandle
 from mlxcel.actors.responses import ResponseBuilder
 from mlxcel.actors.store import StoreHandle
-from mlxcel.errors import GenerationFailed, QueueFull
-from mlxcel.items import Message, Reasoning, ResponseRecord
+from mlxcel.items import Message, Reasoning, ResponseError, ResponseRecord, Usage
 from mlxcel.model.actor import ModelHandle, SequenceFailed
+
+__all__ = ["ClientGone", "Scheduler", "SchedulerHandle"]
 
 log = logging.getLogger(__name__)
 
+STORE_DEADLINE_SECS = 10.0
+"""Ending a record is shielded from cancellation, but never waits on a stopped store
+for ever (a hard shutdown)."""
 
-class SchedulerHandle:
-    def __init__(self, control: trio.MemorySendChannel[SchedulerCommand], depth: int) -> None:
-        self._control = control
-        self.max_queue_depth = depth
+Ending = Literal["cancelled", "gone", "shutdown"]
+T = TypeVar("T")
 
-    async def submit(self, command: Generate, *, waits: bool = False) -> None:
-        """Queue a request, or raise `QueueFull` when every slot and queue place is taken.
-        With `waits`, (a background job) the command is always queued."""
-        send, recv = trio.open_memory_channel[bool](1)
-        await self._control.send(Submit(command, waits, send))
-        if not await recv.receive():
-            raise QueueFull(
-                "The server is busy: every generation slot is in use and the waiting "
-                f"queue is full ({self.max_queue_depth}). Retry shortly.",
-                code="server_overloaded",
-            )
 
-    async def generate(self, request: GenerationRequest, *, waits: bool = False) -> ResponseRecord:
-        """Run a request to its end: its final record (the events on the way are dropped)."""
-        send, recv = trio.open_memory_channel[ResponseEvent](0)
-        await self.submit(Generate(request, send), waits=waits)
-        async with recv:
-            async for event in recv:
-                if isinstance(event, ResponseFinished):
-                    return event.record
-        raise GenerationFailed("The response ended without a result.")
-
-    async def cancel(self, response_id: str) -> ResponseRecord | None:
-        """Cancel a queued or running response; its final record, or None if not held."""
-        send, recv = trio.open_memory_channel[ResponseRecord | None](1)
-        await self._control.send(CancelResponse(response_id, send))
-        return await recv.receive()
+class ClientGone(Exception):
+    """The requester stopped reading (closed its channel, or missed the send deadline)."""
 
 
 @dataclass
 class _Running:
-    scope: trio.CancelScope
+    request: GenerationRequest
+    scope: trio.CancelScope = field(default_factory=trio.CancelScope)
+    ending: Ending | None = None
+    """Why the scope was cancelled (the first reason wins)."""
+    ended: ResponseRecord | None = None
+    """The final record, once `_end` has stored it."""
     waiters: list[trio.MemorySendChannel[ResponseRecord | None]] = field(default_factory=list)
+
+    def stop(self, ending: Ending) -> None:
+        if self.ending is None:
+            self.ending = ending
+        self.scope.cancel()
 
 
 @dataclass
@@ -96,6 +93,7 @@ class Scheduler:
         parallel: int,
         max_queue_depth: int,
         keepalive_secs: float,
+        send_timeout_secs: float = 30.0,
     ) -> None:
         self._model = model
         self._store = store
@@ -103,11 +101,13 @@ class Scheduler:
         self._parallel = parallel
         self._depth = max_queue_depth
         self._keepalive = keepalive_secs
+        self._send_timeout = send_timeout_secs
         # Owned by this actor's tasks (control and slots), all on the Trio thread.
         self._line: deque[_Waiting] = deque()  # bounded: depth requests + the job cap
         self._waiting_requests = 0
         self._idle: deque[trio.MemorySendChannel[Generate]] = deque()  # at most `parallel`
         self._running: dict[str, _Running] = {}
+        self._idle_waiters: list[trio.MemorySendChannel[None]] = []
 
     async def run(
         self, *, task_status: trio.TaskStatus[SchedulerHandle] = trio.TASK_STATUS_IGNORED
@@ -118,11 +118,14 @@ class Scheduler:
         waiting background jobs are bounded by the job supervisor's cap. Each slot holds
         one sequence in the model at a time, so the model never holds more than
         `parallel`. The control inbox is unbuffered and the control task never blocks.
+        A slot waits on a requester for at most the send deadline: a reader that stops
+        reading is treated as gone.
 
-        Error handling: a requester that leaves (closed reply channel) ends its response
-        and frees the slot; an engine failure becomes a `failed` response; a cancel
-        becomes a `cancelled` one. Anything else propagates: it is a bug, and the root
-        nursery stops the server.
+        Error handling: a requester that leaves (withdraws, closes its channel, misses
+        the send deadline) ends its response and frees the slot; an engine failure, or
+        any exception while building one response (a parser, a grammar, the builder),
+        becomes a `failed` response for that request alone, logged with its traceback;
+        a cancel becomes a `cancelled` one. Nothing one request does stops the server.
         """
         control_send, control_recv = trio.open_memory_channel[SchedulerCommand](0)
         async with trio.open_nursery() as nursery:
@@ -133,6 +136,8 @@ class Scheduler:
                 await nursery.start(self._slot, control_send.clone())
             task_status.started(SchedulerHandle(control_send, self._depth))
 
+    # --- control task ------------------------------------------------------------------
+
     async def _control(
         self, inbox: trio.MemoryReceiveChannel[SchedulerCommand], nursery: trio.Nursery
     ) -> None:
@@ -140,12 +145,23 @@ class Scheduler:
             async for command in inbox:
                 match command:
                     case Submit(generate, waits, reply):
-                        reply.send_nowait(self._admit(generate, waits))
+                        _answer(reply, self._admit(generate, waits))
                     case SlotIdle(slot):
                         self._idle.append(slot)
                         self._dispatch()
                     case CancelResponse(response_id, reply):
                         self._cancel(response_id, reply, nursery)
+                    case Withdraw(response_id):
+                        self._withdraw(response_id)
+                    case WaitIdle(reply):
+                        self._idle_waiters.append(reply)
+                    case EndAll(reply):
+                        self._end_all(nursery)
+                        self._idle_waiters.append(reply)
+                    case ReadSchedulerStatistics(reply):
+                        busy = self._parallel - len(self._idle)
+                        _answer(reply, SchedulerStatistics(self._parallel, busy, len(self._line)))
+                self._wake_idle_waiters()
 
     def _admit(self, command: Generate, waits: bool) -> bool:
         if not waits and not self._idle and self._waiting_requests >= self._depth:
@@ -162,6 +178,14 @@ class Scheduler:
             # The slot's inbox holds one command and the slot is idle: never blocks.
             self._idle.popleft().send_nowait(waiting.command)
 
+    def _unqueue(self, response_id: str) -> _Waiting | None:
+        for waiting in self._line:
+            if waiting.command.request.record.id == response_id:
+                self._line.remove(waiting)
+                self._waiting_requests -= not waiting.waits
+                return waiting
+        return None
+
     def _cancel(
         self,
         response_id: str,
@@ -169,28 +193,58 @@ class Scheduler:
         nursery: trio.Nursery,
     ) -> None:
         if (running := self._running.get(response_id)) is not None:
-            running.scope.cancel()
+            if running.ended is not None:  # a cancel racing the end changes nothing
+                _answer(reply, running.ended)
+                return
+            running.stop("cancelled")
             running.waiters.append(reply)  # answered when the slot has stored the end
             return
-        for waiting in self._line:
-            if waiting.command.request.record.id == response_id:
-                self._line.remove(waiting)
-                self._waiting_requests -= not waiting.waits
-                nursery.start_soon(self._end_queued, waiting.command, reply)
-                return
-        reply.send_nowait(None)
+        if (waiting := self._unqueue(response_id)) is not None:
+            nursery.start_soon(self._end_queued, waiting.command, reply, "cancelled")
+            return
+        _answer(reply, None)
+
+    def _withdraw(self, response_id: str) -> None:
+        """The requester left: nobody waits for a queued response; a running one stops."""
+        if (running := self._running.get(response_id)) is not None:
+            if running.ended is None:
+                running.stop("gone")
+            return
+        if (waiting := self._unqueue(response_id)) is not None:
+            waiting.command.reply.close()
+
+    def _end_all(self, nursery: trio.Nursery) -> None:
+        while self._line:
+            waiting = self._line.popleft()
+            self._waiting_requests -= not waiting.waits
+            nursery.start_soon(self._end_queued, waiting.command, None, "shutdown")
+        for running in self._running.values():
+            if running.ended is None:
+                running.stop("shutdown")
+
+    def _wake_idle_waiters(self) -> None:
+        if self._idle_waiters and len(self._idle) == self._parallel and not self._line:
+            for waiter in self._idle_waiters:
+                _answer(waiter, None)
+            self._idle_waiters.clear()
 
     async def _end_queued(
-        self, command: Generate, waiter: trio.MemorySendChannel[ResponseRecord | None]
+        self,
+        command: Generate,
+        waiter: trio.MemorySendChannel[ResponseRecord | None] | None,
+        ending: Ending,
     ) -> None:
-        """A response cancelled before a slot took it: store and report it cancelled."""
-        record = ResponseBuilder(command.request.record, len(command.request.prompt)).cancel()
-        if record.echo.store and not record.echo.background:
-            await self._store.put(record)
-        waiter.send_nowait(record)
+        """A response ended before a slot took it: stored and reported like any end."""
+        request = command.request
+        builder = ResponseBuilder(request.record, len(request.prompt))
+        events, record = _stopped(builder, ending)
         async with command.reply:
-            with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
-                await command.reply.send(ResponseFinished(record))
+            record = await self._end(request, record)
+            if waiter is not None:
+                _answer(waiter, record)
+            await self._deliver(command.reply, [*events, ResponseFinished(record)])
+
+    # --- slots -------------------------------------------------------------------------
 
     async def _slot(
         self,
@@ -210,32 +264,61 @@ class Scheduler:
 
     async def _run(self, command: Generate) -> None:
         request = command.request
-        builder = ResponseBuilder(
-            request.record,
-            len(request.prompt),
-            request.tools,
-            reasoning_opened=request.reasoning_opened,
-            compaction=request.compaction,
-        )
-        running = _Running(trio.CancelScope())
+        running = _Running(request)
         self._running[request.record.id] = running
-        record: ResponseRecord | None = None
         try:
-            with running.scope:
-                record = await self._generate(command, builder)
-            if running.scope.cancelled_caught:
-                record = builder.cancel()
-                await self._end(command, [], record)
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            log.info("client left %s; its sequence is stopped", request.record.id)
+            events, record = await self._outcome(command, running)
+            running.ended = record = await self._end(request, record)
+            for waiter in running.waiters:
+                _answer(waiter, record)
+            running.waiters.clear()
+            # Outside the cancel scope: a cancel racing the end cannot cut the `.done`
+            # events short, and the record is already stored.
+            await self._deliver(command.reply, [*events, ResponseFinished(record)])
         finally:
             del self._running[request.record.id]
-            for waiter in running.waiters:
-                waiter.send_nowait(record)
+            for waiter in running.waiters:  # only when ending itself failed
+                _answer(waiter, running.ended)
 
-    async def _generate(self, command: Generate, builder: ResponseBuilder) -> ResponseRecord:
+    async def _outcome(
+        self, command: Generate, running: _Running
+    ) -> tuple[list[ResponseEvent], ResponseRecord]:
+        """The response's closing events and final record, however it ends."""
+        request = command.request
+        builder: ResponseBuilder | None = None
+        try:
+            with running.scope:
+                builder = ResponseBuilder(
+                    request.record,
+                    len(request.prompt),
+                    request.tools,
+                    reasoning_opened=request.reasoning_opened,
+                    compaction=request.compaction,
+                )
+                return await self._generate(command, builder)
+            assert running.ending is not None  # only `stop` cancels the scope
+            ending = running.ending
+        except ClientGone:
+            log.info("client left %s; its sequence is stopped", request.record.id)
+            ending = "gone"
+        except Exception:
+            # Whatever failed while building this response fails it alone.
+            log.exception("response %s failed", request.record.id)
+            message = "The server had an error while generating this response."
+            return [StreamError("server_error", message)], _failed(request, message)
+        if builder is None:
+            builder = ResponseBuilder(request.record, len(request.prompt))
+        try:
+            return _stopped(builder, ending)
+        except Exception:
+            log.exception("response %s could not be closed", request.record.id)
+            return _stopped(ResponseBuilder(request.record, len(request.prompt)), ending)
+
+    async def _generate(
+        self, command: Generate, builder: ResponseBuilder
+    ) -> tuple[list[ResponseEvent], ResponseRecord]:
         request, reply = command.request, command.reply
-        await _send_all(reply, builder.start())
+        await self._send(reply, builder.start())
         async with self._model.open_sequence(list(request.prompt), request.sampling) as tokens:
             while True:
                 with trio.move_on_after(self._keepalive) as idle:
@@ -244,30 +327,50 @@ class Scheduler:
                     except trio.EndOfChannel:
                         break
                 if idle.cancelled_caught:
-                    await reply.send(KeepAlive())
+                    await self._send(reply, [KeepAlive()])
                     continue
                 if isinstance(step, SequenceFailed):
-                    return await self._end(command, *builder.fail("server_error", step.message))
-                await _send_all(reply, builder.feed(step))
+                    return builder.fail("server_error", step.message)
+                await self._send(reply, builder.feed(step))
                 if step.finish is not None:
-                    return await self._end(command, *builder.finish(step.finish))
+                    return builder.finish(step.finish)
         # The channel ended without a finishing step: the engine dropped the sequence.
-        return await self._end(command, *builder.fail("server_error", "the sequence was dropped"))
+        return builder.fail("server_error", "the sequence was dropped")
 
-    async def _end(
-        self, command: Generate, events: list[ResponseEvent], record: ResponseRecord
-    ) -> ResponseRecord:
-        """Store the end (and the conversation turn) before the requester can see it."""
-        with trio.CancelScope(shield=True):  # a cancel must not interrupt storing its result
-            if record.echo.store and not record.echo.background:  # jobs store their own end
-                await self._store.put(record)
-            conversation = record.echo.conversation_id
-            if conversation is not None and record.status in ("completed", "incomplete"):
-                await self._store.append(conversation, record.input_items + record.output)
-            await self._remember_reasoning(command.request, record)
-        # A requester gone at the very end changes nothing: the record is kept.
-        with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
-            await _send_all(command.reply, [*events, ResponseFinished(record)])
+    async def _send(
+        self, reply: trio.MemorySendChannel[ResponseEvent], events: list[ResponseEvent]
+    ) -> None:
+        """Send to the requester, who must take each event within the send deadline."""
+        for event in events:
+            with trio.move_on_after(self._send_timeout) as late:
+                try:
+                    await reply.send(event)
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    raise ClientGone from None
+            if late.cancelled_caught:
+                raise ClientGone
+
+    async def _deliver(
+        self, reply: trio.MemorySendChannel[ResponseEvent], events: list[ResponseEvent]
+    ) -> None:
+        """The closing events: a requester gone by now changes nothing (the record is kept)."""
+        with contextlib.suppress(ClientGone):
+            await self._send(reply, events)
+
+    async def _end(self, request: GenerationRequest, record: ResponseRecord) -> ResponseRecord:
+        """The one place a response ends: stored, its turn appended and its reasoning
+        remembered, before the requester can see the end. Called once per response."""
+        with trio.move_on_after(STORE_DEADLINE_SECS) as scope:
+            scope.shield = True  # a cancel must not interrupt storing its result
+            try:
+                if record.echo.store and not record.echo.background:  # jobs store their own
+                    await self._store.put(record)
+                conversation = record.echo.conversation_id
+                if conversation is not None and record.status in ("completed", "incomplete"):
+                    await self._store.append(conversation, record.input_items + record.output)
+                await self._remember_reasoning(request, record)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                log.warning("the store has stopped; response %s was not kept", record.id)
         return record
 
     async def _remember_reasoning(self, request: GenerationRequest, record: ResponseRecord) -> None:
@@ -279,8 +382,27 @@ class Scheduler:
                 await self._echo.remember(turn_key(request.echo_prefix, message.text), trace)
 
 
-async def _send_all(
-    reply: trio.MemorySendChannel[ResponseEvent], events: list[ResponseEvent]
-) -> None:
-    for event in events:
-        await reply.send(event)
+def _stopped(
+    builder: ResponseBuilder, ending: Ending
+) -> tuple[list[ResponseEvent], ResponseRecord]:
+    """A response stopped before its end: cancelled (by a cancel or a client that left),
+    or cut short by a shutdown (what was generated is kept, `incomplete`)."""
+    if ending == "shutdown":
+        return builder.interrupt("incomplete", reason="server_shutdown")
+    return builder.interrupt("cancelled")
+
+
+def _failed(request: GenerationRequest, message: str) -> ResponseRecord:
+    return dataclasses.replace(
+        request.record,
+        status="failed",
+        output=(),
+        usage=Usage(input_tokens=len(request.prompt)),
+        error=ResponseError("server_error", message),
+    )
+
+
+def _answer(reply: trio.MemorySendChannel[T], value: T) -> None:
+    """Answer a one-shot reply channel (buffer 1); a requester that left changes nothing."""
+    with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError, trio.WouldBlock):
+        reply.send_nowait(value)

@@ -11,7 +11,7 @@ import functools
 import hmac
 import json
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,10 +23,8 @@ from mlxcel.actors.echo import EchoHandle
 from mlxcel.actors.jobs import JobsHandle
 from mlxcel.actors.messages import (
     CompactionReport,
-    Generate,
     GenerationRequest,
     ResponseCreated,
-    ResponseEvent,
     Table,
 )
 from mlxcel.actors.scheduler import SchedulerHandle
@@ -52,7 +50,7 @@ from mlxcel.http.schemas import (
     list_page,
     to_items,
 )
-from mlxcel.http.sse import SseEncoder
+from mlxcel.http.streaming import EventStreamBody, bind_to_exchange
 from mlxcel.items import Item, ResponseRecord, new_id
 from mlxcel.model.actor import ModelHandle
 from mlxcel.model.prompt import to_chat
@@ -70,6 +68,8 @@ class Handles:
     names: ModelNames
     background_enabled: bool = True
     api_keys: tuple[str, ...] = ()
+    stopping: trio.Event = dataclasses.field(default_factory=trio.Event)
+    """Set on shutdown: no new generation starts."""
 
 
 def json_response(body: Any, status: int = 200) -> Response:
@@ -112,12 +112,33 @@ def create_app(handles: Handles) -> QuartTrio:
         body = error_body("Invalid or missing API key.", "invalid_request_error")
         return json_response(body, 401)
 
+    @app.before_request
+    async def refuse_while_stopping() -> Response | None:
+        if not handles.stopping.is_set() or request.method != "POST":
+            return None
+        if not request.path.rstrip("/").endswith(("/responses", "/responses/compact")):
+            return None
+        body = error_body(
+            "The server is shutting down; retry on another server.",
+            "server_error",
+            code="server_shutting_down",
+        )
+        return json_response(body, 503)
+
     @app.get("/health")
     async def health() -> Response:
-        if handles.model.ready.is_set():
-            return json_response({"status": "ok"})
+        if handles.stopping.is_set():
+            body = error_body("The server is shutting down.", "server_error", code="stopping")
+            return json_response(body, 503)
+        if not handles.model.ready.is_set():
+            body = error_body("The model is still loading.", "server_error", code="loading")
+            return json_response(body, 503)
+        slots = await handles.scheduler.statistics()
         return json_response(
-            error_body("The model is still loading.", "server_error", code="loading"), 503
+            {
+                "status": "ok",
+                "slots": {"total": slots.slots, "busy": slots.busy, "queued": slots.queued},
+            }
         )
 
     @route("/models", methods=["GET"])
@@ -153,11 +174,11 @@ def create_app(handles: Handles) -> QuartTrio:
             return json_response(response_json(queued))
         if not body.stream:
             return json_response(response_json(await handles.scheduler.generate(generation)))
-        # Unbuffered: a slow client slows its own slot, never the model thread.
-        send, recv = trio.open_memory_channel[ResponseEvent](0)
-        await handles.scheduler.submit(Generate(generation, send))
+        stream = handles.scheduler.stream(generation)
+        bind_to_exchange(stream)
+        await stream.submit()  # 503 when full
         return Response(
-            _sse(ResponseCreated(generation.record), recv),
+            EventStreamBody(ResponseCreated(generation.record), stream),
             content_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
@@ -325,14 +346,3 @@ async def _stored(handles: Handles, response_id: str) -> ResponseRecord:
     if record is None:
         raise NotFound(f"Response with id '{response_id}' not found.", code="not_found")
     return record
-
-
-async def _sse(
-    created: ResponseCreated, events: trio.MemoryReceiveChannel[ResponseEvent]
-) -> AsyncIterator[bytes]:
-    """The stream: `response.created` at once (even while queued), then the slot's events."""
-    encoder = SseEncoder()
-    yield encoder.encode(created)
-    async with events:
-        async for event in events:
-            yield encoder.encode(event)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+
 import trio
 from hypercorn.config import Config
 from hypercorn.trio import serve
@@ -13,16 +15,20 @@ async def serve_http(
     host: str,
     port: int,
     *,
+    shutdown_trigger: Callable[[], Awaitable[None]] = trio.sleep_forever,
+    graceful_timeout: float = 2.0,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve until cancelled; reports the bound URLs (port 0 picks a free one)."""
+    """Serve until cancelled, or until `shutdown_trigger` returns and the open connections
+    have closed (at most `graceful_timeout` later); reports the bound URLs (port 0 picks
+    a free one)."""
     config = Config()
     config.bind = [f"{host}:{port}"]
     config.accesslog = None
     config.errorlog = "-"
-    config.graceful_timeout = 2.0
+    config.graceful_timeout = graceful_timeout
     config.keep_alive_timeout = 75.0
     # Agents and benchmarks open hundreds of connections at once; hypercorn's default
     # listen backlog (100) would make the kernel drop the rest. It caps this at somaxconn.
     config.backlog = 2048
-    await serve(app, config, shutdown_trigger=trio.sleep_forever, task_status=task_status)
+    await serve(app, config, shutdown_trigger=shutdown_trigger, task_status=task_status)

@@ -102,7 +102,9 @@ class ModelActor:
 
         Error handling: an engine error while loading propagates (the server cannot
         serve without a model). An engine error while stepping fails every sequence in
-        the engine with `SequenceFailed` and the actor carries on with an empty engine.
+        the engine with `SequenceFailed` and the actor carries on with an empty engine;
+        one while admitting a sequence fails that sequence alone; one while removing a
+        sequence is logged.
         Cancellation reaches the thread between steps and ends it after closing the engine.
         """
         self._inbox_send, self._inbox_recv = trio.open_memory_channel[SequenceSpec](
@@ -190,25 +192,41 @@ class ModelActor:
             events: list[ModelEvent] = []
             while True:
                 trio.from_thread.check_cancelled()
+                failed: list[ModelEvent] = []
                 if not events and not engine.has_work():
                     engine.idle()
                     first = trio.from_thread.run(self._wait_for_work)
-                    self._insert(engine, first, active)
+                    failed += self._insert(engine, first, active)
                 exchange = trio.from_thread.run_sync(self._exchange, events)
                 for seq_id in exchange.aborted:
                     if seq_id in active:
                         active.discard(seq_id)
-                        engine.remove(seq_id)
+                        self._remove(engine, seq_id)
                 for spec in exchange.new:
-                    self._insert(engine, spec, active)
+                    failed += self._insert(engine, spec, active)
                 events = self._step(engine, active) if engine.has_work() else []
+                events = failed + events
         finally:
             engine.close()
 
     @staticmethod
-    def _insert(engine: Engine, spec: SequenceSpec, active: set[int]) -> None:
-        engine.insert(spec)
+    def _insert(engine: Engine, spec: SequenceSpec, active: set[int]) -> list[ModelEvent]:
+        """Admit a sequence; one the engine refuses fails alone."""
+        try:
+            engine.insert(spec)
+        except Exception as exc:
+            log.exception("engine could not admit sequence %d", spec.seq_id)
+            ModelActor._remove(engine, spec.seq_id)  # whatever half of it got in
+            return [SequenceFailed(spec.seq_id, f"generation failed: {exc}")]
         active.add(spec.seq_id)
+        return []
+
+    @staticmethod
+    def _remove(engine: Engine, seq_id: int) -> None:
+        try:
+            engine.remove(seq_id)
+        except Exception:
+            log.exception("engine could not drop sequence %d", seq_id)
 
     @staticmethod
     def _step(engine: Engine, active: set[int]) -> list[ModelEvent]:
@@ -218,10 +236,7 @@ class ModelActor:
             log.exception("engine step failed; failing %d sequence(s)", len(active))
             failed: list[ModelEvent] = []
             for seq_id in sorted(active):
-                try:
-                    engine.remove(seq_id)
-                except Exception:
-                    log.exception("engine could not drop sequence %d", seq_id)
+                ModelActor._remove(engine, seq_id)
                 failed.append(SequenceFailed(seq_id, f"generation failed: {exc}"))
             active.clear()
             return failed

@@ -75,13 +75,18 @@ class FakeEngine:
     prefill_chunk: int = 10_000
     fail_on: str | None = None
     """Raise in `step` when a reply contains this word, to test engine failures."""
+    fail_insert_on: str | None = None
+    """Raise in `insert` when a reply contains this word, to test admission failures."""
     _seqs: dict[int, _Seq] = field(default_factory=dict)
     closed: bool = False
     steps: int = 0
     idled: int = 0
 
     def insert(self, spec: SequenceSpec) -> None:
-        self._seqs[spec.seq_id] = _Seq(spec, scripted_reply(spec.prompt), len(spec.prompt))
+        words = scripted_reply(spec.prompt)
+        if self.fail_insert_on is not None and any(self.fail_insert_on in w for w in words):
+            raise RuntimeError(f"scripted admission failure on {self.fail_insert_on!r}")
+        self._seqs[spec.seq_id] = _Seq(spec, words, len(spec.prompt))
 
     def remove(self, seq_id: int) -> None:
         self._seqs.pop(seq_id, None)

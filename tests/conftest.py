@@ -24,11 +24,17 @@ def start_fake_server(nursery: trio.Nursery) -> Iterator[StartServer]:
     servers: list[FakeServer] = []
 
     async def start(
-        engine: FakeEngine | None = None, *, opens_reasoning: bool = False, **settings: Any
+        engine: FakeEngine | None = None,
+        *,
+        opens_reasoning: bool = False,
+        context_length: int = 4096,
+        **settings: Any,
     ) -> FakeServer:
         engine = engine or FakeEngine(step_delay=0.002)
         config = replace(Settings(port=0), **settings)
-        factory = functools.partial(fake_factory, engine, opens_reasoning=opens_reasoning)
+        factory = functools.partial(
+            fake_factory, engine, context_length, opens_reasoning=opens_reasoning
+        )
         names = ModelNames("fake-model", "/models/fake")
         urls = await nursery.start(serve, config, factory, names)
         servers.append(FakeServer(urls[0], engine, config))

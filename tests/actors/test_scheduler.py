@@ -6,12 +6,13 @@ import functools
 
 import pytest
 import trio
+import trio.testing
 
 from mlxcel.actors.echo import EchoActor
 from mlxcel.actors.messages import (
-    Generate,
     GenerationRequest,
     OutputTextDelta,
+    OutputTextDone,
     ResponseEvent,
     ResponseFinished,
 )
@@ -30,7 +31,8 @@ from support import wait_until
 async def start(
     nursery: trio.Nursery, engine: FakeEngine, parallel: int = 2, depth: int = 4
 ) -> tuple[SchedulerHandle, StoreHandle]:
-    store = await nursery.start(StoreActor(StoreLimits(100, 1 << 20, 0), StoreLimits(0, 0, 0)).run)
+    limits = StoreLimits(100, 1 << 20, 0)
+    store = await nursery.start(StoreActor(limits, limits).run)
     model = await nursery.start(ModelActor(functools.partial(fake_factory, engine), parallel).run)
     await model.ready.wait()
     echo = await nursery.start(EchoActor(0).run)
@@ -40,31 +42,31 @@ async def start(
     return await nursery.start(scheduler.run), store
 
 
-def request(text: str, store: bool = True, max_tokens: int = 100) -> GenerationRequest:
+def request(
+    text: str, store: bool = True, max_tokens: int = 100, conversation: str | None = None
+) -> GenerationRequest:
     record = ResponseRecord(
         id=new_id("resp"),
         created_at=0,
         status="in_progress",
-        echo=RequestEcho(model="m", store=store),
+        echo=RequestEcho(model="m", store=store, conversation_id=conversation),
     )
     prompt = FakeCodec().render([{"role": "user", "content": text}], None)
     return GenerationRequest(record, tuple(prompt), Sampling(max_tokens=max_tokens))
 
 
 async def collect(scheduler: SchedulerHandle, req: GenerationRequest) -> list[ResponseEvent]:
-    send, recv = trio.open_memory_channel[ResponseEvent](0)
-    await scheduler.submit(Generate(req, send))
-    async with recv:
-        return [event async for event in recv]
+    async with scheduler.stream(req) as events:
+        await events.submit()
+        return [event async for event in events]
 
 
 async def test_response_is_stored_before_it_is_reported(nursery: trio.Nursery) -> None:
     scheduler, store = await start(nursery, FakeEngine())
     req = request("echo: stored first")
-    send, recv = trio.open_memory_channel[ResponseEvent](0)
-    await scheduler.submit(Generate(req, send))
-    async with recv:
-        async for event in recv:
+    async with scheduler.stream(req) as events:
+        await events.submit()
+        async for event in events:
             if isinstance(event, ResponseFinished):
                 assert await store.get(req.record.id) == event.record
                 assert event.record.output_text == "stored first"
@@ -82,19 +84,17 @@ async def test_queue_bound_and_slots(nursery: trio.Nursery) -> None:
     engine = FakeEngine(step_delay=0.01)
     scheduler, _ = await start(nursery, engine, parallel=1, depth=1)
     long = "echo: " + " ".join(["w"] * 50)
-    first_send, first_recv = trio.open_memory_channel[ResponseEvent](100)
-    await scheduler.submit(Generate(request(long), first_send))
-    await first_recv.receive()  # the slot has taken it
-    second_send, second_recv = trio.open_memory_channel[ResponseEvent](100)
-    await scheduler.submit(Generate(request("echo: queued"), second_send))
+    first_stream = scheduler.stream(request(long))
+    await first_stream.submit()
+    await first_stream.__anext__()  # the slot has taken it
+    second_stream = scheduler.stream(request("echo: queued"))
+    await second_stream.submit()
     with pytest.raises(QueueFull):
-        await scheduler.submit(
-            Generate(request("echo: refused"), trio.open_memory_channel[ResponseEvent](1)[0])
-        )
+        await scheduler.stream(request("echo: refused")).submit()
     with trio.fail_after(10):
-        async with first_recv, second_recv:
-            first = [e async for e in first_recv]
-            second = [e async for e in second_recv]
+        async with first_stream, second_stream:
+            first = [e async for e in first_stream]
+            second = [e async for e in second_stream]
     assert isinstance(first[-1], ResponseFinished)
     assert isinstance(second[-1], ResponseFinished)
     assert second[-1].record.output_text == "queued"
@@ -104,10 +104,9 @@ async def test_leaving_requester_frees_its_slot(nursery: trio.Nursery) -> None:
     engine = FakeEngine(step_delay=0.01)
     scheduler, _ = await start(nursery, engine, parallel=1, depth=0)
     long = "echo: " + " ".join(["w"] * 500)
-    send, recv = trio.open_memory_channel[ResponseEvent](0)
-    await scheduler.submit(Generate(request(long, max_tokens=1000), send))
-    async with recv:
-        async for event in recv:
+    async with scheduler.stream(request(long, max_tokens=1000)) as events:
+        await events.submit()
+        async for event in events:
             if isinstance(event, OutputTextDelta):
                 break
     with trio.fail_after(5):
@@ -121,3 +120,56 @@ async def test_leaving_requester_frees_its_slot(nursery: trio.Nursery) -> None:
     with trio.fail_after(5):  # the model thread drops it at its next step
         await wait_until(lambda: engine.active == 0)
     assert engine.steps < 100
+
+
+async def test_a_cancel_racing_the_end_changes_nothing_twice(nursery: trio.Nursery) -> None:
+    scheduler, store = await start(nursery, FakeEngine())
+    req = request("echo: the end is near", conversation="conv-race")
+    async with scheduler.stream(req) as events:
+        await events.submit()
+        seen: list[ResponseEvent] = []
+        async for event in events:
+            seen.append(event)
+            if isinstance(event, OutputTextDone):
+                break
+        # The record has ended; the slot waits for us to take its closing events.
+        with trio.fail_after(5):
+            after = await scheduler.cancel(req.record.id)
+        assert after is not None
+        assert after.status == "completed"
+        seen += [event async for event in events]
+    assert [type(e).__name__ for e in seen[-4:]] == [
+        "OutputTextDone",
+        "ContentPartDone",
+        "OutputItemDone",
+        "ResponseFinished",
+    ]
+    assert sum(isinstance(e, ResponseFinished) for e in seen) == 1
+    final = seen[-1]
+    assert isinstance(final, ResponseFinished)
+    assert final.record.status == "completed"
+    stored = await store.get(req.record.id)
+    assert stored is not None
+    assert stored.status == "completed"
+    conversation = await store.get_conversation("conv-race")
+    assert conversation is not None
+    assert conversation.items == final.record.output  # the turn, once
+
+
+async def test_a_reader_that_stops_reading_frees_the_slot_at_the_deadline(
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
+    engine = FakeEngine()
+    scheduler, store = await start(nursery, engine, parallel=1, depth=1)
+    stalled = scheduler.stream(request("echo: " + " ".join(["w"] * 50)))
+    await stalled.submit()
+    await stalled.__anext__()  # then reads nothing more
+    # The slot gives up on it after the send deadline and takes the next request.
+    events = await collect(scheduler, request("echo: next"))
+    final = events[-1]
+    assert isinstance(final, ResponseFinished)
+    assert final.record.output_text == "next"
+    record = await store.get(stalled.response_id)
+    assert record is not None
+    assert record.status == "cancelled"
+    await stalled.aclose()

@@ -1,0 +1,171 @@
+"""The requester's side of the scheduler: its handle, and one response's events,
+owned by the requester from before the command leaves.
+
+The requester opens the reply channel, owns its receive end, and only then submits.
+Whatever way it leaves (done, cancelled, an error, a client that hung up), closing the
+stream closes that end and tells the scheduler to withdraw the response: a queued one
+leaves the line at once and a running one frees its slot. A stream that is never
+closed (a body the HTTP server never started) still cannot hold a slot: the slot gives
+up on any reader after the send deadline.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from types import TracebackType
+from typing import TypeVar
+
+import trio
+
+from mlxcel.actors.messages import (
+    CancelResponse,
+    EndAll,
+    Generate,
+    GenerationRequest,
+    ReadSchedulerStatistics,
+    ResponseEvent,
+    ResponseFinished,
+    SchedulerCommand,
+    SchedulerStatistics,
+    Submit,
+    WaitIdle,
+    Withdraw,
+)
+from mlxcel.errors import GenerationFailed, QueueFull
+from mlxcel.items import ResponseRecord
+
+T = TypeVar("T")
+
+WITHDRAW_DEADLINE_SECS = 5.0
+"""The control task never blocks, so telling it takes no time; this only bounds a
+shutdown that already stopped it."""
+
+
+class ResponseStream:
+    """The events of one submitted response; an async iterator and context manager."""
+
+    def __init__(
+        self,
+        control: trio.MemorySendChannel[SchedulerCommand],
+        request: GenerationRequest,
+        *,
+        waits: bool,
+        max_queue_depth: int,
+    ) -> None:
+        self._control = control
+        self._request = request
+        self._waits = waits
+        self._depth = max_queue_depth
+        # Unbuffered: a slow reader slows only its own slot (within the send deadline).
+        self._send, self._recv = trio.open_memory_channel[ResponseEvent](0)
+        self._submitted = False
+        self._finished = False
+        self._closed = False
+
+    @property
+    def response_id(self) -> str:
+        return self._request.record.id
+
+    async def submit(self) -> None:
+        """Queue the response, or raise `QueueFull` (every slot and queue place taken).
+
+        A background job (`waits`) is always queued. Cancelled or failing here, the
+        stream closes itself, so nothing is left holding a place."""
+        try:
+            answer_send, answer = trio.open_memory_channel[bool](1)
+            # Marked first: a cancel can land after the control task took the command.
+            self._submitted = True
+            command = Generate(self._request, self._send)
+            await self._control.send(Submit(command, self._waits, answer_send))
+            admitted = await answer.receive()
+        except BaseException:
+            await self.aclose()
+            raise
+        if not admitted:
+            self._submitted = False
+            await self.aclose()
+            raise QueueFull(
+                "The server is busy: every generation slot is in use and the waiting "
+                f"queue is full ({self._depth}). Retry shortly.",
+                code="server_overloaded",
+            )
+
+    async def aclose(self) -> None:
+        """Leave: close our end and withdraw the response if it has not finished."""
+        if self._closed:
+            return
+        self._closed = True
+        self._recv.close()  # the slot's next send raises BrokenResourceError: it stops
+        if self._submitted and not self._finished:
+            with trio.move_on_after(WITHDRAW_DEADLINE_SECS) as scope:
+                scope.shield = True
+                # A stopped scheduler holds nothing any more.
+                with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+                    await self._control.send(Withdraw(self.response_id))
+
+    async def __aenter__(self) -> ResponseStream:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    def __aiter__(self) -> ResponseStream:
+        return self
+
+    async def __anext__(self) -> ResponseEvent:
+        if self._finished:
+            raise StopAsyncIteration
+        try:
+            event = await self._recv.receive()
+        except (trio.EndOfChannel, trio.ClosedResourceError):
+            raise StopAsyncIteration from None
+        if isinstance(event, ResponseFinished):
+            self._finished = True
+        return event
+
+
+class SchedulerHandle:
+    def __init__(self, control: trio.MemorySendChannel[SchedulerCommand], depth: int) -> None:
+        self._control = control
+        self.max_queue_depth = depth
+
+    def stream(self, request: GenerationRequest, *, waits: bool = False) -> ResponseStream:
+        """A stream for `request`, owned by the caller; `submit()` it, then read it."""
+        return ResponseStream(
+            self._control, request, waits=waits, max_queue_depth=self.max_queue_depth
+        )
+
+    async def generate(self, request: GenerationRequest, *, waits: bool = False) -> ResponseRecord:
+        """Run a request to its end: its final record (the events on the way are dropped)."""
+        async with self.stream(request, waits=waits) as events:
+            await events.submit()
+            async for event in events:
+                if isinstance(event, ResponseFinished):
+                    return event.record
+        raise GenerationFailed("The response ended without a result.")
+
+    async def cancel(self, response_id: str) -> ResponseRecord | None:
+        """Cancel a queued or running response; its final record, or None if not held."""
+        return await self._ask(lambda reply: CancelResponse(response_id, reply))
+
+    async def wait_idle(self) -> None:
+        """Return once no response is queued or running."""
+        await self._ask(WaitIdle)
+
+    async def end_all(self) -> None:
+        """End every queued and running response now (shutdown); returns when all ended."""
+        await self._ask(EndAll)
+
+    async def statistics(self) -> SchedulerStatistics:
+        return await self._ask(ReadSchedulerStatistics)
+
+    async def _ask(self, make: Callable[[trio.MemorySendChannel[T]], SchedulerCommand]) -> T:
+        send, recv = trio.open_memory_channel[T](1)
+        await self._control.send(make(send))
+        return await recv.receive()
