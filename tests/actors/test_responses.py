@@ -22,7 +22,6 @@ from mlxcel.model.tool_parsers import (
     CallDropped,
     CallOpened,
     ParseEvent,
-    TextPiece,
 )
 
 NAMES = frozenset({"f", "g"})
