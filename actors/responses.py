@@ -92,6 +92,7 @@ class ResponseBuilder:
         self._output: list[Item | None] = []  # None: a slot whose item is still open
         self._message: _OpenMessage | None = None
         self._calls: dict[int, _OpenCall] = {}
+        self._opened: set[int] = set()  # every call index seen opening
         self._ignored: set[int] = set()  # calls beyond the first when parallel_tool_calls is off
         self._held: list[str] = []  # text that may still turn out to be a call
         self._holding = tools is not None
@@ -263,7 +264,7 @@ class ResponseBuilder:
         call = fallback_call(held, self._tools.names)
         if call is None:
             return self._text(held)
-        index = len(self._calls) + 1000  # outside the parser's own numbering
+        index = min(self._opened, default=0) - 1  # outside the parser's own numbering
         events = self._parsed([CallOpened(index, call[0])])
         return events + self._parsed([CallClosed(index, *call)])
 
@@ -296,32 +297,37 @@ class ResponseBuilder:
     def _parsed(self, parsed: list[ParseEvent]) -> list[ResponseEvent]:
         events: list[ResponseEvent] = []
         for event in parsed:
-            if not isinstance(event, TextPiece) and event.index in self._ignored:
-                continue
-            match event:
-                case TextPiece(text):
-                    events += self._text(text)
-                case CallOpened(index, name) if self._one_call_made():
-                    self._ignored.add(index)  # parallel_tool_calls is off: first call only
-                case CallOpened(index, name):
-                    events += self._close_message("completed")
-                    assert self._tools is not None
-                    namespace, name = self._tools.namespaces.get(name, (None, name))
-                    item = FunctionCall(
-                        new_id("call"), name, "", new_id("fc"), "in_progress", namespace
-                    )
-                    self._calls[index] = _OpenCall(item, len(self._output))
-                    self._output.append(None)
-                    events.append(OutputItemAdded(self._calls[index].index, item))
-                case CallArguments(index, delta):
-                    call = self._calls[index]
-                    call.sent += delta
-                    assert call.item.id is not None
-                    events.append(FunctionCallArgumentsDelta(call.item.id, call.index, delta))
-                case CallClosed(index, _, arguments):
-                    events += self._close_call(index, arguments, "completed")
-                case CallDropped(index):
-                    events += self._close_call(index, self._calls[index].sent, "incomplete")
+            if isinstance(event, TextPiece):
+                events += self._text(event.text)
+            elif isinstance(event, CallOpened):
+                events += self._open_call(event.index, event.name)
+            elif event.index in self._ignored or event.index not in self._calls:
+                continue  # not a call this response shows (or one that already ended)
+            elif isinstance(event, CallArguments):
+                call = self._calls[event.index]
+                call.sent += event.delta
+                assert call.item.id is not None
+                events.append(FunctionCallArgumentsDelta(call.item.id, call.index, event.delta))
+            elif isinstance(event, CallClosed):
+                events += self._close_call(event.index, event.arguments, "completed")
+            elif isinstance(event, CallDropped):
+                events += self._close_call(event.index, self._calls[event.index].sent, "incomplete")
+        return events
+
+    def _open_call(self, index: int, name: str) -> list[ResponseEvent]:
+        if index in self._opened:
+            return []  # an index opens once; its later events belong to the first
+        self._opened.add(index)
+        assert self._tools is not None
+        if name not in self._tools.names or self._one_call_made():
+            self._ignored.add(index)  # not offered, or parallel_tool_calls is off
+            return []
+        events = self._close_message("completed")
+        namespace, name = self._tools.namespaces.get(name, (None, name))
+        item = FunctionCall(new_id("call"), name, "", new_id("fc"), "in_progress", namespace)
+        self._calls[index] = _OpenCall(item, len(self._output))
+        self._output.append(None)
+        events.append(OutputItemAdded(self._calls[index].index, item))
         return events
 
     def _one_call_made(self) -> bool:

@@ -8,7 +8,6 @@ or turns its markup back into text (`CallDropped` first when it had been opened)
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -27,6 +26,7 @@ from mlxcel.model.tool_parsers.json_scan import (
     ObjectScanner,
     argument_text,
     json_string,
+    loads,
 )
 
 Schemas = Mapping[str, Mapping[str, Any]]
@@ -96,6 +96,8 @@ class ParserBase:
         `raw` is the model's own argument text: it is kept as the arguments when it is
         the same object, so what was streamed stays their prefix."""
         events: list[ParseEvent] = []
+        if parsed is not None and parsed[0] not in self.names:
+            parsed = None  # only offered tools are called
         if call.name is not None and (parsed is None or parsed[0] != call.name):
             events.append(CallDropped(call.index))
             call.name, call.streamed = None, ""
@@ -136,6 +138,6 @@ class ParserBase:
 
 def _same_json(a: str, b: str) -> bool:
     try:
-        return bool(json.loads(a) == json.loads(b))
+        return bool(loads(a) == loads(b))
     except ValueError:
         return False

@@ -11,14 +11,15 @@ are dropped; whatever does not parse is text.
 from __future__ import annotations
 
 import ast
-import json
+import itertools
 import re
+import tokenize
 from abc import ABC, abstractmethod
 from typing import Any
 
 from mlxcel.model.tool_parsers.base import Call, ParserBase, Schemas
 from mlxcel.model.tool_parsers.events import ParseEvent, partial_suffix
-from mlxcel.model.tool_parsers.json_scan import ObjectScanner, json_object
+from mlxcel.model.tool_parsers.json_scan import ObjectScanner, dumps, json_object, too_deep
 
 _FUNCTION_END = re.compile(r"\s*</function>")
 _SPACE = re.compile(r"\s*")
@@ -94,7 +95,7 @@ class FunctionaryToolParser(EndParser):
         if end is None or arguments is None:
             return None
         closing = _FUNCTION_END.match(text, end)
-        call = (head.group(1), json.dumps(arguments, ensure_ascii=False))
+        call = (head.group(1), dumps(arguments))
         return [call], closing.end() if closing else end
 
 
@@ -102,16 +103,24 @@ class PythonicToolParser(EndParser):
     _OPENER = "["
     _HEAD = re.compile(r"\[\s*([A-Za-z_]\w*|)\s*(\()?")
 
+    def __init__(self, names: frozenset[str], parameters: Schemas | None = None) -> None:
+        super().__init__(names, parameters)
+        self._text = ""
+        self._ends: dict[int, int | None] = {}
+        """Where brackets in `_text` close (see `_list_ends`)."""
+
     def _read(self, text: str, head: re.Match[str]) -> tuple[list[tuple[str, str]], int] | None:
-        # The list ends at the first `]` where the text so far is a whole expression.
-        for end in (m.end() for m in re.finditer(r"\]", text[head.start() :])):
-            try:
-                tree = ast.parse(text[head.start() : head.start() + end], mode="eval")
-            except (SyntaxError, ValueError, RecursionError, MemoryError):
-                continue
-            calls = self._calls(tree.body)
-            return (calls, head.start() + end) if calls is not None else None
-        return None
+        if text is not self._text or head.start() not in self._ends:
+            self._text, self._ends = text, _list_ends(text, head.start())
+        end = self._ends.get(head.start())
+        if end is None:
+            return None
+        try:
+            tree = ast.parse(text[head.start() : end], mode="eval")
+        except (SyntaxError, ValueError, RecursionError, MemoryError):
+            return None
+        calls = self._calls(tree.body)
+        return (calls, end) if calls is not None else None
 
     def _calls(self, node: ast.expr) -> list[tuple[str, str]] | None:
         if not isinstance(node, ast.List) or not node.elts:
@@ -131,9 +140,37 @@ class PythonicToolParser(EndParser):
                 except _LITERAL_ERRORS:
                     return None
             try:
-                calls.append(
-                    (call.func.id, json.dumps(arguments, ensure_ascii=False, allow_nan=False))
-                )
-            except (TypeError, ValueError):  # a set, bytes, or a non-finite number
+                arguments_text = dumps(arguments)
+            except (TypeError, ValueError, RecursionError):  # a set, bytes, NaN, too deep
                 return None
+            if too_deep(arguments_text):
+                return None
+            calls.append((call.func.id, arguments_text))
         return calls
+
+
+def _list_ends(text: str, start: int) -> dict[int, int | None]:
+    """Where each bracket Python's tokenizer reads from `start` on closes: just past its
+    `]` (None when it does not close, or closes another kind). One pass serves every
+    call that begins at one of those brackets, so a long reply is read once, not at
+    each `]` or each call."""
+    lines = text[start:].splitlines(keepends=True)
+    offsets = list(itertools.accumulate((len(line) for line in lines), initial=start))
+    ends: dict[int, int | None] = {}
+    stack: list[tuple[str, int]] = []
+    try:
+        for token in tokenize.generate_tokens(iter(lines).__next__):
+            if token.type != tokenize.OP or token.string not in "()[]{}":
+                continue
+            row, column = token.start
+            at = offsets[row - 1] + column
+            if token.string in "([{":
+                stack.append((token.string, at))
+                ends[at] = None
+            elif stack and stack[-1][0] + token.string in ("()", "[]", "{}"):
+                ends[stack.pop()[1]] = at + 1
+            else:
+                stack.clear()  # what is open holds a stray closer: it is not Python
+    except (tokenize.TokenError, SyntaxError, StopIteration):
+        pass
+    return ends

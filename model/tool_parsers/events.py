@@ -6,10 +6,11 @@ call as it is opened, streamed, and closed, or dropped when it turns out not to 
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from typing import Any
+
+from mlxcel.model.tool_parsers.json_scan import dumps, loads
 
 _FENCE = re.compile(r"^```(?:json)?\s*(.*?)\s*```$", re.DOTALL)
 
@@ -51,22 +52,26 @@ ParseEvent = TextPiece | CallOpened | CallArguments | CallClosed | CallDropped
 
 
 def parse_call(text: str, names: frozenset[str]) -> tuple[str, str] | None:
-    """(name, arguments JSON) when `text` is one JSON call to an offered tool."""
+    """(name, arguments JSON) when `text` is one JSON call to an offered tool.
+
+    Anything else is not a call: a name that is not a string, arguments that are not an
+    object (or a string holding one), text that is not JSON or nests too deeply."""
     try:
-        value = json.loads(text)
+        value = loads(text)
     except ValueError:
         return None
-    if not isinstance(value, dict) or value.get("name") not in names:
+    name = value.get("name") if isinstance(value, dict) else None
+    if not isinstance(name, str) or name not in names:
         return None
     arguments: Any = value.get("arguments", value.get("parameters", {}))
     if isinstance(arguments, str):
         try:
-            arguments = json.loads(arguments)
+            arguments = loads(arguments)
         except ValueError:
             return None
     if not isinstance(arguments, dict):
         return None
-    return str(value["name"]), json.dumps(arguments, ensure_ascii=False)
+    return name, dumps(arguments)
 
 
 def fallback_call(text: str, names: frozenset[str]) -> tuple[str, str] | None:

@@ -8,6 +8,7 @@ string and bracket state between calls so each character is read once.
 from __future__ import annotations
 
 import json
+import math
 import re
 from typing import Any
 
@@ -16,6 +17,13 @@ CALL_HEAD = re.compile(
     r'\s*,\s*"(?:arguments|parameters)"\s*:\s*'
 )
 """A JSON call object up to its argument value: `{"name": "…", "arguments": `."""
+
+MAX_DEPTH = 64
+"""Deepest bracket nesting read as JSON: deeper text is not a call (Python's reader
+and writer recurse, and would raise on it)."""
+
+_STRING = re.compile(r'"(?:[^"\\]|\\.)*"?', re.DOTALL)
+_NOT_BRACKET = re.compile(r"[^\[\]{}]+")
 
 
 class ObjectScanner:
@@ -64,10 +72,41 @@ def argument_text(text: str) -> str:
     return text[head.end() : end] if end is not None else ""
 
 
+def loads(text: str) -> Any:
+    """`text` as strict JSON (no NaN or infinities); ValueError when it is not, or when
+    it nests deeper than `MAX_DEPTH`."""
+    if too_deep(text):
+        raise ValueError("JSON nested too deeply")
+    try:
+        return json.loads(text, parse_constant=_reject, parse_float=_finite)
+    except RecursionError:
+        raise ValueError("JSON nested too deeply") from None
+
+
+def dumps(value: Any) -> str:
+    """`value` as JSON text that encodes to UTF-8 (lone surrogates stay escaped)."""
+    text = json.dumps(value, ensure_ascii=False, allow_nan=False)
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return json.dumps(value, allow_nan=False)
+    return text
+
+
+def too_deep(text: str) -> bool:
+    """Whether brackets outside JSON strings nest deeper than `MAX_DEPTH`."""
+    depth = 0
+    for c in _NOT_BRACKET.sub("", _STRING.sub("", text)):
+        depth += 1 if c in "[{" else -1
+        if depth > MAX_DEPTH:
+            return True
+    return False
+
+
 def json_string(body: str) -> str | None:
     """The value of a JSON string literal's body (between its quotes), if valid."""
     try:
-        value: Any = json.loads(f'"{body}"')
+        value: Any = loads(f'"{body}"')
     except ValueError:
         return None
     return value if isinstance(value, str) else None
@@ -76,7 +115,20 @@ def json_string(body: str) -> str | None:
 def json_object(text: str) -> dict[str, Any] | None:
     """`text` as a JSON object, or None when it is not one."""
     try:
-        value: Any = json.loads(text)
+        value: Any = loads(text)
     except ValueError:
         return None
     return value if isinstance(value, dict) else None
+
+
+def _reject(constant: str) -> Any:
+    """JSON has no NaN or infinities, though Python's reader takes them."""
+    raise ValueError(constant)
+
+
+def _finite(text: str) -> float:
+    """A number too large for a float would be read as an infinity."""
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(text)
+    return value

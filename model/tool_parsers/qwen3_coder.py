@@ -20,13 +20,13 @@ The body is read again from its start as it grows, so no reading state is kept.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Mapping
 from typing import Any
 
 from mlxcel.model.tool_parsers.events import ParseEvent
 from mlxcel.model.tool_parsers.hermes import HermesToolParser, TaggedCall
+from mlxcel.model.tool_parsers.json_scan import MAX_DEPTH, dumps, loads
 
 _JSON_BODY = re.compile(r"\s*\{")
 _FUNCTION = re.compile(r"\s*<function=([^>]*)>")
@@ -66,10 +66,7 @@ class Qwen3CoderToolParser(HermesToolParser):
             if bounds is None:  # the value is still arriving
                 return name, _object(members, closed=False), False
             key, value = tag.group(1).strip(), body[tag.end() : bounds[0]]
-            members.append(
-                f"{json.dumps(key, ensure_ascii=False)}: "
-                + json.dumps(self._value(name, key, value), ensure_ascii=False)
-            )
+            members.append(f"{dumps(key)}: {dumps(self._value(name, key, value))}")
             pos = bounds[1]
         end = _FUNCTION_END.match(body, pos)
         closed = end is not None or lenient
@@ -78,13 +75,15 @@ class Qwen3CoderToolParser(HermesToolParser):
 
     def _value(self, tool: str, key: str, text: str) -> Any:
         text = text.removeprefix("\n").removesuffix("\n")
-        types = _types(_property(self.parameters.get(tool), key))
+        schemas: Any = self.parameters
+        schema = schemas.get(tool) if isinstance(schemas, Mapping) else None
+        types = _types(_property(schema, key))
         if text.strip() == "null" and "null" in types:
             return None
         if not types or "string" in types:
             return text
         try:
-            return json.loads(text, parse_constant=_reject)
+            return loads(text)
         except ValueError:
             return text
 
@@ -104,25 +103,23 @@ def _object(members: list[str], *, closed: bool) -> str:
     return (text or "{") + "}" if closed else text
 
 
-def _property(schema: Mapping[str, Any] | None, key: str) -> Mapping[str, Any]:
-    properties = (schema or {}).get("properties")
+def _property(schema: object, key: str) -> Mapping[str, Any]:
+    """The schema of parameter `key`; empty when the tool's schema does not say (a tool's
+    `parameters` may be anything the request sent)."""
+    properties = schema.get("properties") if isinstance(schema, Mapping) else None
     found = properties.get(key) if isinstance(properties, Mapping) else None
     return found if isinstance(found, Mapping) else {}
 
 
-def _types(schema: Mapping[str, Any]) -> set[str]:
-    """The JSON types a schema allows, from `type` and any `anyOf`/`oneOf` options."""
+def _types(schema: Mapping[str, Any], depth: int = 0) -> set[str]:
+    """The JSON types a schema allows, from `type` and any `anyOf`/`oneOf` options
+    (options nested deeper than `MAX_DEPTH` are not read)."""
     declared = schema.get("type")
     kinds = [declared] if isinstance(declared, str) else declared
     types = {t for t in kinds if isinstance(t, str)} if isinstance(kinds, list) else set()
     for combinator in ("anyOf", "oneOf"):
         options = schema.get(combinator)
-        for option in options if isinstance(options, list) else ():
+        for option in options if isinstance(options, list) and depth < MAX_DEPTH else ():
             if isinstance(option, Mapping):
-                types |= _types(option)
+                types |= _types(option, depth + 1)
     return types
-
-
-def _reject(constant: str) -> Any:
-    """JSON has no NaN or infinities, though Python's reader takes them."""
-    raise ValueError(constant)
