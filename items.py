@@ -7,6 +7,7 @@ dataclasses serves all three. Validation happens at the HTTP edge; these are pla
 
 from __future__ import annotations
 
+import hashlib
 import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -219,8 +220,30 @@ class Conversation:
     created_at: int
     metadata: dict[str, str] = field(default_factory=dict)
     items: tuple[Item, ...] = ()
+    response_ids: tuple[str, ...] = ()
+    """The responses whose turns were appended (charged to the byte budget like the items)."""
 
 
 def new_id(prefix: str) -> str:
     """An OpenAI-style id: `resp_…`, `msg_…`, `fc_…`, `call_…`."""
     return f"{prefix}_{secrets.token_hex(24)}"
+
+
+def new_conversation_id() -> str:
+    """A `conv_…` id whose last 8 hex digits check the rest, so the server can tell its
+    own ids (whose absence means deleted or expired) from ids a client made up."""
+    body = secrets.token_hex(20)
+    return f"conv_{body}{_check(body)}"
+
+
+def is_minted_conversation_id(conversation_id: str) -> bool:
+    """Whether the id has the shape `new_conversation_id` gives (free-form ids never do,
+    short of a one-in-four-billion accident)."""
+    rest = conversation_id.removeprefix("conv_")
+    if len(conversation_id) != 53 or len(rest) != 48 or rest.strip("0123456789abcdef"):
+        return False
+    return _check(rest[:40]) == rest[40:]
+
+
+def _check(body: str) -> str:
+    return hashlib.blake2s(body.encode(), digest_size=4).hexdigest()

@@ -367,6 +367,8 @@ class Delete:
 @dataclass(frozen=True, slots=True)
 class AddItems:
     items: tuple[Item, ...]
+    response_id: str | None = None
+    """The response whose turn these items are: appending its turn again changes nothing."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -382,17 +384,27 @@ class SetMetadata:
 ConversationChange = AddItems | RemoveItem | SetMetadata
 
 
+class Refused(enum.Enum):
+    """Why a conversation change was not made; the stored transcript is as it was."""
+
+    MISSING = "missing"
+    """No such conversation, and it was not to be created (or its id was minted here, so
+    it was deleted or has expired and must not come back empty)."""
+    FULL = "full"
+    """The changed transcript would not fit the conversation store's byte budget."""
+
+
 @dataclass(frozen=True, slots=True)
 class ChangeConversation:
     """Change a transcript in one step (no lost updates between concurrent writers).
 
-    With `create`, a missing conversation is created first; otherwise the reply is None.
-    The reply is also None when the changed transcript no longer fits the store."""
+    With `create`, a missing conversation with a free-form id is created first. The reply
+    is the changed transcript, or why nothing changed."""
 
     conversation_id: str
     change: ConversationChange
     create: bool
-    reply: trio.MemorySendChannel[Conversation | None]
+    reply: trio.MemorySendChannel[Conversation | Refused]
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,6 +28,7 @@ from mlxcel.actors.messages import (
     Get,
     Put,
     ReadStatistics,
+    Refused,
     RemoveItem,
     SetMetadata,
     StoreCommand,
@@ -37,7 +38,8 @@ from mlxcel.actors.messages import (
     TableStatistics,
 )
 from mlxcel.config import StoreLimits
-from mlxcel.items import Conversation, Item, ResponseRecord
+from mlxcel.errors import NotFound
+from mlxcel.items import Conversation, Item, ResponseRecord, is_minted_conversation_id
 
 log = logging.getLogger(__name__)
 
@@ -56,19 +58,26 @@ class BoundedTable:
     def __init__(self, limits: StoreLimits) -> None:
         self.limits = limits
         ttl = limits.ttl_secs if limits.ttl_secs > 0 else _NO_EXPIRY
+        self._sized: tuple[Stored, int] | None = None
         self._cache: TTLCache[str, Stored] = TTLCache(
-            maxsize=limits.max_bytes, ttl=ttl, timer=trio.current_time, getsizeof=approx_json_size
+            maxsize=limits.max_bytes, ttl=ttl, timer=trio.current_time, getsizeof=self._size
         )
 
     def put(self, key: str, value: Stored) -> bool:
+        """Store `value` under `key`; False (and what was there is kept) when it is larger
+        than the whole budget."""
         if not self.limits.enabled:
             return False
-        self._cache.pop(key, None)  # replacing a key never double-counts
-        try:
-            self._cache[key] = value
-        except ValueError:  # larger than the whole budget
+        size = approx_json_size(value)
+        if size > self.limits.max_bytes:
             log.info("%s is larger than its store's byte budget; not kept", key)
             return False
+        self._cache.pop(key, None)  # replacing a key never double-counts
+        self._sized = (value, size)  # measured once, not again by the cache
+        try:
+            self._cache[key] = value  # fits: the cache evicts others to make room
+        finally:
+            self._sized = None
         while len(self._cache) > self.limits.max_entries:
             self._cache.popitem()
         return True
@@ -82,6 +91,11 @@ class BoundedTable:
     def statistics(self) -> TableStatistics:
         self._cache.expire()
         return TableStatistics(entries=len(self._cache), bytes=int(self._cache.currsize))
+
+    def _size(self, value: Stored) -> int:
+        if self._sized is not None and self._sized[0] is value:
+            return self._sized[1]
+        return approx_json_size(value)
 
 
 class PinnedTable:
@@ -138,21 +152,54 @@ class StoreHandle:
         return await self._ask(lambda reply: Put(Table.CONVERSATIONS, conversation, reply))
 
     async def get_conversation(self, conversation_id: str) -> Conversation | None:
+        """The transcript, or None when a free-form id has none yet.
+
+        Raises NotFound when the id is one this server minted: that conversation was
+        deleted or has expired, and continuing it must not silently start an empty one.
+        """
         value: Stored | None = await self._ask(
             lambda reply: Get((Table.CONVERSATIONS,), conversation_id, reply)
         )
-        return value if isinstance(value, Conversation) else None
+        if isinstance(value, Conversation):
+            return value
+        if is_minted_conversation_id(conversation_id):
+            raise conversation_not_found(conversation_id)
+        return None
 
     async def delete_conversation(self, conversation_id: str) -> bool:
         return await self._ask(lambda reply: Delete(Table.CONVERSATIONS, conversation_id, reply))
 
-    async def append(self, conversation_id: str, items: tuple[Item, ...]) -> Conversation | None:
-        """Append to a transcript, creating it when missing."""
-        return await self.change(conversation_id, AddItems(items), create=True)
+    async def append(
+        self, conversation_id: str, items: tuple[Item, ...], *, response_id: str | None = None
+    ) -> Conversation | None:
+        """Append a response's turn, creating a free-form conversation when missing.
+
+        Appending the same `response_id` again changes nothing. No client waits for this
+        (the response has ended), so a refusal is logged and answered with None; the
+        transcript stays as it was.
+        """
+        outcome = await self.change(conversation_id, AddItems(items, response_id), create=True)
+        if isinstance(outcome, Conversation):
+            return outcome
+        if outcome is Refused.FULL:
+            log.warning(
+                "conversation %s is full (--conversation-store-max-bytes); the turn of "
+                "response %s was not added to it",
+                conversation_id,
+                response_id,
+            )
+        else:
+            log.warning(
+                "conversation %s was deleted or has expired; the turn of response %s "
+                "was not added to it",
+                conversation_id,
+                response_id,
+            )
+        return None
 
     async def change(
         self, conversation_id: str, change: ConversationChange, *, create: bool = False
-    ) -> Conversation | None:
+    ) -> Conversation | Refused:
         return await self._ask(
             lambda reply: ChangeConversation(conversation_id, change, create, reply)
         )
@@ -225,22 +272,34 @@ class StoreActor:
 
     def _change(
         self, conversation_id: str, change: ConversationChange, create: bool
-    ) -> Conversation | None:
+    ) -> Conversation | Refused:
         table = self._tables[Table.CONVERSATIONS]
         current = table.get(conversation_id)
         if not isinstance(current, Conversation):
-            if not create:
-                return None
+            if not create or is_minted_conversation_id(conversation_id):
+                return Refused.MISSING
             current = Conversation(conversation_id, int(time.time()))
         match change:
-            case AddItems(items):
-                updated = dataclasses.replace(current, items=current.items + items)
+            case AddItems(items, response_id):
+                ids = current.response_ids
+                if response_id is not None:
+                    if response_id in ids:
+                        return current  # this response's turn is already there
+                    ids = (*ids, response_id)
+                updated = dataclasses.replace(
+                    current, items=current.items + items, response_ids=ids
+                )
             case RemoveItem(item_id):
                 kept = tuple(i for i in current.items if i.id != item_id)
                 updated = dataclasses.replace(current, items=kept)
             case SetMetadata(metadata):
                 updated = dataclasses.replace(current, metadata=dict(metadata))
-        return updated if table.put(conversation_id, updated) else None
+        # A refused put keeps the transcript that was there.
+        return updated if table.put(conversation_id, updated) else Refused.FULL
+
+
+def conversation_not_found(conversation_id: str) -> NotFound:
+    return NotFound(f"Conversation with id '{conversation_id[:64]}' not found.", code="not_found")
 
 
 def _answer(reply: trio.MemorySendChannel[T], value: T) -> None:

@@ -12,8 +12,8 @@ from typing import Any
 
 from quart import Response, request
 
-from mlxcel.actors.messages import AddItems, RemoveItem, SetMetadata
-from mlxcel.actors.store import StoreHandle
+from mlxcel.actors.messages import AddItems, ConversationChange, Refused, RemoveItem, SetMetadata
+from mlxcel.actors.store import StoreHandle, conversation_not_found
 from mlxcel.errors import InvalidRequest, NotFound
 from mlxcel.http.body import read_json
 from mlxcel.http.objects import conversation_json, item_json
@@ -24,7 +24,7 @@ from mlxcel.http.schemas import (
     list_page,
     to_items,
 )
-from mlxcel.items import Conversation, new_id
+from mlxcel.items import Conversation, new_conversation_id
 
 Route = Callable[..., Callable[[Any], Any]]
 JsonResponse = Callable[..., Response]
@@ -45,10 +45,22 @@ def register_conversations(route: Route, store: StoreHandle, json_response: Json
         check_enabled()
         found = await store.get_conversation(conversation_id)
         if found is None:
-            raise NotFound(
-                f"Conversation with id '{conversation_id[:64]}' not found.", code="not_found"
-            )
+            raise conversation_not_found(conversation_id)
         return found
+
+    async def changed(conversation_id: str, change: ConversationChange) -> Conversation:
+        """The transcript after `change`; a refused change leaves it as it was."""
+        outcome = await store.change(conversation_id, change)
+        if outcome is Refused.MISSING:
+            raise conversation_not_found(conversation_id)
+        if outcome is Refused.FULL:
+            raise InvalidRequest(
+                f"Conversation '{conversation_id[:64]}' is full: with this change it would "
+                "exceed the conversation store's byte budget. It is unchanged; delete some "
+                "of its items or start a new conversation.",
+                code="conversation_full",
+            )
+        return outcome
 
     @route("/conversations", methods=["POST"])
     async def create_conversation() -> Response:
@@ -56,7 +68,7 @@ def register_conversations(route: Route, store: StoreHandle, json_response: Json
         raw = await read_json(request.body) if request.content_length else {}
         body = ConversationCreateBody.model_validate(raw)
         conversation = Conversation(
-            id=new_id("conv"),
+            id=new_conversation_id(),
             created_at=int(time.time()),
             metadata=dict(body.metadata or {}),
             items=to_items(body.items or []),
@@ -75,8 +87,8 @@ def register_conversations(route: Route, store: StoreHandle, json_response: Json
     async def update_conversation(conversation_id: str) -> Response:
         await existing(conversation_id)
         body = ConversationUpdateBody.model_validate(await read_json(request.body))
-        updated = await store.change(conversation_id, SetMetadata(dict(body.metadata)))
-        return json_response(conversation_json(updated or await existing(conversation_id)))
+        updated = await changed(conversation_id, SetMetadata(dict(body.metadata)))
+        return json_response(conversation_json(updated))
 
     @route("/conversations/<conversation_id>", methods=["DELETE"])
     async def delete_conversation(conversation_id: str) -> Response:
@@ -97,10 +109,7 @@ def register_conversations(route: Route, store: StoreHandle, json_response: Json
         await existing(conversation_id)
         body = ConversationItemsBody.model_validate(await read_json(request.body))
         items = to_items(body.items)
-        if await store.change(conversation_id, AddItems(items)) is None:
-            raise InvalidRequest(
-                "The conversation no longer fits the conversation store.", code="too_large"
-            )
+        await changed(conversation_id, AddItems(items))
         data = [item_json(i) for i in items]
         return json_response(
             {
@@ -125,5 +134,5 @@ def register_conversations(route: Route, store: StoreHandle, json_response: Json
         conversation = await existing(conversation_id)
         if not any(item.id == item_id for item in conversation.items):
             raise NotFound(f"Item with id '{item_id[:64]}' not found.", code="not_found")
-        updated = await store.change(conversation_id, RemoveItem(item_id))
-        return json_response(conversation_json(updated or conversation))
+        updated = await changed(conversation_id, RemoveItem(item_id))
+        return json_response(conversation_json(updated))

@@ -9,9 +9,20 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
+from mlxcel.actors.messages import AddItems, Refused
 from mlxcel.actors.store import BoundedTable, StoreActor, StoreHandle, approx_json_size
 from mlxcel.config import StoreLimits
-from mlxcel.items import Conversation, InputText, Message, RequestEcho, ResponseRecord
+from mlxcel.errors import NotFound
+from mlxcel.items import (
+    Conversation,
+    InputText,
+    Message,
+    RequestEcho,
+    ResponseRecord,
+    is_minted_conversation_id,
+    new_conversation_id,
+    new_id,
+)
 
 OFF = StoreLimits(0, 0, 0)
 
@@ -186,3 +197,87 @@ def test_table_state_machine() -> None:
 async def _run_machine() -> None:
     # BoundedTable reads Trio's clock, so the machine runs inside a Trio run.
     TableMachine.TestCase().runTest()
+
+
+def said(text: str) -> Message:
+    return Message("user", (InputText(text),))
+
+
+async def test_an_append_past_the_budget_keeps_the_transcript_as_it_was(
+    nursery: trio.Nursery,
+    autojump_clock: trio.testing.MockClock,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    budget = approx_json_size(Conversation("conv_a", 0, items=(said("x" * 400),)))
+    store = await start(nursery, StoreLimits(10, 1 << 20, 0), StoreLimits(10, budget, 100))
+    kept = await store.append("conv_a", (said("hello"),), response_id="resp_1")
+    assert kept is not None
+    await trio.sleep(60)
+    assert await store.append("conv_a", (said("y" * 500),), response_id="resp_2") is None
+    assert "conv_a is full" in caplog.text
+    assert await store.get_conversation("conv_a") == kept
+    assert (await store.statistics()).conversations.entries == 1
+    refused = await store.change("conv_a", AddItems((said("z" * 500),)))
+    assert refused is Refused.FULL
+    await trio.sleep(41)  # a refused write does not renew the transcript's lifetime
+    assert await store.get_conversation("conv_a") is None
+
+
+def test_a_put_too_large_for_the_table_keeps_the_old_value() -> None:
+    async def main() -> None:
+        table = BoundedTable(StoreLimits(10, approx_json_size(record("a")), 0))
+        assert table.put("a", record("a"))
+        assert not table.put("a", record("a", "much longer text"))
+        assert table.get("a") == record("a")
+        assert table.statistics().bytes == approx_json_size(record("a"))
+
+    trio.run(main)
+
+
+async def test_appending_the_same_response_turn_twice_changes_nothing(
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
+    store = await start(nursery, StoreLimits(10, 1 << 20, 0), StoreLimits(10, 1 << 20, 100))
+    turn = (said("q"), Message("assistant", (InputText("a"),)))
+    first = await store.append("conv_a", turn, response_id="resp_1")
+    await trio.sleep(1)
+    again = await store.append("conv_a", turn, response_id="resp_1")
+    assert again == first
+    assert first is not None
+    assert first.items == turn
+    both = await store.append("conv_a", turn, response_id="resp_2")
+    assert both is not None
+    assert both.items == turn + turn
+    assert both.response_ids == ("resp_1", "resp_2")
+    assert await store.append("conv_a", turn, response_id="resp_1") == both
+    plain = await store.append("conv_a", (said("no id"),))  # items without a response: added
+    assert plain is not None
+    assert len(plain.items) == 5
+
+
+def test_minted_conversation_ids_are_recognised() -> None:
+    minted = new_conversation_id()
+    assert minted.startswith("conv_")
+    assert len(minted) == 53
+    assert is_minted_conversation_id(minted)
+    tampered = minted[:-1] + ("0" if minted[-1] != "0" else "1")
+    for other in (new_id("conv"), tampered, minted.upper(), minted + "0", "conv_a", "my chat"):
+        assert not is_minted_conversation_id(other)
+
+
+async def test_a_minted_conversation_that_is_gone_is_not_created_again(
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
+    store = await start(nursery, StoreLimits(10, 1 << 20, 0), StoreLimits(10, 1 << 20, 100))
+    minted = new_conversation_id()
+    assert await store.put_conversation(Conversation(minted, 0))
+    assert await store.get_conversation(minted) is not None
+    await trio.sleep(101)  # expired
+    with pytest.raises(NotFound):
+        await store.get_conversation(minted)
+    assert await store.append(minted, (said("late turn"),), response_id="resp_1") is None
+    assert await store.change(minted, AddItems((said("x"),)), create=True) is Refused.MISSING
+    with pytest.raises(NotFound):
+        await store.get_conversation(minted)
+    assert await store.get_conversation("my-chat") is None  # free-form: created on first use
+    assert await store.append("my-chat", (said("hi"),)) is not None
