@@ -20,24 +20,60 @@ from typing import Any
 import trio
 from cachetools import LRUCache
 
-from mlxcel.items import FunctionCall, FunctionCallOutput, Item, Message, Reasoning, replay
+from mlxcel.items import (
+    Compaction,
+    FunctionCall,
+    FunctionCallOutput,
+    Item,
+    Message,
+    Reasoning,
+    replay,
+)
+
+
+class TurnHasher:
+    """Turn-key prefixes of a growing item list in one pass: each item is hashed once.
+
+    `prefix()` equals `turn_prefix(..., items so far)`: a compaction restarts the digest
+    from the system and developer messages before it, as `replay` does."""
+
+    def __init__(self, model: str, signature: Any, session: str) -> None:
+        header = json.dumps([model, signature, session], sort_keys=True, default=str).encode()
+        self._all = hashlib.sha256(header)
+        self._kept = self._all.copy()  # what a later compaction keeps
+
+    def prefix(self) -> str:
+        return self._all.hexdigest()
+
+    def add(self, item: Item) -> None:
+        if isinstance(item, Compaction):
+            self._all = self._kept.copy()
+            for kept in replay([item]):
+                _hash_item(self._all, kept)
+            return
+        _hash_item(self._all, item)
+        if isinstance(item, Message) and item.role in ("system", "developer"):
+            _hash_item(self._kept, item)
+
+
+def _hash_item(digest: Any, item: Item) -> None:
+    match item:
+        case Message(role=role):
+            digest.update(json.dumps(["m", role, item.text]).encode())
+        case FunctionCall(call_id=call_id, arguments=arguments):
+            digest.update(json.dumps(["c", call_id, item.flat_name, arguments]).encode())
+        case FunctionCallOutput(call_id=call_id, output=output):
+            digest.update(json.dumps(["o", call_id, output]).encode())
+        case Reasoning() | Compaction():
+            pass  # what the client may drop must not change the key
 
 
 def turn_prefix(model: str, signature: Any, session: str, earlier: Sequence[Item]) -> str:
     """The part of a key fixed before the assistant turn: all but its own text."""
-    digest = hashlib.sha256()
-    digest.update(json.dumps([model, signature, session], sort_keys=True, default=str).encode())
-    for item in replay(earlier):
-        match item:
-            case Message(role=role):
-                digest.update(json.dumps(["m", role, item.text]).encode())
-            case FunctionCall(call_id=call_id, arguments=arguments):
-                digest.update(json.dumps(["c", call_id, item.flat_name, arguments]).encode())
-            case FunctionCallOutput(call_id=call_id, output=output):
-                digest.update(json.dumps(["o", call_id, output]).encode())
-            case Reasoning():
-                pass  # what the client may drop must not change the key
-    return digest.hexdigest()
+    hasher = TurnHasher(model, signature, session)
+    for item in earlier:
+        hasher.add(item)
+    return hasher.prefix()
 
 
 def turn_key(prefix: str, assistant_text: str) -> str:

@@ -14,6 +14,7 @@ the prompt) is a 400 `context_length_exceeded` and changes nothing.
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -21,6 +22,8 @@ from dataclasses import dataclass
 from mlxcel.actors.messages import GenerationRequest
 from mlxcel.actors.scheduler import SchedulerHandle
 from mlxcel.errors import ContextLengthExceeded, GenerationFailed
+from mlxcel.http.limits import item_chars
+from mlxcel.http.offload import off_loop
 from mlxcel.items import (
     Compaction,
     FunctionCall,
@@ -94,8 +97,13 @@ def _is_system(item: Item) -> bool:
     return isinstance(item, Message) and item.role in ("system", "developer")
 
 
-def split(items: Sequence[Item], keep_tokens: int, count: Callable[[Sequence[Item]], int]) -> Split:
-    """Keep system messages, preserve the newest turns that fit, summarise the rest."""
+def split(
+    items: Sequence[Item], keep_tokens: int, count: Callable[[Sequence[Item]], float]
+) -> Split:
+    """Keep system messages, preserve the newest turns that fit, summarise the rest.
+
+    `count` gives the tokens of a run of turns; it is asked once per turn and the runs
+    are summed, so splitting costs one pass over the history."""
     kept = tuple(i for i in items if _is_system(i))
     turns = [i for i in items if not _is_system(i)]
     users = [k for k, i in enumerate(turns) if isinstance(i, Message) and i.role == "user"]
@@ -104,9 +112,11 @@ def split(items: Sequence[Item], keep_tokens: int, count: Callable[[Sequence[Ite
         raise ContextLengthExceeded(
             "Nothing to compact: the history has no complete turn before its last user message."
         )
+    costs = [count(turns[k : k + 1]) for k in range(len(turns))]
+    from_here = list(itertools.accumulate(reversed(costs)))[::-1]  # tokens of turns[k:]
     start = points[-1]  # the last user message is always preserved
     for point in reversed(points[:-1]):
-        if count(turns[point:]) > keep_tokens:
+        if from_here[point] > keep_tokens:
             break
         start = point
     if start == 0:
@@ -144,6 +154,17 @@ class Compactor:
         probe = Message("user", (InputText("."),))
         return len(self.codec.render(to_chat(None, [probe, *items]), None))
 
+    def _split(self, items: Sequence[Item], keep: int) -> Split:
+        """`split` with each turn's tokens estimated from one render of them all: its
+        tokens shared out by characters (a budget needs no exact count, and rendering
+        each candidate tail would cost a render per cut point)."""
+        replayed = replay(items)
+        turns = [i for i in replayed if not _is_system(i)]
+        weight = sum(_weight(i) for i in turns)
+        tokens = self._rendered(turns) - self._rendered(())
+        per_char = max(tokens, 0) / max(weight, 1)
+        return split(replayed, keep, lambda run: per_char * sum(_weight(i) for i in run))
+
     async def compact(
         self,
         items: Sequence[Item],
@@ -155,17 +176,14 @@ class Compactor:
     ) -> Compacted:
         """One compaction item for `items`; ContextLengthExceeded when it cannot help."""
         keep = keep_tokens or default_keep_tokens(self.info.context_length)
-        base = self._rendered(())
-        parts = split(replay(items), keep, lambda turns: self._rendered(turns) - base)
+        parts = await off_loop(self._split, items, keep)
         summary, usage = await self._summarise(
             parts.summarised, instructions, max_output_tokens or DEFAULT_SUMMARY_TOKENS, waits
         )
         item = Compaction(summary, parts.preserved, id=new_id("cmp"))
         return Compacted(item, parts.kept, usage)
 
-    async def _summarise(
-        self, items: Sequence[Item], instructions: str | None, max_tokens: int, waits: bool
-    ) -> tuple[str, Usage]:
+    def _summary_prompt(self, items: Sequence[Item], instructions: str | None) -> list[int]:
         system = SUMMARY_INSTRUCTIONS
         if instructions:
             system += f"\n\nThe summary must also keep: {instructions}"
@@ -177,7 +195,12 @@ class Compactor:
                 "Write the notes now.",
             },
         ]
-        prompt = self.codec.render(messages, None)
+        return self.codec.render(messages, None)
+
+    async def _summarise(
+        self, items: Sequence[Item], instructions: str | None, max_tokens: int, waits: bool
+    ) -> tuple[str, Usage]:
+        prompt = await off_loop(self._summary_prompt, items, instructions)
         limit = self.info.context_length
         if len(prompt) + max_tokens > limit:
             raise ContextLengthExceeded(
@@ -197,6 +220,20 @@ class Compactor:
             reason = final.error.message if final.error else "the model wrote no summary"
             raise GenerationFailed(f"Compaction failed: {reason}")
         return final.output_text.strip(), final.usage or Usage()
+
+
+# Role markers and separators: a couple of tokens' worth of characters per item, so that
+# short turns are not estimated at nothing.
+MARKUP_CHARS = 8
+
+
+def _weight(item: Item) -> int:
+    return item_chars(item) + (0 if isinstance(item, Reasoning) else MARKUP_CHARS)
+
+
+def rendered_tokens(codec: PromptCodec, items: Sequence[Item]) -> int:
+    """Tokens of `items` rendered as they stand (for the before/after of a compaction)."""
+    return len(codec.render(to_chat(None, items), None))
 
 
 def check_reduction(before: int, after: int, limit: int) -> None:

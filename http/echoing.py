@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import json
 
-from mlxcel.actors.echo import EchoHandle, turn_key, turn_prefix
+from mlxcel.actors.echo import EchoHandle, TurnHasher, turn_key, turn_prefix
+from mlxcel.http.offload import off_loop
 from mlxcel.http.schemas import CreateResponseBody
 from mlxcel.items import Item, Message, Reasoning
 
@@ -28,22 +29,31 @@ def echo_prefix(body: CreateResponseBody, model: str, items: tuple[Item, ...]) -
     return turn_prefix(model, _signature(body), _session(body), items)
 
 
+def reasoning_keys(body: CreateResponseBody, model: str, items: tuple[Item, ...]) -> dict[int, str]:
+    """The echo key of each assistant turn that lacks its reasoning, by index; one pass
+    over `items`, so the cost is linear in their size."""
+    hasher = TurnHasher(model, _signature(body), _session(body))
+    wanted: dict[int, str] = {}
+    for index, item in enumerate(items):
+        if (
+            isinstance(item, Message)
+            and item.role == "assistant"
+            and not (index > 0 and isinstance(items[index - 1], Reasoning))
+        ):
+            wanted[index] = turn_key(hasher.prefix(), item.text)
+        hasher.add(item)
+    return wanted
+
+
 async def restore_reasoning(
     body: CreateResponseBody, model: str, items: tuple[Item, ...], echo: EchoHandle
 ) -> tuple[Item, ...]:
     """`items` with remembered reasoning put back before assistant turns that lack it.
 
-    A trace the client sent itself always wins."""
+    A trace the client sent itself always wins. The keys are worked out off the loop."""
     if not echo.enabled or echo_prefix(body, model, ()) is None:
         return items
-    wanted: dict[int, str] = {}
-    for index, item in enumerate(items):
-        if not isinstance(item, Message) or item.role != "assistant":
-            continue
-        if index > 0 and isinstance(items[index - 1], Reasoning):
-            continue
-        prefix = turn_prefix(model, _signature(body), _session(body), items[:index])
-        wanted[index] = turn_key(prefix, item.text)
+    wanted = await off_loop(reasoning_keys, body, model, items)
     found = await echo.recall(list(wanted.values()))
     if not found:
         return items

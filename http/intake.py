@@ -8,14 +8,18 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from mlxcel.actors.echo import EchoHandle
 from mlxcel.actors.messages import GenerationRequest, Table
 from mlxcel.actors.store import StoreHandle
 from mlxcel.errors import ContextLengthExceeded, InvalidRequest, ModelNotFound, UnsupportedFeature
-from mlxcel.http.echoing import echo_prefix
-from mlxcel.http.schemas import CreateResponseBody, to_items
+from mlxcel.http.echoing import echo_prefix, restore_reasoning
+from mlxcel.http.limits import check_input_size
+from mlxcel.http.offload import off_loop
+from mlxcel.http.schemas import CreateResponseBody, InputItem, to_items
 from mlxcel.http.tools import tool_use
 from mlxcel.items import Compaction, Item, JsonValue, RequestEcho, ResponseRecord, new_id
 from mlxcel.model.engine import ModelInfo, PromptCodec, Sampling
@@ -36,6 +40,35 @@ RESERVED_TEMPLATE_KWARGS = frozenset(
     }
 )
 ID_PATTERN = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
+
+
+def input_items(
+    raw_input: str | Sequence[InputItem],
+    instructions: str | None,
+    tools: Sequence[dict[str, JsonValue]] | None,
+    history: tuple[Item, ...],
+    context_length: int,
+) -> tuple[Item, ...]:
+    """The request's input as items, once it is known that with `history` it could fit
+    the window (in a worker thread: a long input takes a while to convert)."""
+    items = to_items(raw_input)
+    check_input_size(instructions, history + items, tools, context_length)
+    return items
+
+
+async def intake_items(
+    body: CreateResponseBody,
+    history: tuple[Item, ...],
+    context_length: int,
+    model: str,
+    echo: EchoHandle,
+) -> tuple[Item, ...]:
+    """The request's input as items, checked against the window, with remembered
+    reasoning restored; the heavy parts run off the event loop."""
+    items = await off_loop(
+        input_items, body.input, body.instructions, body.tools, history, context_length
+    )
+    return await restore_reasoning(body, model, items, echo)
 
 
 @dataclass(frozen=True, slots=True)

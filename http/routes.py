@@ -36,24 +36,31 @@ from mlxcel.http.compaction import (
     Compactor,
     check_reduction,
     default_keep_tokens,
+    rendered_tokens,
 )
 from mlxcel.http.conversations import register_conversations
-from mlxcel.http.echoing import restore_reasoning
 from mlxcel.http.errors import error_body, map_error
-from mlxcel.http.intake import ModelNames, build_request, read_history, render
+from mlxcel.http.intake import (
+    ModelNames,
+    build_request,
+    input_items,
+    intake_items,
+    read_history,
+    render,
+)
+from mlxcel.http.limits import check_item_count
 from mlxcel.http.objects import item_json, response_json, usage_json
+from mlxcel.http.offload import off_loop
 from mlxcel.http.schemas import (
     MAX_COMPACT_THRESHOLD,
     CompactBody,
     CreateResponseBody,
     InputTokensBody,
     list_page,
-    to_items,
 )
 from mlxcel.http.streaming import EventStreamBody, bind_to_exchange
 from mlxcel.items import Item, ResponseRecord, new_id
 from mlxcel.model.actor import ModelHandle
-from mlxcel.model.prompt import to_chat
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,18 +162,24 @@ def create_app(handles: Handles) -> QuartTrio:
     async def create_response() -> Response:
         body = CreateResponseBody.model_validate(await read_json(request.body))
         loaded = handles.model.loaded
+        check_item_count(body.input, loaded.info.context_length)
         if body.background:
             _check_background(handles, body)
         history = await read_history(body, handles.store)
-        items = await restore_reasoning(
-            body, handles.names.alias, to_items(body.input), handles.echo
-        )
+        alias, context_length = handles.names.alias, loaded.info.context_length
+        items = await intake_items(body, history, context_length, alias, handles.echo)
         compacts = body.compact_threshold is not None
         if compacts and not body.background:
             generation = await _prepare(handles, body, history, items)
         else:  # a background job compacts when its turn comes
-            generation = build_request(
-                body, handles.names, loaded.info, loaded.codec, history, items, fits=not compacts
+            generation = await off_loop(
+                functools.partial(build_request, fits=not compacts),
+                body,
+                handles.names,
+                loaded.info,
+                loaded.codec,
+                history,
+                items,
             )
         if body.background:
             prepare = functools.partial(_prepare, handles, body, history, items, waits=True)
@@ -188,10 +201,12 @@ def create_app(handles: Handles) -> QuartTrio:
         body = InputTokensBody.model_validate(await read_json(request.body))
         if body.model is not None and not handles.names.matches(body.model):
             raise ModelNotFound(body.model, [handles.names.alias])
+        loaded = handles.model.loaded
+        check_item_count(body.input, loaded.info.context_length)
         history = await read_history(body, handles.store)
-        alias = handles.names.alias
-        items = await restore_reasoning(body, alias, to_items(body.input), handles.echo)
-        _, prompt = render(body, history, handles.model.codec, items)
+        alias, context_length = handles.names.alias, loaded.info.context_length
+        items = await intake_items(body, history, context_length, alias, handles.echo)
+        _, prompt = await off_loop(render, body, history, loaded.codec, items)
         return json_response({"object": "response.input_tokens", "input_tokens": len(prompt)})
 
     @route("/responses/compact", methods=["POST"])
@@ -210,11 +225,21 @@ def create_app(handles: Handles) -> QuartTrio:
                 param="conversation",
                 code="unsupported_parameter",
             )
-        history = await read_history(body, handles.store)
-        items = history + to_items(body.input)
         loaded = handles.model.loaded
         info, codec = loaded.info, loaded.codec
-        before = len(codec.render(to_chat(None, items), None))
+        check_item_count(body.input, info.context_length)
+        if body.keep_tokens is not None and body.keep_tokens >= info.context_length:
+            raise InvalidRequest(
+                f"'keep_tokens' must be below the {info.context_length}-token context window: "
+                "the preserved turns and the summary must fit it together.",
+                param="keep_tokens",
+                code="invalid_value",
+            )
+        history = await read_history(body, handles.store)
+        items = history + await off_loop(
+            input_items, body.input, body.instructions, None, history, info.context_length
+        )
+        before = await off_loop(rendered_tokens, codec, items)
         if before > info.context_length:
             raise ContextLengthExceeded(
                 f"The history is {before} tokens, longer than the {info.context_length}-token "
@@ -228,7 +253,7 @@ def create_app(handles: Handles) -> QuartTrio:
             max_output_tokens=body.max_output_tokens,
         )
         output: tuple[Item, ...] = (*compacted.kept, *compacted.item.preserved, compacted.item)
-        after = len(codec.render(to_chat(None, output), None))
+        after = await off_loop(rendered_tokens, codec, output)
         check_reduction(before, after, info.context_length)
         return json_response(
             {
@@ -291,7 +316,8 @@ async def _prepare(
     reaches the threshold or leaves no room for output."""
     loaded = handles.model.loaded
     info, codec = loaded.info, loaded.codec
-    generation = build_request(body, handles.names, info, codec, history, items, fits=False)
+    build = functools.partial(build_request, body, handles.names, info, codec, history, items)
+    generation = await off_loop(build, fits=False)
     before = len(generation.prompt)
     threshold = body.compact_threshold or MAX_COMPACT_THRESHOLD
     if before < threshold and before < info.context_length:
@@ -304,7 +330,7 @@ async def _prepare(
     compacted = await compactor.compact(
         history + items, keep_tokens=keep, max_output_tokens=summary, waits=waits
     )
-    generation = build_request(body, handles.names, info, codec, history, items, compacted.item)
+    generation = await off_loop(build, compacted.item)
     check_reduction(before, len(generation.prompt), info.context_length)
     report = CompactionReport(compacted.item, before, len(generation.prompt))
     return dataclasses.replace(generation, compaction=report)

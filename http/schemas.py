@@ -12,7 +12,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, JsonValue
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, JsonValue, model_validator
 
 from mlxcel.errors import InvalidRequest
 from mlxcel.items import (
@@ -106,13 +106,43 @@ class CompactionContent(_Model):
     preserved: list[Annotated[_PlainItem, BeforeValidator(_default_message_type)]]
 
 
+# Validation holds the interpreter for its whole run (some 4 s per million items on a
+# slow machine), so the number of items and parts is checked on the raw JSON first. No
+# context window holds this many turns: at 100,000 the work stays a fraction of a second.
+MAX_INPUT_PARTS = 100_000
+
+
+def check_parts(raw_items: Any, param: str = "input") -> None:
+    """400 for a raw item list with more items and content parts than `MAX_INPUT_PARTS`
+    (one pass over the top level: each item's own part list is only measured)."""
+    if not isinstance(raw_items, list):
+        return  # a string, or the wrong type, which validation reports
+    count = len(raw_items)
+    for item in raw_items:
+        if count > MAX_INPUT_PARTS:
+            break
+        if isinstance(item, dict):
+            for key in ("content", "output"):
+                parts = item.get(key)
+                count += len(parts) if isinstance(parts, list) else 0
+    if count > MAX_INPUT_PARTS:
+        raise InvalidRequest(
+            f"Invalid '{param}': more than {MAX_INPUT_PARTS} items and content parts.",
+            param=param,
+            code="array_above_max_length",
+        )
+
+
 def _decode_content(value: Any) -> Any:
     if not isinstance(value, str):
         return value  # reported as the wrong type
     try:
-        return json.loads(base64.urlsafe_b64decode(value + "=" * (-len(value) % 4)))
+        content = json.loads(base64.urlsafe_b64decode(value + "=" * (-len(value) % 4)))
     except (ValueError, binascii.Error) as exc:
         raise ValueError("not the base64url JSON a compaction produced") from exc
+    if isinstance(content, dict):
+        check_parts(content.get("preserved"), "input")
+    return content
 
 
 class CompactionIn(_Model):
@@ -152,7 +182,16 @@ class CompactionSetting(_Model):
     compact_threshold: int | None = Field(default=None, ge=1, le=MAX_COMPACT_THRESHOLD)
 
 
-class CreateResponseBody(_Model):
+class _BoundedInput(_Model):
+    @model_validator(mode="before")
+    @classmethod
+    def _bounded(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            check_parts(data.get("input"))
+        return data
+
+
+class CreateResponseBody(_BoundedInput):
     model: str
     input: str | list[InputItemIn]
     instructions: str | None = None
@@ -190,7 +229,7 @@ class CreateResponseBody(_Model):
         return None
 
 
-class CompactBody(_Model):
+class CompactBody(_BoundedInput):
     """`POST /v1/responses/compact`."""
 
     model: str

@@ -4,8 +4,17 @@ from __future__ import annotations
 
 import trio
 
-from mlxcel.actors.echo import EchoActor, EchoHandle, turn_key, turn_prefix
-from mlxcel.items import InputText, Message, Reasoning
+from mlxcel.actors.echo import EchoActor, EchoHandle, TurnHasher, turn_key, turn_prefix
+from mlxcel.items import (
+    Compaction,
+    FunctionCall,
+    FunctionCallOutput,
+    InputText,
+    Message,
+    OutputText,
+    Reasoning,
+    replay,
+)
 
 
 async def start(nursery: trio.Nursery, max_bytes: int) -> EchoHandle:
@@ -40,3 +49,26 @@ def test_keys_ignore_dropped_reasoning_and_trim_text() -> None:
     assert turn_key(without, " answer\n") == turn_key(without, "answer")
     assert turn_prefix("m", "sig", "other", [user]) != without
     assert turn_prefix("m", "other-tools", "s", [user]) != without
+
+
+def test_incremental_prefixes_match_the_replayed_history() -> None:
+    """One pass gives, at every item, the prefix of the history as the model sees it, so
+    restored keys agree with those remembered after a compaction's replay."""
+    system = Message("system", (InputText("be brief"),))
+    kept = Compaction("summary", (Message("user", (InputText("old"),)),))
+    items = [
+        system,
+        Message("user", (InputText("a"),)),
+        Message("assistant", (OutputText("b"),)),
+        kept,
+        Message("developer", (InputText("later rule"),)),
+        FunctionCall("c1", "f", "{}"),
+        FunctionCallOutput("c1", "out"),
+        Compaction("again", ()),
+        Message("assistant", (OutputText("d"),)),
+    ]
+    hasher = TurnHasher("m", "sig", "s")
+    for index, item in enumerate(items):
+        assert hasher.prefix() == turn_prefix("m", "sig", "s", replay(items[:index]))
+        hasher.add(item)
+    assert hasher.prefix() == turn_prefix("m", "sig", "s", replay(items))
