@@ -367,7 +367,8 @@ class Scheduler:
                     await self._store.put(record)
                 conversation = record.echo.conversation_id
                 if conversation is not None and record.status in ("completed", "incomplete"):
-                    await self._store.append(conversation, record.input_items + record.output)
+                    turn = record.input_items + record.output
+                    await self._store.append(conversation, turn, response_id=record.id)
                 await self._remember_reasoning(request, record)
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 log.warning("the store has stopped; response %s was not kept", record.id)
