@@ -53,7 +53,8 @@ async def serve(
     a half-working server is worse than a stopped one. No request can make an actor
     crash: each actor fails the one response at fault.
     """
-    shutdown = shutdown or trio.Event()
+    if shutdown is None:
+        shutdown = trio.Event()
     if settings.tool_call_parser is not None:
         factory = functools.partial(_with_tool_parser, factory, settings.tool_call_parser)
     async with trio.open_nursery() as nursery:

@@ -149,3 +149,36 @@ async def test_cancel_at_each_stage(nursery: trio.Nursery) -> None:
     await statuses(store, done.id, "completed")
     assert await jobs.cancel(done.id) is None  # not active any more
     assert (await store.statistics()).active.entries == 0
+
+
+async def test_a_preparation_that_raises_fails_that_job_alone(nursery: trio.Nursery) -> None:
+    jobs, store = await start(nursery, FakeEngine())
+
+    async def broken() -> GenerationRequest:
+        raise RuntimeError("a bug in preparing")
+
+    failing = await jobs.submit(job("echo: never"), broken)
+    assert await statuses(store, failing.id, "failed") == ["queued", "failed"]
+    record = await store.get(failing.id)
+    assert record is not None
+    assert record.error is not None
+    assert record.error.code == "server_error"
+    # The supervisor carries on.
+    fine = await jobs.submit(job("echo: fine"))
+    await statuses(store, fine.id, "completed")
+
+
+async def test_ending_all_jobs_fails_running_and_queued_ones(nursery: trio.Nursery) -> None:
+    engine = FakeEngine(step_delay=0.01)
+    jobs, store = await start(nursery, engine)
+    running = await jobs.submit(job("echo: " + " ".join(["w"] * 40)))
+    queued = await jobs.submit(job("echo: queued"))
+    with trio.fail_after(10):
+        await wait_until(lambda: engine.active == 1)
+        await jobs.end_all()
+    for record_id in (running.id, queued.id):
+        record = await store.get(record_id)
+        assert record is not None
+        assert record.status == "failed"
+        assert record.error is not None
+        assert "shut down" in record.error.message
