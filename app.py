@@ -93,13 +93,15 @@ async def serve(
             api_keys=settings.api_keys,
             stopping=shutdown,
         )
-        app = create_app(handles)
+        app = create_app(handles, body_timeout_secs=settings.body_timeout_secs)
         async with trio.open_nursery() as edge:
             http = functools.partial(
                 serve_http,
                 app,
                 settings.host,
                 settings.port,
+                max_connections=settings.max_connections,
+                header_timeout=settings.read_timeout_secs,
                 shutdown_trigger=shutdown.wait,
                 # A backstop only: the drain ends every response before this runs out.
                 graceful_timeout=settings.shutdown_timeout_secs + SHUTDOWN_GRACE_SECS,
