@@ -5,12 +5,16 @@ is the one place that maps these to status codes and OpenAI error bodies.
     ├── InvalidRequest            the request itself is wrong (bad field, bad value)
     │   ├── ContextLengthExceeded the rendered prompt does not fit the context window
     │   ├── RequestTooLarge       the body is over the size limit
+    │   ├── BodyTimeout           the body did not arrive within its deadline
+    │   ├── UnsupportedMediaType  the body is not JSON
     │   └── UnsupportedFeature    a valid OpenAI feature this server does not offer
     ├── NotFound                  an id or route names nothing
     │   └── ModelNotFound         `model` names no loaded model
     ├── Overloaded                no room now; retrying later may work
     │   ├── QueueFull             the generation queue is full
     │   └── RateLimited           the background job cap (or its byte budget) is reached
+    ├── Unauthenticated           no valid API key
+    ├── ShuttingDown              the server is draining; no new generation starts
     ├── ModelNotReady             the model is still loading
     ├── GenerationFailed          the engine failed while generating
     └── ConfigError               flags or environment are invalid at start-up
@@ -44,6 +48,14 @@ class RequestTooLarge(InvalidRequest):
     """The request body is larger than the server accepts."""
 
 
+class BodyTimeout(InvalidRequest):
+    """The request body did not arrive whole within the body deadline."""
+
+
+class UnsupportedMediaType(InvalidRequest):
+    """The request body is not declared as JSON."""
+
+
 class UnsupportedFeature(InvalidRequest):
     """A feature of the OpenAI API that this server does not provide."""
 
@@ -74,6 +86,14 @@ class QueueFull(Overloaded):
 
 class RateLimited(Overloaded):
     """Too many background jobs are active; retry after one ends."""
+
+
+class Unauthenticated(MlxcelError):
+    """The request carries no API key this server accepts."""
+
+
+class ShuttingDown(MlxcelError):
+    """The server is draining for shutdown and starts no new generation."""
 
 
 class ModelNotReady(MlxcelError):

@@ -15,7 +15,7 @@ from quart import Response, request
 from mlxcel.actors.messages import AddItems, ConversationChange, Refused, RemoveItem, SetMetadata
 from mlxcel.actors.store import StoreHandle, conversation_not_found
 from mlxcel.errors import InvalidRequest, NotFound
-from mlxcel.http.body import read_json
+from mlxcel.http.body import read_model
 from mlxcel.http.objects import conversation_json, item_json
 from mlxcel.http.schemas import (
     ConversationCreateBody,
@@ -65,8 +65,7 @@ def register_conversations(route: Route, store: StoreHandle, json_response: Json
     @route("/conversations", methods=["POST"])
     async def create_conversation() -> Response:
         check_enabled()
-        raw = await read_json(request.body) if request.content_length else {}
-        body = ConversationCreateBody.model_validate(raw)
+        body = await read_model(ConversationCreateBody, empty={})
         conversation = Conversation(
             id=new_conversation_id(),
             created_at=int(time.time()),
@@ -86,7 +85,7 @@ def register_conversations(route: Route, store: StoreHandle, json_response: Json
     @route("/conversations/<conversation_id>", methods=["POST"])
     async def update_conversation(conversation_id: str) -> Response:
         await existing(conversation_id)
-        body = ConversationUpdateBody.model_validate(await read_json(request.body))
+        body = await read_model(ConversationUpdateBody)
         updated = await changed(conversation_id, SetMetadata(dict(body.metadata)))
         return json_response(conversation_json(updated))
 
@@ -107,7 +106,7 @@ def register_conversations(route: Route, store: StoreHandle, json_response: Json
     @route("/conversations/<conversation_id>/items", methods=["POST"])
     async def create_conversation_items(conversation_id: str) -> Response:
         await existing(conversation_id)
-        body = ConversationItemsBody.model_validate(await read_json(request.body))
+        body = await read_model(ConversationItemsBody)
         items = to_items(body.items)
         await changed(conversation_id, AddItems(items))
         data = [item_json(i) for i in items]

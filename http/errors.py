@@ -12,6 +12,7 @@ from pydantic import ValidationError
 from werkzeug.exceptions import HTTPException
 
 from mlxcel.errors import (
+    BodyTimeout,
     ConfigError,
     GenerationFailed,
     InvalidRequest,
@@ -22,6 +23,9 @@ from mlxcel.errors import (
     QueueFull,
     RateLimited,
     RequestTooLarge,
+    ShuttingDown,
+    Unauthenticated,
+    UnsupportedMediaType,
 )
 from mlxcel.http.schemas import ITEM_TAGS
 
@@ -29,15 +33,28 @@ log = logging.getLogger(__name__)
 
 _STATUS: list[tuple[type[MlxcelError], int, str]] = [
     (RequestTooLarge, 413, "invalid_request_error"),
+    (BodyTimeout, 408, "invalid_request_error"),
+    (UnsupportedMediaType, 415, "invalid_request_error"),
     (InvalidRequest, 400, "invalid_request_error"),
     (NotFound, 404, "invalid_request_error"),
+    (Unauthenticated, 401, "invalid_request_error"),
     (QueueFull, 503, "server_error"),
+    (ShuttingDown, 503, "server_error"),
     (RateLimited, 429, "rate_limit_error"),
     (Overloaded, 429, "rate_limit_error"),
     (ModelNotReady, 503, "server_error"),
     (GenerationFailed, 500, "server_error"),
     (ConfigError, 500, "server_error"),
 ]
+
+
+_HTTP_CODES = {
+    404: "not_found",
+    405: "method_not_allowed",
+    408: "request_timeout",
+    413: "request_too_large",
+    415: "unsupported_media_type",
+}
 
 
 def error_body(
@@ -56,7 +73,7 @@ def map_error(exc: BaseException) -> tuple[int, dict[str, Any]]:
         return 400, validation_body(exc)
     if isinstance(exc, HTTPException):
         status = exc.code or 500
-        code = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}.get(status)
+        code = _HTTP_CODES.get(status)
         type_ = "invalid_request_error" if status < 500 else "server_error"
         return status, error_body(exc.description or exc.name, type_, code=code)
     log.error("unhandled error", exc_info=exc)

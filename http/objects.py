@@ -36,16 +36,26 @@ def conversation_json(conversation: Conversation) -> dict[str, Any]:
     }
 
 
+LOGPROB_FLOOR = -9999.0
+"""The log-probability reported for a token the sampler could never pick (a grammar masks
+it to -inf): JSON has no infinity, and the hosted API reports such tokens the same way."""
+
+
 def logprob_json(entry: TokenLogprob) -> dict[str, Any]:
     return {
         "token": entry.token,
-        "logprob": entry.logprob,
+        "logprob": _finite(entry.logprob),
         "bytes": list(entry.token.encode()),
         "top_logprobs": [
-            {"token": token, "logprob": value, "bytes": list(token.encode())}
+            {"token": token, "logprob": _finite(value), "bytes": list(token.encode())}
             for token, value in entry.top
         ],
     }
+
+
+def _finite(logprob: float) -> float:
+    # NaN compares false, so it takes the floor too.
+    return logprob if logprob >= LOGPROB_FLOOR else LOGPROB_FLOOR
 
 
 def part_json(part: ContentPart) -> dict[str, Any]:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import hmac
 import json
 import time
 from collections.abc import Callable
@@ -30,7 +29,7 @@ from mlxcel.actors.messages import (
 from mlxcel.actors.scheduler import SchedulerHandle
 from mlxcel.actors.store import StoreHandle
 from mlxcel.errors import ContextLengthExceeded, InvalidRequest, ModelNotFound, NotFound
-from mlxcel.http.body import read_json
+from mlxcel.http.body import MAX_BODY_BYTES, read_model
 from mlxcel.http.compaction import (
     DEFAULT_SUMMARY_TOKENS,
     Compactor,
@@ -40,6 +39,7 @@ from mlxcel.http.compaction import (
 )
 from mlxcel.http.conversations import register_conversations
 from mlxcel.http.errors import error_body, map_error
+from mlxcel.http.guards import check_api_key, check_json_body, check_not_stopping
 from mlxcel.http.intake import (
     ModelNames,
     build_request,
@@ -80,15 +80,18 @@ class Handles:
 
 
 def json_response(body: Any, status: int = 200) -> Response:
-    return Response(json.dumps(body), status=status, content_type="application/json")
+    # Strict JSON out as in: a NaN would break every strict parser (a ValueError here is
+    # a bug, answered as a 500 and logged).
+    data = json.dumps(body, allow_nan=False)
+    return Response(data, status=status, content_type="application/json")
 
 
-def create_app(handles: Handles) -> QuartTrio:
+def create_app(handles: Handles, *, body_timeout_secs: float = 60.0) -> QuartTrio:
     app = QuartTrio("mlxcel")
     # Generation can take minutes; streams end when generation ends, not on a timer.
     app.config["RESPONSE_TIMEOUT"] = None
-    app.config["BODY_TIMEOUT"] = 120
-    app.config["MAX_CONTENT_LENGTH"] = None  # `read_json` enforces the limit
+    app.config["BODY_TIMEOUT"] = body_timeout_secs
+    app.config["MAX_CONTENT_LENGTH"] = MAX_BODY_BYTES
     started = int(time.time())
 
     def route(rule: str, **options: Any) -> Callable[[Any], Any]:
@@ -110,27 +113,10 @@ def create_app(handles: Handles) -> QuartTrio:
         return response
 
     @app.before_request
-    async def check_api_key() -> Response | None:
-        if not handles.api_keys or request.path == "/health":
-            return None
-        given = request.headers.get("Authorization", "").removeprefix("Bearer ").strip()
-        if any(hmac.compare_digest(given, key) for key in handles.api_keys):
-            return None
-        body = error_body("Invalid or missing API key.", "invalid_request_error")
-        return json_response(body, 401)
-
-    @app.before_request
-    async def refuse_while_stopping() -> Response | None:
-        if not handles.stopping.is_set() or request.method != "POST":
-            return None
-        if not request.path.rstrip("/").endswith(("/responses", "/responses/compact")):
-            return None
-        body = error_body(
-            "The server is shutting down; retry on another server.",
-            "server_error",
-            code="server_shutting_down",
-        )
-        return json_response(body, 503)
+    async def guard() -> None:
+        check_api_key(handles.api_keys)
+        check_json_body()
+        check_not_stopping(handles.stopping)
 
     @app.get("/health")
     async def health() -> Response:
@@ -160,7 +146,7 @@ def create_app(handles: Handles) -> QuartTrio:
 
     @route("/responses", methods=["POST"])
     async def create_response() -> Response:
-        body = CreateResponseBody.model_validate(await read_json(request.body))
+        body = await read_model(CreateResponseBody)
         loaded = handles.model.loaded
         check_item_count(body.input, loaded.info.context_length)
         if body.background:
@@ -198,7 +184,7 @@ def create_app(handles: Handles) -> QuartTrio:
 
     @route("/responses/input_tokens", methods=["POST"])
     async def count_input_tokens() -> Response:
-        body = InputTokensBody.model_validate(await read_json(request.body))
+        body = await read_model(InputTokensBody)
         if body.model is not None and not handles.names.matches(body.model):
             raise ModelNotFound(body.model, [handles.names.alias])
         loaded = handles.model.loaded
@@ -211,7 +197,7 @@ def create_app(handles: Handles) -> QuartTrio:
 
     @route("/responses/compact", methods=["POST"])
     async def compact_history() -> Response:
-        body = CompactBody.model_validate(await read_json(request.body))
+        body = await read_model(CompactBody)
         if not handles.names.matches(body.model):
             raise ModelNotFound(body.model, [handles.names.alias])
         if body.stream:

@@ -115,5 +115,5 @@ class SseEncoder:
         body = event_json(event)
         body["sequence_number"] = self._sequence
         self._sequence += 1
-        data = json.dumps(body, ensure_ascii=False, separators=(",", ":"))
+        data = json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
         return f"event: {body['type']}\ndata: {data}\n\n".encode()

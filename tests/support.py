@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import json
 import socket
 import subprocess
 import sys
@@ -124,3 +125,45 @@ async def count(server: FakeServer, body: dict[str, Any]) -> int:
     assert r.status_code == 200, r.text
     assert r.json()["object"] == "response.input_tokens"
     return int(r.json()["input_tokens"])
+
+
+async def raw_request(
+    url: str, body: dict[str, Any], *, rcvbuf: int | None = None
+) -> trio.SocketStream:
+    """A whole POST /v1/responses sent on a raw connection that is then left to the caller."""
+    host, port = url.removeprefix("http://").split(":")
+    payload = json.dumps(body).encode()
+    head = (
+        f"POST /v1/responses HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(payload)}\r\n\r\n"
+    ).encode()
+    sock = trio.socket.socket()
+    if rcvbuf is not None:  # a small window: the server's writes block once it is full
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+    await sock.connect((host, int(port)))
+    stream = trio.SocketStream(sock)
+    await stream.send_all(head + payload)
+    return stream
+
+
+async def read_until(stream: trio.SocketStream, marker: bytes) -> bytes:
+    seen = b""
+    while marker not in seen:
+        chunk = await stream.receive_some()
+        assert chunk, f"the stream ended before {marker!r}: {seen[-500:]!r}"
+        seen += chunk
+    return seen
+
+
+async def an_ordinary_request_completes(server: FakeServer, within: float = 10) -> None:
+    """`/health` answers and a short request completes (retrying 503s while a slot frees)."""
+    async with httpx.AsyncClient(base_url=server.url, timeout=30) as http:
+        with trio.fail_after(within):
+            assert (await http.get("/health")).status_code == 200
+            while True:
+                r = await http.post("/v1/responses", json={"model": "fake-model", "input": "hi"})
+                if r.status_code != 503:
+                    break
+                await trio.sleep(0.02)
+    assert r.status_code == 200, r.text
+    assert r.json()["status"] == "completed"
