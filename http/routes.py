@@ -51,6 +51,7 @@ from mlxcel.http.intake import (
 from mlxcel.http.limits import check_item_count
 from mlxcel.http.objects import item_json, response_json, usage_json
 from mlxcel.http.offload import off_loop
+from mlxcel.http.openapi import register_openapi
 from mlxcel.http.schemas import (
     MAX_COMPACT_THRESHOLD,
     CompactBody,
@@ -84,7 +85,7 @@ def json_response(body: Any, status: int = 200) -> Response:
 
 
 def create_app(handles: Handles) -> QuartTrio:
-    app = QuartTrio("mlxcel")
+    app = QuartTrio("mlxcel", static_folder=None)  # no static files: only the API's routes
     # Generation can take minutes; streams end when generation ends, not on a timer.
     app.config["RESPONSE_TIMEOUT"] = None
     app.config["BODY_TIMEOUT"] = 120
@@ -301,6 +302,7 @@ def create_app(handles: Handles) -> QuartTrio:
         return json_response(page)
 
     register_conversations(route, handles.store, json_response)
+    register_openapi(route, app, json_response)
     return app
 
 
