@@ -40,6 +40,7 @@ from mlxcel.http.compaction import (
 )
 from mlxcel.http.conversations import register_conversations
 from mlxcel.http.errors import error_body, map_error
+from mlxcel.http.exchange import App
 from mlxcel.http.intake import (
     ModelNames,
     build_request,
@@ -85,7 +86,7 @@ def json_response(body: Any, status: int = 200) -> Response:
 
 
 def create_app(handles: Handles) -> QuartTrio:
-    app = QuartTrio("mlxcel", static_folder=None)  # no static files: only the API's routes
+    app = App("mlxcel", static_folder=None)  # no static files: only the API's routes
     # Generation can take minutes; streams end when generation ends, not on a timer.
     app.config["RESPONSE_TIMEOUT"] = None
     app.config["BODY_TIMEOUT"] = 120
