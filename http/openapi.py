@@ -47,8 +47,8 @@ class Operation:
     body_required: bool = True
     pages: bool = False
     """Takes the cursor-page query parameters."""
-    generates: bool = False
-    """Runs the model, so it can be refused while the server is busy, loading or stopping."""
+    refusals: tuple[str, ...] = ()
+    """Error statuses besides those of a bad request, an API key and an id not found."""
     streams: bool = False
     public: bool = False
     """Answers without an API key."""
@@ -59,6 +59,7 @@ OPERATIONS: dict[str, Operation] = {
         "Readiness and slot usage",
         "server",
         '`{"status": "ok", "slots": {"total", "busy", "queued"}}` once the model is loaded.',
+        refusals=("503",),
         public=True,
     ),
     "openapi_document": Operation("This OpenAPI document", "server", "The OpenAPI 3.1 document."),
@@ -68,7 +69,7 @@ OPERATIONS: dict[str, Operation] = {
         "responses",
         "The `response` object, or with `stream: true` its server-sent events.",
         body=CreateResponseBody,
-        generates=True,
+        refusals=("404", "429", "503"),
         streams=True,
     ),
     "count_input_tokens": Operation(
@@ -76,6 +77,7 @@ OPERATIONS: dict[str, Operation] = {
         "responses",
         '`{"object": "response.input_tokens", "input_tokens": N}`.',
         body=InputTokensBody,
+        refusals=("404", "503"),
     ),
     "compact_history": Operation(
         "Compact a history",
@@ -83,7 +85,7 @@ OPERATIONS: dict[str, Operation] = {
         "A `response.compaction` object: the kept items, the preserved turns and one "
         "`compaction` item.",
         body=CompactBody,
-        generates=True,
+        refusals=("404", "503"),
     ),
     "retrieve_response": Operation("Retrieve a stored response", "responses", "The response."),
     "delete_response": Operation(
@@ -193,13 +195,19 @@ _ERROR_SCHEMA: dict[str, Any] = {
 _ERRORS = {
     "400": "The request is invalid (its body, a parameter or an id).",
     "401": "The API key is missing or wrong (only when the server has API keys).",
-    "404": "No such route, or no such stored object.",
+    "404": "No such model, stored response, conversation or item.",
     "413": "The request body is too large.",
     "415": "The request body is not JSON.",
-    "429": "Rate limited.",
-    "503": "Busy (the queue is full), loading or shutting down; retry later.",
+    "429": "Too many background jobs; retry later.",
+    "503": "Not now: the model is loading, every slot and queue place is taken, or the "
+    "server is shutting down.",
 }
-_RETRY_AFTER = {"Retry-After": {"schema": {"type": "integer"}, "description": "Seconds."}}
+_RETRY_AFTER = {
+    "Retry-After": {
+        "schema": {"type": "integer"},
+        "description": "Seconds to wait before retrying, when that is likely to help.",
+    }
+}
 
 
 def register_openapi(route: Route, app: Quart, json_response: JsonResponse) -> None:
@@ -275,14 +283,13 @@ def _operation(endpoint: str, arguments: list[str]) -> dict[str, Any]:
     if op.streams:
         ok["text/event-stream"] = {"schema": {"type": "string"}}
     responses: dict[str, Any] = {"200": {"description": op.returns, "content": ok}}
-    codes = ["400"] if op.body or op.pages or arguments else []
-    codes += [] if op.public else ["401"]
-    codes += ["404"] if arguments else []
-    codes += ["413", "415"] if op.body else []
-    codes += ["429", "503"] if op.generates else []
-    codes += ["503"] if op.public else []
-    for code in codes:
-        responses[code] = _error_response(code)
+    codes = {*op.refusals}
+    codes |= {"400"} if op.body or op.pages or arguments else set()
+    codes |= set() if op.public else {"401"}
+    codes |= {"404"} if arguments else set()
+    codes |= {"413", "415"} if op.body else set()
+    for code in sorted(codes):
+        responses[code] = _error_response(code, retry=not op.public)
     operation: dict[str, Any] = {
         "operationId": endpoint,
         "summary": op.summary,
@@ -301,11 +308,11 @@ def _operation(endpoint: str, arguments: list[str]) -> dict[str, Any]:
     return operation
 
 
-def _error_response(code: str) -> dict[str, Any]:
+def _error_response(code: str, *, retry: bool) -> dict[str, Any]:
     response: dict[str, Any] = {
         "description": _ERRORS[code],
         "content": {"application/json": {"schema": {"$ref": SCHEMAS + "Error"}}},
     }
-    if code in ("429", "503"):
+    if retry and code in ("429", "503"):
         response["headers"] = _RETRY_AFTER
     return response
