@@ -39,6 +39,7 @@ from mlxcel.http.compaction import (
 )
 from mlxcel.http.conversations import register_conversations
 from mlxcel.http.errors import error_body, map_error
+from mlxcel.http.exchange import App
 from mlxcel.http.guards import check_api_key, check_json_body, check_not_stopping
 from mlxcel.http.intake import (
     ModelNames,
@@ -51,6 +52,7 @@ from mlxcel.http.intake import (
 from mlxcel.http.limits import check_item_count
 from mlxcel.http.objects import item_json, response_json, usage_json
 from mlxcel.http.offload import off_loop
+from mlxcel.http.openapi import register_openapi
 from mlxcel.http.schemas import (
     MAX_COMPACT_THRESHOLD,
     CompactBody,
@@ -87,7 +89,7 @@ def json_response(body: Any, status: int = 200) -> Response:
 
 
 def create_app(handles: Handles, *, body_timeout_secs: float = 60.0) -> QuartTrio:
-    app = QuartTrio("mlxcel")
+    app = App("mlxcel", static_folder=None)  # no static files: only the API's routes
     # Generation can take minutes; streams end when generation ends, not on a timer.
     app.config["RESPONSE_TIMEOUT"] = None
     app.config["BODY_TIMEOUT"] = body_timeout_secs
@@ -287,6 +289,7 @@ def create_app(handles: Handles, *, body_timeout_secs: float = 60.0) -> QuartTri
         return json_response(page)
 
     register_conversations(route, handles.store, json_response)
+    register_openapi(route, app, json_response)
     return app
 
 

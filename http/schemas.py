@@ -12,7 +12,15 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, JsonValue, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    JsonValue,
+    WithJsonSchema,
+    model_validator,
+)
 
 from mlxcel.errors import InvalidRequest
 from mlxcel.items import (
@@ -147,7 +155,14 @@ def _decode_content(value: Any) -> Any:
 
 class CompactionIn(_Model):
     type: Literal["compaction"]
-    encrypted_content: Annotated[CompactionContent, BeforeValidator(_decode_content)]
+    encrypted_content: Annotated[
+        CompactionContent,
+        BeforeValidator(_decode_content),
+        # On the wire it is the string a compaction produced, not the object it decodes to.
+        WithJsonSchema(
+            {"type": "string", "description": "The `encrypted_content` a compaction produced."}
+        ),
+    ]
     id: str | None = None
 
 

@@ -96,14 +96,11 @@ async def serve_http(
 class _Connection(TCPServer):
     """Hypercorn's connection handler, closing a connection the way clients can read.
 
-    Three changes, all to the close. A route that answers before the whole body has come
-    (a 413 on `Content-Length`) makes hypercorn close the connection from the request's
-    own task, which Quart is cancelling at that moment: unshielded, the close stopped at
-    its first checkpoint and the connection stayed open for ever, reading the rest of
-    the body for nothing. And a client that sends its whole body before it reads (most
-    do) would find the connection reset, the answer lost, if it were closed with its
-    body still arriving: so the close sends its end of the stream first and lingers,
-    discarding what still comes, until the client closes or `LINGER_SECS` pass. And a
+    A client that sends its whole body before it reads (most do) would find the
+    connection reset and the answer lost if it were closed with the body still arriving
+    (an early 413 or 404): so such a close sends its end of the stream first and lingers,
+    dropping what still comes, until the client closes or `LINGER_SECS` pass. The close
+    is shielded, as it may run in a task being cancelled (see `http/exchange.py`), and a
     connection whose client has gone ends at once, not when its idle timer fires."""
 
     def __init__(self, *args: Any) -> None:

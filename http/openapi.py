@@ -1,0 +1,318 @@
+"""The OpenAPI 3.1 document of every route the app mounts, served at `/openapi.json`.
+
+Paths come from the app's URL map, so no mounted route is left out; request bodies are
+the pydantic models' own JSON schemas (under `components/schemas`), so the document
+describes exactly what the routes validate. Response bodies are described loosely (the
+`openai` SDK's types are their reference); every error is the one OpenAI error shape.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel
+from pydantic.json_schema import models_json_schema
+from quart import Quart, Response
+
+from mlxcel import __version__
+from mlxcel.http.schemas import (
+    CompactBody,
+    ConversationCreateBody,
+    ConversationItemsBody,
+    ConversationUpdateBody,
+    CreateResponseBody,
+    InputTokensBody,
+)
+
+Route = Callable[..., Callable[[Any], Any]]
+JsonResponse = Callable[..., Response]
+
+SCHEMAS = "#/components/schemas/"
+_RULE_ARGUMENT = re.compile(r"<(?:[^<>:]+:)?([^<>]+)>")
+_AUTOMATIC_METHODS = frozenset({"HEAD", "OPTIONS"})
+
+
+@dataclass(frozen=True, slots=True)
+class Operation:
+    """What the document says about one view (mounted with and without `/v1`)."""
+
+    summary: str
+    tag: str
+    returns: str
+    """What a 200 answers."""
+    body: type[BaseModel] | None = None
+    body_required: bool = True
+    pages: bool = False
+    """Takes the cursor-page query parameters."""
+    refusals: tuple[str, ...] = ()
+    """Error statuses besides those of a bad request, an API key and an id not found."""
+    streams: bool = False
+    public: bool = False
+    """Answers without an API key."""
+
+
+OPERATIONS: dict[str, Operation] = {
+    "health": Operation(
+        "Readiness and slot usage",
+        "server",
+        '`{"status": "ok", "slots": {"total", "busy", "queued"}}` once the model is loaded.',
+        refusals=("503",),
+        public=True,
+    ),
+    "openapi_document": Operation("This OpenAPI document", "server", "The OpenAPI 3.1 document."),
+    "models": Operation("List the loaded model", "models", "A list with the one loaded model."),
+    "create_response": Operation(
+        "Create a response",
+        "responses",
+        "The `response` object, or with `stream: true` its server-sent events.",
+        body=CreateResponseBody,
+        refusals=("404", "429", "503"),
+        streams=True,
+    ),
+    "count_input_tokens": Operation(
+        "Count the input tokens of a create body",
+        "responses",
+        '`{"object": "response.input_tokens", "input_tokens": N}`.',
+        body=InputTokensBody,
+        refusals=("404", "503"),
+    ),
+    "compact_history": Operation(
+        "Compact a history",
+        "responses",
+        "A `response.compaction` object: the kept items, the preserved turns and one "
+        "`compaction` item.",
+        body=CompactBody,
+        refusals=("404", "503"),
+    ),
+    "retrieve_response": Operation("Retrieve a stored response", "responses", "The response."),
+    "delete_response": Operation(
+        "Delete a stored response", "responses", '`{"id", "object": "response.deleted"}`.'
+    ),
+    "cancel_response": Operation(
+        "Cancel a queued or running response", "responses", "The response, as it ended."
+    ),
+    "list_input_items": Operation(
+        "List a response's input items", "responses", "A page of items.", pages=True
+    ),
+    "create_conversation": Operation(
+        "Create a conversation",
+        "conversations",
+        "The `conversation` object.",
+        body=ConversationCreateBody,
+        body_required=False,
+    ),
+    "retrieve_conversation": Operation(
+        "Retrieve a conversation", "conversations", "The `conversation` object."
+    ),
+    "update_conversation": Operation(
+        "Replace a conversation's metadata",
+        "conversations",
+        "The `conversation` object.",
+        body=ConversationUpdateBody,
+    ),
+    "delete_conversation": Operation(
+        "Delete a conversation", "conversations", '`{"id", "object": "conversation.deleted"}`.'
+    ),
+    "list_conversation_items": Operation(
+        "List a conversation's items", "conversations", "A page of items.", pages=True
+    ),
+    "create_conversation_items": Operation(
+        "Add items to a conversation",
+        "conversations",
+        "A list of the added items.",
+        body=ConversationItemsBody,
+    ),
+    "retrieve_conversation_item": Operation(
+        "Retrieve a conversation item", "conversations", "The item."
+    ),
+    "delete_conversation_item": Operation(
+        "Delete a conversation item", "conversations", "The `conversation` object."
+    ),
+}
+
+_PATH_PARAMETERS = {
+    "response_id": "A response id (`resp_…`).",
+    "conversation_id": "A conversation id (`conv_…`).",
+    "item_id": "An item id.",
+}
+
+_PAGE_PARAMETERS: list[dict[str, Any]] = [
+    {
+        "name": "after",
+        "in": "query",
+        "description": "List the items after the one with this id.",
+        "schema": {"type": "string"},
+    },
+    {
+        "name": "before",
+        "in": "query",
+        "description": "Accepted for compatibility and ignored.",
+        "schema": {"type": "string"},
+    },
+    {
+        "name": "limit",
+        "in": "query",
+        "description": "How many items a page holds.",
+        "schema": {"type": "integer", "minimum": 1, "maximum": 100, "default": 20},
+    },
+    {
+        "name": "order",
+        "in": "query",
+        "description": "`asc`: oldest first; `desc`: newest first.",
+        "schema": {"type": "string", "enum": ["asc", "desc"], "default": "desc"},
+    },
+    {
+        "name": "include",
+        "in": "query",
+        "description": "Accepted for compatibility and ignored.",
+        "style": "form",
+        "explode": True,
+        "schema": {"type": "array", "items": {"type": "string"}},
+    },
+]
+
+_ERROR_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "description": "Every error the server answers.",
+    "properties": {
+        "error": {
+            "type": "object",
+            "properties": {
+                "message": {"type": "string"},
+                "type": {"type": "string"},
+                "param": {"type": ["string", "null"]},
+                "code": {"type": ["string", "null"]},
+            },
+            "required": ["message", "type", "param", "code"],
+        }
+    },
+    "required": ["error"],
+}
+
+_ERRORS = {
+    "400": "The request is invalid (its body, a parameter or an id).",
+    "401": "The API key is missing or wrong (only when the server has API keys).",
+    "404": "No such model, stored response, conversation or item.",
+    "413": "The request body is too large.",
+    "415": "The request body is not JSON.",
+    "429": "Too many background jobs; retry later.",
+    "503": "Not now: the model is loading, every slot and queue place is taken, or the "
+    "server is shutting down.",
+}
+_RETRY_AFTER = {
+    "Retry-After": {
+        "schema": {"type": "integer"},
+        "description": "Seconds to wait before retrying, when that is likely to help.",
+    }
+}
+
+
+def register_openapi(route: Route, app: Quart, json_response: JsonResponse) -> None:
+    """Mount `/openapi.json` (with and without `/v1`) through `route`; the document is
+    built from `app`'s URL map on first request, once every route is mounted."""
+    built: list[dict[str, Any]] = []
+
+    @route("/openapi.json", methods=["GET"])
+    async def openapi_document() -> Response:
+        if not built:
+            built.append(openapi_document_for(app))
+        return json_response(built[0])
+
+
+def openapi_document_for(app: Quart) -> dict[str, Any]:
+    """The OpenAPI 3.1 document of every route `app` mounts."""
+    paths: dict[str, dict[str, Any]] = {}
+    for rule in app.url_map.iter_rules():
+        path = _RULE_ARGUMENT.sub(r"{\1}", rule.rule)
+        for method in sorted(set(rule.methods or ()) - _AUTOMATIC_METHODS):
+            paths.setdefault(path, {})[method.lower()] = _operation(
+                rule.endpoint, sorted(rule.arguments)
+            )
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "mlxcel",
+            "version": __version__,
+            "description": "Local MLX language models behind the OpenAI Responses API. "
+            "Every route is also mounted without the `/v1` prefix.",
+        },
+        "paths": dict(sorted(paths.items())),
+        "components": {
+            "schemas": {**_body_schemas(), "Error": _ERROR_SCHEMA},
+            "securitySchemes": {
+                "apiKey": {
+                    "type": "http",
+                    "scheme": "bearer",
+                    "description": "One of the server's API keys; needed only when it has some.",
+                }
+            },
+        },
+        "security": [{"apiKey": []}, {}],
+    }
+
+
+def _body_schemas() -> dict[str, Any]:
+    models = {op.body for op in OPERATIONS.values() if op.body is not None}
+    _, definitions = models_json_schema(
+        [(model, "validation") for model in sorted(models, key=lambda m: m.__name__)],
+        ref_template=SCHEMAS + "{model}",
+    )
+    return dict(sorted(definitions.get("$defs", {}).items()))
+
+
+def _operation(endpoint: str, arguments: list[str]) -> dict[str, Any]:
+    view = endpoint.removeprefix("v1_")
+    known = OPERATIONS.get(view)
+    op = known or Operation(view.replace("_", " ").capitalize(), "other", "A JSON object.")
+    parameters = [
+        {
+            "name": name,
+            "in": "path",
+            "required": True,
+            "description": _PATH_PARAMETERS.get(name, "An id."),
+            "schema": {"type": "string", "minLength": 1},
+        }
+        for name in arguments
+    ]
+    if op.pages:
+        parameters += _PAGE_PARAMETERS
+    ok: dict[str, Any] = {"application/json": {"schema": {"type": "object"}}}
+    if op.streams:
+        ok["text/event-stream"] = {"schema": {"type": "string"}}
+    responses: dict[str, Any] = {"200": {"description": op.returns, "content": ok}}
+    codes = {*op.refusals}
+    codes |= {"400"} if op.body or op.pages or arguments else set()
+    codes |= set() if op.public else {"401"}
+    codes |= {"404"} if arguments else set()
+    codes |= {"413", "415"} if op.body else set()
+    for code in sorted(codes):
+        responses[code] = _error_response(code, retry=not op.public)
+    operation: dict[str, Any] = {
+        "operationId": endpoint,
+        "summary": op.summary,
+        "tags": [op.tag],
+        "responses": responses,
+    }
+    if parameters:
+        operation["parameters"] = parameters
+    if op.body is not None:
+        operation["requestBody"] = {
+            "required": op.body_required,
+            "content": {"application/json": {"schema": {"$ref": SCHEMAS + op.body.__name__}}},
+        }
+    if op.public:
+        operation["security"] = []
+    return operation
+
+
+def _error_response(code: str, *, retry: bool) -> dict[str, Any]:
+    response: dict[str, Any] = {
+        "description": _ERRORS[code],
+        "content": {"application/json": {"schema": {"$ref": SCHEMAS + "Error"}}},
+    }
+    if retry and code in ("429", "503"):
+        response["headers"] = _RETRY_AFTER
+    return response
