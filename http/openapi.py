@@ -196,6 +196,7 @@ _ERRORS = {
     "400": "The request is invalid (its body, a parameter or an id).",
     "401": "The API key is missing or wrong (only when the server has API keys).",
     "404": "No such model, stored response, conversation or item.",
+    "408": "The request body did not arrive within the body deadline.",
     "413": "The request body is too large.",
     "415": "The request body is not JSON.",
     "429": "Too many background jobs; retry later.",
@@ -287,7 +288,7 @@ def _operation(endpoint: str, arguments: list[str]) -> dict[str, Any]:
     codes |= {"400"} if op.body or op.pages or arguments else set()
     codes |= set() if op.public else {"401"}
     codes |= {"404"} if arguments else set()
-    codes |= {"413", "415"} if op.body else set()
+    codes |= {"408", "413", "415"} if op.body else set()
     for code in sorted(codes):
         responses[code] = _error_response(code, retry=not op.public)
     operation: dict[str, Any] = {
