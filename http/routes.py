@@ -82,7 +82,7 @@ class Handles:
 
 
 def json_response(body: Any, status: int = 200) -> Response:
-    # Strict JSON out as in: a NaN would break every strict parser (a ValueError here is
+    # Strict JSON out, as in: a NaN would break every strict parser (a ValueError here is
     # a bug, answered as a 500 and logged).
     data = json.dumps(body, allow_nan=False)
     return Response(data, status=status, content_type="application/json")
