@@ -221,6 +221,7 @@ def main() -> int:
     )
     print(table(s))
     print(f"\ncancel POSTs answered:  {dict(tally.cancels)}")
+    print(f"stalled streams:        {dict(tally.stalls)}")
     print(f"lost:                   {lost}")
     print(f"stuck:                  {stuck}")
     print(

@@ -66,6 +66,8 @@ class Tally:
     problems: list[str] = field(default_factory=list)
     cancels: collections.Counter[str] = field(default_factory=collections.Counter)
     """The status each `POST /cancel` answered with, or its HTTP error."""
+    stalls: collections.Counter[str] = field(default_factory=collections.Counter)
+    """Whether a stalled stream's response ended while the client still held it."""
 
     def add(self, kind: str, outcome: str, detail: str | None = None) -> None:
         self.counts[kind, outcome] += 1
@@ -270,19 +272,25 @@ async def stream_hang_up(s: Soak, rng: random.Random, kind: str) -> None:
 
 
 async def stream_stall(s: Soak, rng: random.Random, kind: str) -> None:
-    """Read until the response runs, then stop reading for several send timeouts, close."""
+    """Read until the response runs, then stop reading for 2-8 send timeouts, and close.
+
+    20 top logprobs make each delta event ~2 KB, so a few tokens fill the socket buffers
+    and the server's send deadline can run out while the client still holds the
+    connection: the server should then end the response (`cancelled`) and free its slot.
+    """
     loop = asyncio.get_running_loop()
-    body = json.dumps(request_body(s, rng, (64, 128), stream=True)).encode()
+    body = request_body(s, rng, (48, 64), stream=True, top_logprobs=20)
+    data = json.dumps(body).encode()
     head = (
         f"POST /v1/responses HTTP/1.1\r\nHost: {s.host}:{s.port}\r\n"
-        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n"
         "Connection: close\r\n\r\n"
     ).encode()
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1024)
         sock.setblocking(False)
         await loop.sock_connect(sock, (s.host, s.port))
-        await loop.sock_sendall(sock, head + body)
+        await loop.sock_sendall(sock, head + data)
         seen = b""
         while b"response.in_progress" not in seen:
             chunk = await loop.sock_recv(sock, 512)
@@ -298,8 +306,13 @@ async def stream_stall(s: Soak, rng: random.Random, kind: str) -> None:
         if found is None or b"response.in_progress" not in seen:
             s.tally.add(kind, "lost", f"stream ended before it ran: {seen[-300:]!r}")
             return
-        await asyncio.sleep(rng.uniform(2 * s.send_timeout, 6 * s.send_timeout))
-    await settle(s, rng, kind, found.group(1).decode(), stored=False)
+        response_id = found.group(1).decode()
+        await asyncio.sleep(rng.uniform(2 * s.send_timeout, 8 * s.send_timeout))
+        ended = await s.http.get(f"/v1/responses/{response_id}")
+        state = ended.json()["status"] if ended.status_code == 200 else "not stored"
+        held = state in TERMINAL_STATUSES
+        s.tally.stalls[f"ended while held: {state}" if held else "closed by the client"] += 1
+    await settle(s, rng, kind, response_id, stored=False)
 
 
 async def job_client(s: Soak, seed: int) -> None:
