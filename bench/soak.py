@@ -27,6 +27,7 @@ from pathlib import Path
 import httpx
 import openai
 from jobs import rss_mib
+from load import CpuSample, cpu_shares
 from servers import (
     Server,
     ServerStartError,
@@ -48,6 +49,8 @@ class Samples:
     rss_peak: float = 0.0
     busy_peak: int = 0
     queued_peak: int = 0
+    cpu: dict[str, float | None] | None = None
+    """Percent of all cores used by the server, the soak's clients and everything else."""
 
 
 def server_command(args: argparse.Namespace, port: int) -> list[str]:
@@ -118,6 +121,7 @@ async def soak(
             timeout=openai.Timeout(60.0, read=None),
         ) as api,
     ):
+        cpu = CpuSample.take(pid)
         started = time.monotonic()
         end = started + args.minutes * 60
         s = Soak(
@@ -131,6 +135,7 @@ async def soak(
             for i in range(args.streams):
                 clients.create_task(stream_client(s, args.seed * 1000 + 500 + i))
         elapsed = time.monotonic() - started
+        samples.cpu = cpu_shares(cpu, CpuSample.take(pid), elapsed)
         free = await slots_free(server.base_url)
         stop.set()
         await sampler
@@ -234,6 +239,9 @@ def main() -> int:
         f"server RSS (MiB):       before {before:.0f}, peak {samples.rss_peak:.0f}, "
         f"after {after:.0f} ({after - before:+.0f})"
     )
+    names = {"server_cpu_pct": "server", "bench_cpu_pct": "clients", "other_cpu_pct": "other"}
+    shares = {names[k]: v for k, v in (samples.cpu or {}).items()}
+    print("CPU (% of all cores):   " + ", ".join(f"{k} {v or 0:.0f}" for k, v in shares.items()))
     print(f"server log errors:      {log_errors} (log: {log})")
     hung = "did not exit" if code is None else f"exit code {code}"
     print(f"SIGTERM:                {hung} after {drain:.1f} s")

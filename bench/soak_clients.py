@@ -185,7 +185,7 @@ async def settle(
         if cancel_at is not None and time.monotonic() >= cancel_at:
             cancel_at = None
             await cancel(s, response_id)
-        await asyncio.sleep(rng.uniform(0.5, 1.5))
+        await asyncio.sleep(rng.uniform(1.0, 3.0))
     s.tally.add(kind, "stuck" if stored else "lost", f"{response_id}: last status {status}")
 
 
