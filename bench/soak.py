@@ -156,7 +156,8 @@ def terminate(server: Server, timeout: float) -> tuple[int | None, float]:
 
 def table(s: Soak) -> str:
     kinds = sorted({kind for kind, _ in s.tally.counts})
-    columns = [o for o in OUTCOMES if s.tally.total(o)] or ["completed"]
+    always = ("503", "429", "5xx", "lost", "stuck")
+    columns = [o for o in OUTCOMES if o in always or s.tally.total(o)]
     rows = [["kind", "sent", *columns]]
     for kind in [*kinds, "total"]:
         counts = [
