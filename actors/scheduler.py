@@ -152,7 +152,7 @@ class Scheduler:
                     case CancelResponse(response_id, reply):
                         self._cancel(response_id, reply, nursery)
                     case Withdraw(response_id):
-                        self._withdraw(response_id)
+                        self._withdraw(response_id, nursery)
                     case WaitIdle(reply):
                         self._idle_waiters.append(reply)
                     case EndAll(reply):
@@ -204,14 +204,15 @@ class Scheduler:
             return
         _answer(reply, None)
 
-    def _withdraw(self, response_id: str) -> None:
-        """The requester left: nobody waits for a queued response; a running one stops."""
+    def _withdraw(self, response_id: str, nursery: trio.Nursery) -> None:
+        """The requester left: a queued response leaves the line at once, a running one
+        stops; either is stored `cancelled`, as the client may have seen its id."""
         if (running := self._running.get(response_id)) is not None:
             if running.ended is None:
                 running.stop("gone")
             return
         if (waiting := self._unqueue(response_id)) is not None:
-            waiting.command.reply.close()
+            nursery.start_soon(self._end_queued, waiting.command, None, "gone")
 
     def _end_all(self, nursery: trio.Nursery) -> None:
         while self._line:

@@ -81,6 +81,28 @@ async def test_a_queued_requester_that_leaves_leaves_the_line(
     await an_ordinary_request_completes(server)
 
 
+async def test_a_queued_stream_that_hangs_up_is_stored_cancelled(
+    start_fake_server: StartServer,
+) -> None:
+    """The client saw the id in `response.created`: the response is kept, as a running
+    one that loses its client is."""
+    server = await start_fake_server(FakeEngine(step_delay=0.01), parallel=1)
+    running = await raw_request(server.url, {"model": "fake-model", "input": LONG, "stream": True})
+    await read_until(running, b"response.output_text.delta")
+    queued = await raw_request(server.url, {"model": "fake-model", "input": "hi", "stream": True})
+    created = await read_until(queued, b"response.created")
+    response_id = created.split(b'"id":"', 1)[1].split(b'"', 1)[0].decode()
+    await queued.aclose()
+    async with httpx.AsyncClient(base_url=server.url, timeout=30) as http:
+        with trio.fail_after(10):
+            while (r := await http.get(f"/v1/responses/{response_id}")).status_code == 404:  # noqa: ASYNC110 - the server is polled over HTTP
+                await trio.sleep(0.01)
+        assert r.json()["status"] == "cancelled"
+        assert (await http.get("/health")).json()["slots"]["queued"] == 0
+    await running.aclose()
+    await an_ordinary_request_completes(server)
+
+
 async def test_a_failing_admission_fails_that_response_alone(
     start_fake_server: StartServer,
 ) -> None:
