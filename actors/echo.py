@@ -14,12 +14,12 @@ import contextlib
 import hashlib
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import trio
 from cachetools import LRUCache
 
+from mlxcel.actors.messages import EchoCommand, Recall, Remember
 from mlxcel.items import (
     Compaction,
     FunctionCall,
@@ -78,21 +78,6 @@ def turn_prefix(model: str, signature: Any, session: str, earlier: Sequence[Item
 
 def turn_key(prefix: str, assistant_text: str) -> str:
     return hashlib.sha256(f"{prefix}\x00{assistant_text.strip()}".encode()).hexdigest()
-
-
-@dataclass(frozen=True, slots=True)
-class Remember:
-    key: str
-    reasoning: str
-
-
-@dataclass(frozen=True, slots=True)
-class Recall:
-    keys: tuple[str, ...]
-    reply: trio.MemorySendChannel[dict[str, str]]
-
-
-EchoCommand = Remember | Recall
 
 
 class EchoHandle:

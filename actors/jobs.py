@@ -23,7 +23,6 @@ import trio
 from mlxcel.actors.messages import (
     CancelJob,
     EndJobs,
-    GenerationRequest,
     JobCommand,
     ResponseFinished,
     ResponseInProgress,
@@ -34,6 +33,7 @@ from mlxcel.actors.responses import ResponseBuilder
 from mlxcel.actors.scheduler import SchedulerHandle
 from mlxcel.actors.store import StoreHandle, approx_json_size
 from mlxcel.errors import InvalidRequest, MlxcelError, RateLimited
+from mlxcel.generation import GenerationRequest
 from mlxcel.items import ResponseError, ResponseRecord, Usage
 
 log = logging.getLogger(__name__)

@@ -8,67 +8,21 @@ brings; the producer closes it when done.
 from __future__ import annotations
 
 import enum
-from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 
 import trio
 
+from mlxcel.generation import GenerationRequest
 from mlxcel.items import (
-    Compaction,
     ContentPart,
     Conversation,
     Item,
     ResponseRecord,
     TokenLogprob,
 )
-from mlxcel.model.engine import Sampling
 
 # --- scheduler ---------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class ToolUse:
-    """How the reply may call the request's function tools."""
-
-    names: frozenset[str]
-    """The functions the reply may call, by the (flat) name the model sees."""
-    required: bool
-    """The reply is exactly one call (`tool_choice` "required" or a named function)."""
-    parser: str = "hermes"
-    """The tool-call format the model writes (a key of `tool_parsers.PARSERS`)."""
-    parallel: bool = True
-    """Several calls may be made in one reply (`parallel_tool_calls`)."""
-    parameters: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
-    """Each function's JSON-schema parameters, by flat name."""
-    namespaces: Mapping[str, tuple[str, str]] = field(default_factory=dict)
-    """Flat names of namespaced functions, to (namespace, name)."""
-
-
-@dataclass(frozen=True, slots=True)
-class CompactionReport:
-    """The history was compacted before generating (`context_management`)."""
-
-    item: Compaction
-    tokens_before: int
-    tokens_after: int
-
-
-@dataclass(frozen=True, slots=True)
-class GenerationRequest:
-    """A validated, rendered request: everything the scheduler needs to run it."""
-
-    record: ResponseRecord
-    """The response as created: id, created_at, echo, input items; status in_progress."""
-    prompt: tuple[int, ...]
-    sampling: Sampling
-    tools: ToolUse | None = None
-    reasoning_opened: bool = False
-    """The chat template's generation prompt already opened a `<think>` block."""
-    echo_prefix: str | None = None
-    """Where the reasoning-echo cache files this response's reasoning (None: not at all)."""
-    compaction: CompactionReport | None = None
-    """The compaction the prompt was rendered with; its item leads the output."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -427,3 +381,21 @@ class ReadStatistics:
 
 
 StoreCommand = Put | Get | Delete | ChangeConversation | ReadStatistics
+
+
+# --- reasoning echo ----------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Remember:
+    key: str
+    reasoning: str
+
+
+@dataclass(frozen=True, slots=True)
+class Recall:
+    keys: tuple[str, ...]
+    reply: trio.MemorySendChannel[dict[str, str]]
+
+
+EchoCommand = Remember | Recall

@@ -22,7 +22,6 @@ from mlxcel.actors.messages import (
     CancelResponse,
     EndAll,
     Generate,
-    GenerationRequest,
     ReadSchedulerStatistics,
     ResponseEvent,
     ResponseFinished,
@@ -33,6 +32,7 @@ from mlxcel.actors.messages import (
     Withdraw,
 )
 from mlxcel.errors import GenerationFailed, QueueFull
+from mlxcel.generation import GenerationRequest
 from mlxcel.items import ResponseRecord
 
 T = TypeVar("T")

@@ -15,7 +15,6 @@ from typing import Literal
 
 from mlxcel.actors.messages import (
     CompactionCompleted,
-    CompactionReport,
     CompactionStarted,
     ContentPartAdded,
     ContentPartDone,
@@ -30,8 +29,8 @@ from mlxcel.actors.messages import (
     ResponseEvent,
     ResponseInProgress,
     StreamError,
-    ToolUse,
 )
+from mlxcel.generation import CompactionReport, FinishReason, TokenStep, ToolUse
 from mlxcel.items import (
     FunctionCall,
     Item,
@@ -44,7 +43,6 @@ from mlxcel.items import (
     Usage,
     new_id,
 )
-from mlxcel.model.engine import FinishReason, TokenStep
 from mlxcel.model.reasoning import AnswerPiece, Piece, ReasoningPiece, ReasoningSplitter
 from mlxcel.model.tool_parsers import (
     CallArguments,

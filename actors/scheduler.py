@@ -26,7 +26,6 @@ from mlxcel.actors.messages import (
     CancelResponse,
     EndAll,
     Generate,
-    GenerationRequest,
     KeepAlive,
     ReadSchedulerStatistics,
     ResponseEvent,
@@ -42,8 +41,9 @@ from mlxcel.actors.messages import (
 from mlxcel.actors.response_stream import SchedulerHandle
 from mlxcel.actors.responses import ResponseBuilder
 from mlxcel.actors.store import StoreHandle
+from mlxcel.generation import GenerationRequest, SequenceFailed
 from mlxcel.items import Message, Reasoning, ResponseError, ResponseRecord, Usage
-from mlxcel.model.actor import ModelHandle, SequenceFailed
+from mlxcel.model.actor import ModelHandle
 
 __all__ = ["ClientGone", "Scheduler", "SchedulerHandle"]
 

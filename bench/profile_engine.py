@@ -43,7 +43,7 @@ def main() -> int:
         raise SystemExit("run `mlxcel fetch-model` first, or pass --model")
 
     blas = load_fast_blas()  # before anything imports mlx.core
-    from mlxcel.model.engine import Sampling, SequenceSpec
+    from mlxcel.generation import Sampling, SequenceSpec
     from mlxcel.model.mlx_engine import load_mlx_model
 
     print(describe(blas))

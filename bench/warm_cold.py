@@ -17,8 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from mlxcel.config import Settings
+from mlxcel.generation import Sampling, SequenceSpec
 from mlxcel.model.blas import describe, load_fast_blas
-from mlxcel.model.engine import LoadedModel, Sampling, SequenceSpec
+from mlxcel.model.engine import LoadedModel
 from mlxcel.model.fetch import default_model_dir, is_ready
 
 

@@ -19,9 +19,9 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from mlxcel.actors.messages import GenerationRequest
 from mlxcel.actors.scheduler import SchedulerHandle
 from mlxcel.errors import ContextLengthExceeded, GenerationFailed
+from mlxcel.generation import GenerationRequest, ModelInfo, PromptCodec, Sampling
 from mlxcel.http.limits import item_chars
 from mlxcel.http.offload import off_loop
 from mlxcel.items import (
@@ -38,7 +38,6 @@ from mlxcel.items import (
     new_id,
     replay,
 )
-from mlxcel.model.engine import ModelInfo, PromptCodec, Sampling
 from mlxcel.model.prompt import to_chat
 
 DEFAULT_SUMMARY_TOKENS = 1024

@@ -13,16 +13,16 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from mlxcel.actors.echo import EchoHandle
-from mlxcel.actors.messages import GenerationRequest, Table
+from mlxcel.actors.messages import Table
 from mlxcel.actors.store import StoreHandle
 from mlxcel.errors import ContextLengthExceeded, InvalidRequest, ModelNotFound, UnsupportedFeature
+from mlxcel.generation import GenerationRequest, ModelInfo, PromptCodec, Sampling
 from mlxcel.http.echoing import echo_prefix, restore_reasoning
 from mlxcel.http.limits import check_input_size
 from mlxcel.http.offload import off_loop
 from mlxcel.http.schemas import CreateResponseBody, InputItem, to_items
 from mlxcel.http.tools import tool_use
 from mlxcel.items import Compaction, Item, JsonValue, RequestEcho, ResponseRecord, new_id
-from mlxcel.model.engine import ModelInfo, PromptCodec, Sampling
 from mlxcel.model.prompt import to_chat
 
 # The server sets these itself when it renders a prompt.

@@ -20,15 +20,11 @@ from quart_trio import QuartTrio
 
 from mlxcel.actors.echo import EchoHandle
 from mlxcel.actors.jobs import JobsHandle
-from mlxcel.actors.messages import (
-    CompactionReport,
-    GenerationRequest,
-    ResponseCreated,
-    Table,
-)
+from mlxcel.actors.messages import ResponseCreated, Table
 from mlxcel.actors.scheduler import SchedulerHandle
 from mlxcel.actors.store import StoreHandle
 from mlxcel.errors import ContextLengthExceeded, InvalidRequest, ModelNotFound, NotFound
+from mlxcel.generation import CompactionReport, GenerationRequest
 from mlxcel.http.body import MAX_BODY_BYTES, read_model
 from mlxcel.http.compaction import (
     DEFAULT_SUMMARY_TOKENS,

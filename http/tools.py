@@ -12,10 +12,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from mlxcel.actors.messages import ToolUse
 from mlxcel.errors import InvalidRequest, UnsupportedFeature
+from mlxcel.generation import PromptCodec, ToolUse
 from mlxcel.items import JsonValue, flat_name
-from mlxcel.model.engine import PromptCodec
 
 HOSTED_TOOL_HINT = "this server runs no hosted tools; only `function` tools are supported"
 

@@ -17,29 +17,17 @@ from dataclasses import dataclass
 import trio
 
 from mlxcel.errors import ModelNotReady
-from mlxcel.model.engine import (
-    Engine,
-    EngineFactory,
-    LoadedModel,
+from mlxcel.generation import (
+    ModelEvent,
     ModelInfo,
     PromptCodec,
     Sampling,
+    SequenceFailed,
     SequenceSpec,
-    TokenStep,
 )
+from mlxcel.model.engine import Engine, EngineFactory, LoadedModel
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class SequenceFailed:
-    """The engine raised while this sequence was in it; the sequence is gone."""
-
-    seq_id: int
-    message: str
-
-
-ModelEvent = TokenStep | SequenceFailed
 
 
 @dataclass(frozen=True, slots=True)

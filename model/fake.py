@@ -14,8 +14,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from mlxcel.generation import FinishReason, ModelInfo, SequenceSpec, TokenStep
 from mlxcel.model.constrained import compile_schema
-from mlxcel.model.engine import FinishReason, LoadedModel, ModelInfo, SequenceSpec, TokenStep
+from mlxcel.model.engine import LoadedModel
 
 DEFAULT_REPLY = "The quick brown fox jumps over the lazy dog."
 _MARK = "\x00ASSISTANT\x00"

@@ -21,10 +21,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mlxcel.generation import ModelInfo, Sampling, SequenceSpec, TokenStep
 from mlxcel.items import TokenLogprob
 from mlxcel.model.blas import BlasInfo
 from mlxcel.model.constrained import GrammarCompiler
-from mlxcel.model.engine import LoadedModel, ModelInfo, Sampling, SequenceSpec, TokenStep
+from mlxcel.model.engine import LoadedModel
 from mlxcel.model.prompt import TemplateCodec
 from mlxcel.model.tool_parsers import detect_parser
 

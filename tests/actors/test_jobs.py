@@ -11,14 +11,14 @@ import trio.testing
 
 from mlxcel.actors.echo import EchoActor
 from mlxcel.actors.jobs import BYTES_PER_OUTPUT_TOKEN, JobsHandle, JobSupervisor
-from mlxcel.actors.messages import GenerationRequest, Table
+from mlxcel.actors.messages import Table
 from mlxcel.actors.scheduler import Scheduler
 from mlxcel.actors.store import StoreActor, StoreHandle, approx_json_size
 from mlxcel.config import StoreLimits
 from mlxcel.errors import RateLimited
+from mlxcel.generation import GenerationRequest, Sampling
 from mlxcel.items import RequestEcho, ResponseRecord, Usage, new_id
 from mlxcel.model.actor import ModelActor
-from mlxcel.model.engine import Sampling
 from mlxcel.model.fake import FakeCodec, FakeEngine, fake_factory
 
 from support import wait_until

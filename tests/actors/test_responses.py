@@ -11,10 +11,10 @@ from unittest import mock
 
 import pytest
 
-from mlxcel.actors.messages import OutputItemAdded, OutputItemDone, ResponseEvent, ToolUse
+from mlxcel.actors.messages import OutputItemAdded, OutputItemDone, ResponseEvent
 from mlxcel.actors.responses import ResponseBuilder
+from mlxcel.generation import TokenStep, ToolUse
 from mlxcel.items import FunctionCall, RequestEcho, ResponseRecord, new_id
-from mlxcel.model.engine import TokenStep
 from mlxcel.model.tool_parsers import (
     PARSERS,
     CallArguments,

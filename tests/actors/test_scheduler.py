@@ -9,20 +9,14 @@ import trio
 import trio.testing
 
 from mlxcel.actors.echo import EchoActor
-from mlxcel.actors.messages import (
-    GenerationRequest,
-    OutputTextDelta,
-    OutputTextDone,
-    ResponseEvent,
-    ResponseFinished,
-)
+from mlxcel.actors.messages import OutputTextDelta, OutputTextDone, ResponseEvent, ResponseFinished
 from mlxcel.actors.scheduler import Scheduler, SchedulerHandle
 from mlxcel.actors.store import StoreActor, StoreHandle
 from mlxcel.config import StoreLimits
 from mlxcel.errors import QueueFull
+from mlxcel.generation import GenerationRequest, Sampling
 from mlxcel.items import RequestEcho, ResponseRecord, new_id
 from mlxcel.model.actor import ModelActor
-from mlxcel.model.engine import Sampling
 from mlxcel.model.fake import FakeCodec, FakeEngine, fake_factory
 
 from support import wait_until

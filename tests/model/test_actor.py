@@ -6,8 +6,8 @@ import functools
 
 import trio
 
-from mlxcel.model.actor import ModelActor, ModelHandle, SequenceFailed
-from mlxcel.model.engine import Sampling, TokenStep
+from mlxcel.generation import Sampling, SequenceFailed, TokenStep
+from mlxcel.model.actor import ModelActor, ModelHandle
 from mlxcel.model.fake import FakeCodec, FakeEngine, fake_factory
 
 from support import wait_until

@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from mlxcel.generation import Sampling, SequenceSpec, TokenStep
 from mlxcel.model.blas import load_fast_blas
-from mlxcel.model.engine import LoadedModel, Sampling, SequenceSpec, TokenStep
+from mlxcel.model.engine import LoadedModel
 from mlxcel.model.fetch import ensure_tiny_model
 
 pytestmark = pytest.mark.mlx

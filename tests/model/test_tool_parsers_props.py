@@ -21,11 +21,10 @@ from mlxcel.actors.messages import (
     FunctionCallArgumentsDone,
     OutputItemAdded,
     OutputItemDone,
-    ToolUse,
 )
 from mlxcel.actors.responses import ResponseBuilder
+from mlxcel.generation import TokenStep, ToolUse
 from mlxcel.items import FunctionCall, RequestEcho, ResponseRecord, new_id
-from mlxcel.model.engine import TokenStep
 from mlxcel.model.tool_parsers import (
     PARSERS,
     CallArguments,

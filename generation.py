@@ -1,0 +1,152 @@
+"""The generation vocabulary: what the model, the actors and the edge all speak.
+
+How to sample, the sequences an engine runs and the steps it reports, what a loaded
+model is, the codec that renders prompts, and a request ready to generate. It sits at
+the bottom beside `items.py`: it imports nothing of mlxcel but the items.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol, TypeAlias
+
+from mlxcel.items import Compaction, ResponseRecord, TokenLogprob
+
+# --- sampling and sequences --------------------------------------------------------
+
+FinishReason: TypeAlias = Literal["stop", "length"]
+
+
+@dataclass(frozen=True, slots=True)
+class Sampling:
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_tokens: int = 256
+    seed: int | None = None
+    grammar: str | None = None
+    """An llguidance grammar the output must follow (structured output)."""
+    logprobs: bool = False
+    """Report each token's log-probability ..."""
+    top_logprobs: int = 0
+    """... and this many most likely alternatives."""
+
+
+@dataclass(frozen=True, slots=True)
+class SequenceSpec:
+    """One sequence to generate: its prompt tokens and how to sample."""
+
+    seq_id: int
+    prompt: tuple[int, ...]
+    sampling: Sampling
+
+
+@dataclass(frozen=True, slots=True)
+class TokenStep:
+    """A sequence produced a token. `text` is the newly decodable text (may be empty);
+    `finish` is set on the sequence's last step, after which it is gone from the engine."""
+
+    seq_id: int
+    token: int
+    text: str
+    finish: FinishReason | None = None
+    logprob: TokenLogprob | None = None
+    cached_tokens: int = 0
+    """On a sequence's first step: its prompt tokens whose KV state came from the prefix
+    cache instead of being prefilled (0 on later steps)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ModelInfo:
+    name: str
+    path: str
+    context_length: int
+    backend: str
+    tool_parser: str = "hermes"
+    """The tool-call format the model writes (picked from its chat template)."""
+
+
+class PromptCodec(Protocol):
+    """Renders chat messages into prompt tokens; pure Python, safe off the MLX thread."""
+
+    def render(
+        self,
+        messages: Sequence[dict[str, object]],
+        tools: Sequence[dict[str, object]] | None,
+        template_kwargs: Mapping[str, Any] | None = None,
+    ) -> list[int]: ...
+
+    def opens_reasoning(self, template_kwargs: Mapping[str, Any] | None = None) -> bool:
+        """The template's generation prompt already opens a `<think>` block."""
+        ...
+
+    def compile_schema(self, schema: Mapping[str, Any]) -> str:
+        """The grammar for output valid against `schema`; InvalidRequest when unusable."""
+        ...
+
+    def compile_call(self, schema: Mapping[str, Any], parser: str) -> str:
+        """The grammar of one forced tool call whose JSON (`name`, `arguments`) is valid
+        against `schema`, in the model's own call markup where `parser` has one."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class SequenceFailed:
+    """The engine raised while this sequence was in it; the sequence is gone."""
+
+    seq_id: int
+    message: str
+
+
+ModelEvent = TokenStep | SequenceFailed
+
+
+ModelEvent = TokenStep | SequenceFailed
+"""What the model actor reports for a sequence."""
+
+
+# --- requests ready to generate ----------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ToolUse:
+    """How the reply may call the request's function tools."""
+
+    names: frozenset[str]
+    """The functions the reply may call, by the (flat) name the model sees."""
+    required: bool
+    """The reply is exactly one call (`tool_choice` "required" or a named function)."""
+    parser: str = "hermes"
+    """The tool-call format the model writes (a key of `tool_parsers.PARSERS`)."""
+    parallel: bool = True
+    """Several calls may be made in one reply (`parallel_tool_calls`)."""
+    parameters: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    """Each function's JSON-schema parameters, by flat name."""
+    namespaces: Mapping[str, tuple[str, str]] = field(default_factory=dict)
+    """Flat names of namespaced functions, to (namespace, name)."""
+
+
+@dataclass(frozen=True, slots=True)
+class CompactionReport:
+    """The history was compacted before generating (`context_management`)."""
+
+    item: Compaction
+    tokens_before: int
+    tokens_after: int
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationRequest:
+    """A validated, rendered request: everything the scheduler needs to run it."""
+
+    record: ResponseRecord
+    """The response as created: id, created_at, echo, input items; status in_progress."""
+    prompt: tuple[int, ...]
+    sampling: Sampling
+    tools: ToolUse | None = None
+    reasoning_opened: bool = False
+    """The chat template's generation prompt already opened a `<think>` block."""
+    echo_prefix: str | None = None
+    """Where the reasoning-echo cache files this response's reasoning (None: not at all)."""
+    compaction: CompactionReport | None = None
+    """The compaction the prompt was rendered with; its item leads the output."""
