@@ -18,11 +18,11 @@ from mlxcel.actors.scheduler import Scheduler, SchedulerHandle
 from mlxcel.actors.store import StoreActor
 from mlxcel.config import Settings
 from mlxcel.errors import ConfigError
-from mlxcel.http.intake import ModelNames
 from mlxcel.http.routes import Handles, create_app
 from mlxcel.http.serve import serve_http
 from mlxcel.model.actor import ModelActor
 from mlxcel.model.engine import EngineFactory, LoadedModel
+from mlxcel.prepare.intake import ModelNames
 
 log = logging.getLogger(__name__)
 

@@ -11,6 +11,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, TypeAlias
 
+import trio
+
 from mlxcel.items import Compaction, ResponseRecord, TokenLogprob
 
 # --- sampling and sequences --------------------------------------------------------
@@ -99,10 +101,21 @@ class SequenceFailed:
 
 
 ModelEvent = TokenStep | SequenceFailed
-
-
-ModelEvent = TokenStep | SequenceFailed
 """What the model actor reports for a sequence."""
+
+
+class ModelView(Protocol):
+    """The loaded model as those who prepare requests see it: whether it is ready, its
+    facts and its codec (`info` and `codec` raise `ModelNotReady` while it loads)."""
+
+    @property
+    def ready(self) -> trio.Event: ...
+
+    @property
+    def info(self) -> ModelInfo: ...
+
+    @property
+    def codec(self) -> PromptCodec: ...
 
 
 # --- requests ready to generate ----------------------------------------------------

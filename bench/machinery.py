@@ -32,7 +32,7 @@ SERVER = """
 import functools, sys, trio
 from mlxcel.app import serve
 from mlxcel.config import Settings
-from mlxcel.http.intake import ModelNames
+from mlxcel.prepare.intake import ModelNames
 from mlxcel.model.fake import FakeEngine, fake_factory
 
 port, parallel = int(sys.argv[1]), int(sys.argv[2])

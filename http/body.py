@@ -21,7 +21,7 @@ from quart import request
 from werkzeug.exceptions import RequestEntityTooLarge, RequestTimeout
 
 from mlxcel.errors import BodyTimeout, InvalidRequest, RequestTooLarge
-from mlxcel.http.offload import off_loop
+from mlxcel.prepare.offload import off_loop
 
 MAX_BODY_BYTES = 64 * 1024 * 1024
 MAX_JSON_DEPTH = 64

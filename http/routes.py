@@ -24,20 +24,33 @@ from mlxcel.actors.messages import ResponseCreated, Table
 from mlxcel.actors.scheduler import SchedulerHandle
 from mlxcel.actors.store import StoreHandle
 from mlxcel.errors import ContextLengthExceeded, InvalidRequest, ModelNotFound, NotFound
-from mlxcel.generation import CompactionReport, GenerationRequest
+from mlxcel.generation import CompactionReport, GenerationRequest, ModelView
 from mlxcel.http.body import MAX_BODY_BYTES, read_model
-from mlxcel.http.compaction import (
+from mlxcel.http.conversations import register_conversations
+from mlxcel.http.errors import error_body, map_error
+from mlxcel.http.exchange import App
+from mlxcel.http.guards import check_api_key, check_json_body, check_not_stopping
+from mlxcel.http.objects import item_json, response_json, usage_json
+from mlxcel.http.openapi import register_openapi
+from mlxcel.http.params import response_params
+from mlxcel.http.schemas import (
+    MAX_COMPACT_THRESHOLD,
+    CompactBody,
+    CreateResponseBody,
+    InputTokensBody,
+    list_page,
+    to_items,
+)
+from mlxcel.http.streaming import EventStreamBody, bind_to_exchange
+from mlxcel.items import Item, ResponseRecord, new_id
+from mlxcel.prepare.compaction import (
     DEFAULT_SUMMARY_TOKENS,
     Compactor,
     check_reduction,
     default_keep_tokens,
     rendered_tokens,
 )
-from mlxcel.http.conversations import register_conversations
-from mlxcel.http.errors import error_body, map_error
-from mlxcel.http.exchange import App
-from mlxcel.http.guards import check_api_key, check_json_body, check_not_stopping
-from mlxcel.http.intake import (
+from mlxcel.prepare.intake import (
     ModelNames,
     build_request,
     input_items,
@@ -45,27 +58,16 @@ from mlxcel.http.intake import (
     read_history,
     render,
 )
-from mlxcel.http.limits import check_item_count
-from mlxcel.http.objects import item_json, response_json, usage_json
-from mlxcel.http.offload import off_loop
-from mlxcel.http.openapi import register_openapi
-from mlxcel.http.schemas import (
-    MAX_COMPACT_THRESHOLD,
-    CompactBody,
-    CreateResponseBody,
-    InputTokensBody,
-    list_page,
-)
-from mlxcel.http.streaming import EventStreamBody, bind_to_exchange
-from mlxcel.items import Item, ResponseRecord, new_id
-from mlxcel.model.actor import ModelHandle
+from mlxcel.prepare.limits import check_item_count
+from mlxcel.prepare.offload import off_loop
+from mlxcel.prepare.params import ResponseParams
 
 
 @dataclass(frozen=True, slots=True)
 class Handles:
     """What the routes talk to."""
 
-    model: ModelHandle
+    model: ModelView
     scheduler: SchedulerHandle
     store: StoreHandle
     jobs: JobsHandle
@@ -145,28 +147,29 @@ def create_app(handles: Handles, *, body_timeout_secs: float = 60.0) -> QuartTri
     @route("/responses", methods=["POST"])
     async def create_response() -> Response:
         body = await read_model(CreateResponseBody)
-        loaded = handles.model.loaded
-        check_item_count(body.input, loaded.info.context_length)
+        info, codec = handles.model.info, handles.model.codec
+        check_item_count(body.input, info.context_length)
         if body.background:
             _check_background(handles, body)
-        history = await read_history(body, handles.store)
-        alias, context_length = handles.names.alias, loaded.info.context_length
-        items = await intake_items(body, history, context_length, alias, handles.echo)
-        compacts = body.compact_threshold is not None
-        if compacts and not body.background:
-            generation = await _prepare(handles, body, history, items)
+        params = await off_loop(response_params, body)
+        history = await read_history(params, handles.store)
+        alias, context_length = handles.names.alias, info.context_length
+        items = await intake_items(params, history, context_length, alias, handles.echo)
+        compacts = params.compact_threshold is not None
+        if compacts and not params.background:
+            generation = await _prepare(handles, params, history, items)
         else:  # a background job compacts when its turn comes
             generation = await off_loop(
                 functools.partial(build_request, fits=not compacts),
-                body,
+                params,
                 handles.names,
-                loaded.info,
-                loaded.codec,
+                info,
+                codec,
                 history,
                 items,
             )
-        if body.background:
-            prepare = functools.partial(_prepare, handles, body, history, items, waits=True)
+        if params.background:
+            prepare = functools.partial(_prepare, handles, params, history, items, waits=True)
             queued = await handles.jobs.submit(generation, prepare if compacts else None)
             return json_response(response_json(queued))
         if not body.stream:
@@ -185,12 +188,13 @@ def create_app(handles: Handles, *, body_timeout_secs: float = 60.0) -> QuartTri
         body = await read_model(InputTokensBody)
         if body.model is not None and not handles.names.matches(body.model):
             raise ModelNotFound(body.model, [handles.names.alias])
-        loaded = handles.model.loaded
-        check_item_count(body.input, loaded.info.context_length)
-        history = await read_history(body, handles.store)
-        alias, context_length = handles.names.alias, loaded.info.context_length
-        items = await intake_items(body, history, context_length, alias, handles.echo)
-        _, prompt = await off_loop(render, body, history, loaded.codec, items)
+        info, codec = handles.model.info, handles.model.codec
+        check_item_count(body.input, info.context_length)
+        params = await off_loop(response_params, body, model=handles.names.alias)
+        history = await read_history(params, handles.store)
+        alias, context_length = handles.names.alias, info.context_length
+        items = await intake_items(params, history, context_length, alias, handles.echo)
+        _, prompt = await off_loop(render, params, history, codec, items)
         return json_response({"object": "response.input_tokens", "input_tokens": len(prompt)})
 
     @route("/responses/compact", methods=["POST"])
@@ -209,8 +213,7 @@ def create_app(handles: Handles, *, body_timeout_secs: float = 60.0) -> QuartTri
                 param="conversation",
                 code="unsupported_parameter",
             )
-        loaded = handles.model.loaded
-        info, codec = loaded.info, loaded.codec
+        info, codec = handles.model.info, handles.model.codec
         check_item_count(body.input, info.context_length)
         if body.keep_tokens is not None and body.keep_tokens >= info.context_length:
             raise InvalidRequest(
@@ -220,8 +223,9 @@ def create_app(handles: Handles, *, body_timeout_secs: float = 60.0) -> QuartTri
                 code="invalid_value",
             )
         history = await read_history(body, handles.store)
+        raw = await off_loop(to_items, body.input)
         items = history + await off_loop(
-            input_items, body.input, body.instructions, None, history, info.context_length
+            input_items, raw, body.instructions, None, history, info.context_length
         )
         before = await off_loop(rendered_tokens, codec, items)
         if before > info.context_length:
@@ -291,7 +295,7 @@ def create_app(handles: Handles, *, body_timeout_secs: float = 60.0) -> QuartTri
 
 async def _prepare(
     handles: Handles,
-    body: CreateResponseBody,
+    params: ResponseParams,
     history: tuple[Item, ...],
     items: tuple[Item, ...],
     *,
@@ -299,12 +303,11 @@ async def _prepare(
 ) -> GenerationRequest:
     """The request under `context_management`: compacted first when its rendered input
     reaches the threshold or leaves no room for output."""
-    loaded = handles.model.loaded
-    info, codec = loaded.info, loaded.codec
-    build = functools.partial(build_request, body, handles.names, info, codec, history, items)
+    info, codec = handles.model.info, handles.model.codec
+    build = functools.partial(build_request, params, handles.names, info, codec, history, items)
     generation = await off_loop(build, fits=False)
     before = len(generation.prompt)
-    threshold = body.compact_threshold or MAX_COMPACT_THRESHOLD
+    threshold = params.compact_threshold or MAX_COMPACT_THRESHOLD
     if before < threshold and before < info.context_length:
         return generation
     compactor = Compactor(handles.scheduler, codec, info, handles.names.alias)

@@ -12,8 +12,8 @@ import trio
 
 from mlxcel.app import serve
 from mlxcel.config import Settings
-from mlxcel.http.intake import ModelNames
 from mlxcel.model.fake import FakeEngine, fake_factory
+from mlxcel.prepare.intake import ModelNames
 
 from support import FakeServer, StartServer
 

@@ -36,7 +36,7 @@ def test_every_source_folder_is_an_installed_package() -> None:
     )
     folders = {
         path.parent.relative_to(ROOT)
-        for top in ("actors", "http", "model")
+        for top in ("actors", "http", "model", "prepare")
         for path in (ROOT / top).rglob("*.py")
     }
     assert {".".join(("mlxcel", *folder.parts)) for folder in folders} <= listed

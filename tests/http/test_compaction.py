@@ -12,9 +12,9 @@ import pytest
 import trio
 
 from mlxcel.errors import ContextLengthExceeded
-from mlxcel.http.compaction import cut_points, split
 from mlxcel.items import FunctionCall, FunctionCallOutput, InputText, Item, Message, OutputText
 from mlxcel.model.fake import DEFAULT_REPLY
+from mlxcel.prepare.compaction import cut_points, split
 
 from support import FakeServer, StartServer, count, in_thread, post
 

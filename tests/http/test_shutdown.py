@@ -17,9 +17,9 @@ import trio
 
 from mlxcel.app import serve
 from mlxcel.config import Settings
-from mlxcel.http.intake import ModelNames
 from mlxcel.model.fake import FakeEngine, fake_factory
 from mlxcel.model.fetch import ensure_tiny_model
+from mlxcel.prepare.intake import ModelNames
 
 from support import free_port
 

@@ -1,4 +1,4 @@
-"""From a validated create body to a `GenerationRequest`: checks, echo, rendering.
+"""From a request's parameters to a `GenerationRequest`: checks, echo, rendering.
 
 Everything that can reject a request before generation happens here, so a bad request
 is a 400 before any slot is taken.
@@ -17,13 +17,13 @@ from mlxcel.actors.messages import Table
 from mlxcel.actors.store import StoreHandle
 from mlxcel.errors import ContextLengthExceeded, InvalidRequest, ModelNotFound, UnsupportedFeature
 from mlxcel.generation import GenerationRequest, ModelInfo, PromptCodec, Sampling
-from mlxcel.http.echoing import echo_prefix, restore_reasoning
-from mlxcel.http.limits import check_input_size
-from mlxcel.http.offload import off_loop
-from mlxcel.http.schemas import CreateResponseBody, InputItem, to_items
-from mlxcel.http.tools import tool_use
 from mlxcel.items import Compaction, Item, JsonValue, RequestEcho, ResponseRecord, new_id
 from mlxcel.model.prompt import to_chat
+from mlxcel.prepare.echoing import echo_prefix, restore_reasoning
+from mlxcel.prepare.limits import check_input_size
+from mlxcel.prepare.offload import off_loop
+from mlxcel.prepare.params import ResponseParams
+from mlxcel.prepare.tools import tool_use
 
 # The server sets these itself when it renders a prompt.
 RESERVED_TEMPLATE_KWARGS = frozenset(
@@ -43,32 +43,31 @@ ID_PATTERN = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
 
 
 def input_items(
-    raw_input: str | Sequence[InputItem],
+    items: tuple[Item, ...],
     instructions: str | None,
     tools: Sequence[dict[str, JsonValue]] | None,
     history: tuple[Item, ...],
     context_length: int,
 ) -> tuple[Item, ...]:
-    """The request's input as items, once it is known that with `history` it could fit
-    the window (in a worker thread: a long input takes a while to convert)."""
-    items = to_items(raw_input)
+    """`items`, once it is known that with `history` they could fit the window (in a
+    worker thread: a long input takes a while to measure)."""
     check_input_size(instructions, history + items, tools, context_length)
     return items
 
 
 async def intake_items(
-    body: CreateResponseBody,
+    params: ResponseParams,
     history: tuple[Item, ...],
     context_length: int,
     model: str,
     echo: EchoHandle,
 ) -> tuple[Item, ...]:
-    """The request's input as items, checked against the window, with remembered
+    """The request's input items, checked against the window, with remembered
     reasoning restored; the heavy parts run off the event loop."""
     items = await off_loop(
-        input_items, body.input, body.instructions, body.tools, history, context_length
+        input_items, params.input, params.instructions, params.tools, history, context_length
     )
-    return await restore_reasoning(body, model, items, echo)
+    return await restore_reasoning(params, model, items, echo)
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,7 +137,7 @@ def conversation_id(value: str | dict[str, JsonValue] | None) -> str | None:
 
 
 class HistorySource(Protocol):
-    """A body that may name earlier turns."""
+    """A request that may name earlier turns."""
 
     @property
     def previous_response_id(self) -> str | None: ...
@@ -147,16 +146,16 @@ class HistorySource(Protocol):
     def conversation(self) -> str | dict[str, JsonValue] | None: ...
 
 
-async def read_history(body: HistorySource, store: StoreHandle) -> tuple[Item, ...]:
+async def read_history(source: HistorySource, store: StoreHandle) -> tuple[Item, ...]:
     """The items that precede the request's input: a stored chain or a conversation."""
-    conversation = conversation_id(body.conversation)
-    if body.previous_response_id is not None and conversation is not None:
+    conversation = conversation_id(source.conversation)
+    if source.previous_response_id is not None and conversation is not None:
         raise InvalidRequest(
             "'previous_response_id' and 'conversation' cannot be used together.",
             param="conversation",
             code="invalid_value",
         )
-    if body.previous_response_id is not None:
+    if source.previous_response_id is not None:
         if not store.responses_limits.enabled:
             raise InvalidRequest(
                 "Response storage is disabled on this server, so 'previous_response_id' "
@@ -164,7 +163,7 @@ async def read_history(body: HistorySource, store: StoreHandle) -> tuple[Item, .
                 param="previous_response_id",
                 code="storage_disabled",
             )
-        return await chain_items(store, body.previous_response_id)
+        return await chain_items(store, source.previous_response_id)
     if conversation is not None:
         if not store.conversations_limits.enabled:
             raise InvalidRequest(
@@ -207,7 +206,7 @@ async def chain_items(store: StoreHandle, response_id: str) -> tuple[Item, ...]:
 
 
 def render(
-    body: CreateResponseBody,
+    params: ResponseParams,
     history: tuple[Item, ...],
     codec: PromptCodec,
     items: tuple[Item, ...] | None = None,
@@ -218,13 +217,13 @@ def render(
     such as the compaction that stands in for them).
 
     `definitions` are the chat-template tools when the caller already worked them out."""
-    if body.truncation == "auto":
+    if params.truncation == "auto":
         raise UnsupportedFeature(
             'Only `truncation: "disabled"` is supported.',
             param="truncation",
             code="unsupported_value",
         )
-    reserved = RESERVED_TEMPLATE_KWARGS & set(body.chat_template_kwargs or {})
+    reserved = RESERVED_TEMPLATE_KWARGS & set(params.chat_template_kwargs or {})
     if reserved:
         raise InvalidRequest(
             f"'chat_template_kwargs' may not set {', '.join(sorted(reserved))}.",
@@ -232,18 +231,18 @@ def render(
             code="invalid_value",
         )
     if definitions is None:
-        definitions, _, _ = tool_use(body.tools, body.tool_choice, codec)
-    items = to_items(body.input) if items is None else items
+        definitions, _, _ = tool_use(params.tools, params.tool_choice, codec)
+    items = params.input if items is None else items
     prompt = codec.render(
-        to_chat(body.instructions, history + items + tail),
+        to_chat(params.instructions, history + items + tail),
         definitions or None,
-        body.chat_template_kwargs,
+        params.chat_template_kwargs,
     )
     return items, prompt
 
 
 def build_request(
-    body: CreateResponseBody,
+    params: ResponseParams,
     names: ModelNames,
     info: ModelInfo,
     codec: PromptCodec,
@@ -256,43 +255,45 @@ def build_request(
     """The request to generate. With `compaction`, the prompt is rendered from it (it
     stands in for history and input). `fits=False` lets a prompt that leaves no room for
     output through, for a job that compacts it later."""
-    if not names.matches(body.model):
-        raise ModelNotFound(body.model, [names.alias])
+    if not names.matches(params.model):
+        raise ModelNotFound(params.model, [names.alias])
     # Tools once per request: a forced call's grammar is compiled here, not twice.
     definitions, tools, call_grammar = tool_use(
-        body.tools,
-        body.tool_choice,
+        params.tools,
+        params.tool_choice,
         codec,
         parser=info.tool_parser,
-        parallel=body.parallel_tool_calls,
+        parallel=params.parallel_tool_calls,
     )
     tail = (compaction,) if compaction is not None else ()
-    items, prompt = render(body, history, codec, items, definitions, tail)
+    items, prompt = render(params, history, codec, items, definitions, tail)
     room = info.context_length - len(prompt)
     if room < 1 and fits:
         raise ContextLengthExceeded(
             f"The input is {len(prompt)} tokens; the context window is "
             f"{info.context_length} tokens and leaves no room for output."
         )
-    max_tokens = max(1, min(body.max_output_tokens or room, room))
+    max_tokens = max(1, min(params.max_output_tokens or room, room))
     echo = RequestEcho(
-        model=body.model,
-        instructions=body.instructions,
-        max_output_tokens=body.max_output_tokens,
-        temperature=1.0 if body.temperature is None else body.temperature,
-        top_p=1.0 if body.top_p is None else body.top_p,
-        top_logprobs=body.top_logprobs or 0,
-        store=True if body.store is None else body.store,
-        metadata=dict(body.metadata or {}),
-        previous_response_id=body.previous_response_id,
-        tool_choice=body.tool_choice if body.tool_choice is not None else "auto",
-        tools=tuple(body.tools or ()),
-        parallel_tool_calls=True if body.parallel_tool_calls is None else body.parallel_tool_calls,
-        text=body.text if body.text is not None else {"format": {"type": "text"}},
-        reasoning=body.reasoning,
-        user=body.user,
-        conversation_id=conversation_id(body.conversation),
-        background=bool(body.background),
+        model=params.model,
+        instructions=params.instructions,
+        max_output_tokens=params.max_output_tokens,
+        temperature=1.0 if params.temperature is None else params.temperature,
+        top_p=1.0 if params.top_p is None else params.top_p,
+        top_logprobs=params.top_logprobs or 0,
+        store=True if params.store is None else params.store,
+        metadata=dict(params.metadata or {}),
+        previous_response_id=params.previous_response_id,
+        tool_choice=params.tool_choice if params.tool_choice is not None else "auto",
+        tools=tuple(params.tools or ()),
+        parallel_tool_calls=True
+        if params.parallel_tool_calls is None
+        else params.parallel_tool_calls,
+        text=params.text if params.text is not None else {"format": {"type": "text"}},
+        reasoning=params.reasoning,
+        user=params.user,
+        conversation_id=conversation_id(params.conversation),
+        background=bool(params.background),
     )
     record = ResponseRecord(
         id=new_id("resp"),
@@ -305,15 +306,16 @@ def build_request(
         temperature=echo.temperature,
         top_p=echo.top_p,
         max_tokens=max_tokens,
-        grammar=call_grammar or output_grammar(body.text, codec),
-        logprobs="message.output_text.logprobs" in (body.include or []) or bool(body.top_logprobs),
-        top_logprobs=body.top_logprobs or 0,
+        grammar=call_grammar or output_grammar(params.text, codec),
+        logprobs="message.output_text.logprobs" in (params.include or [])
+        or bool(params.top_logprobs),
+        top_logprobs=params.top_logprobs or 0,
     )
     return GenerationRequest(
         record=record,
         prompt=tuple(prompt),
         sampling=sampling,
         tools=tools,
-        reasoning_opened=codec.opens_reasoning(body.chat_template_kwargs),
-        echo_prefix=echo_prefix(body, names.alias, items),
+        reasoning_opened=codec.opens_reasoning(params.chat_template_kwargs),
+        echo_prefix=echo_prefix(params, names.alias, items),
     )

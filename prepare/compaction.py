@@ -22,8 +22,6 @@ from dataclasses import dataclass
 from mlxcel.actors.scheduler import SchedulerHandle
 from mlxcel.errors import ContextLengthExceeded, GenerationFailed
 from mlxcel.generation import GenerationRequest, ModelInfo, PromptCodec, Sampling
-from mlxcel.http.limits import item_chars
-from mlxcel.http.offload import off_loop
 from mlxcel.items import (
     Compaction,
     FunctionCall,
@@ -39,6 +37,8 @@ from mlxcel.items import (
     replay,
 )
 from mlxcel.model.prompt import to_chat
+from mlxcel.prepare.limits import item_chars
+from mlxcel.prepare.offload import off_loop
 
 DEFAULT_SUMMARY_TOKENS = 1024
 KEEP_TOKENS_CAP = 8192

@@ -9,30 +9,30 @@ from __future__ import annotations
 import json
 
 from mlxcel.actors.echo import EchoHandle, TurnHasher, turn_key, turn_prefix
-from mlxcel.http.offload import off_loop
-from mlxcel.http.schemas import CreateResponseBody
 from mlxcel.items import Item, Message, Reasoning
+from mlxcel.prepare.offload import off_loop
+from mlxcel.prepare.params import ResponseParams
 
 
-def _signature(body: CreateResponseBody) -> str:
-    return json.dumps([body.tools or [], body.chat_template_kwargs or {}], sort_keys=True)
+def _signature(params: ResponseParams) -> str:
+    return json.dumps([params.tools or [], params.chat_template_kwargs or {}], sort_keys=True)
 
 
-def _session(body: CreateResponseBody) -> str:
-    return body.prompt_cache_key or body.user or ""
+def _session(params: ResponseParams) -> str:
+    return params.prompt_cache_key or params.user or ""
 
 
-def echo_prefix(body: CreateResponseBody, model: str, items: tuple[Item, ...]) -> str | None:
+def echo_prefix(params: ResponseParams, model: str, items: tuple[Item, ...]) -> str | None:
     """The key prefix under which this response's reasoning is remembered, if at all."""
-    if body.previous_response_id is not None or body.conversation is not None:
+    if params.previous_response_id is not None or params.conversation is not None:
         return None
-    return turn_prefix(model, _signature(body), _session(body), items)
+    return turn_prefix(model, _signature(params), _session(params), items)
 
 
-def reasoning_keys(body: CreateResponseBody, model: str, items: tuple[Item, ...]) -> dict[int, str]:
+def reasoning_keys(params: ResponseParams, model: str, items: tuple[Item, ...]) -> dict[int, str]:
     """The echo key of each assistant turn that lacks its reasoning, by index; one pass
     over `items`, so the cost is linear in their size."""
-    hasher = TurnHasher(model, _signature(body), _session(body))
+    hasher = TurnHasher(model, _signature(params), _session(params))
     wanted: dict[int, str] = {}
     for index, item in enumerate(items):
         if (
@@ -46,14 +46,14 @@ def reasoning_keys(body: CreateResponseBody, model: str, items: tuple[Item, ...]
 
 
 async def restore_reasoning(
-    body: CreateResponseBody, model: str, items: tuple[Item, ...], echo: EchoHandle
+    params: ResponseParams, model: str, items: tuple[Item, ...], echo: EchoHandle
 ) -> tuple[Item, ...]:
     """`items` with remembered reasoning put back before assistant turns that lack it.
 
     A trace the client sent itself always wins. The keys are worked out off the loop."""
-    if not echo.enabled or echo_prefix(body, model, ()) is None:
+    if not echo.enabled or echo_prefix(params, model, ()) is None:
         return items
-    wanted = await off_loop(reasoning_keys, body, model, items)
+    wanted = await off_loop(reasoning_keys, params, model, items)
     found = await echo.recall(list(wanted.values()))
     if not found:
         return items

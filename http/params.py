@@ -1,0 +1,36 @@
+"""From the Responses API's validated bodies to the plain parameters preparation reads."""
+
+from __future__ import annotations
+
+from mlxcel.http.schemas import CreateResponseBody, to_items
+from mlxcel.prepare.params import ResponseParams
+
+
+def response_params(body: CreateResponseBody, *, model: str | None = None) -> ResponseParams:
+    """`body` as parameters (its input converted to items: run it off the event loop);
+    `model` stands in for a body that names none (`input_tokens`)."""
+    return ResponseParams(
+        model=body.model or model or "",
+        input=to_items(body.input),
+        instructions=body.instructions,
+        max_output_tokens=body.max_output_tokens,
+        temperature=body.temperature,
+        top_p=body.top_p,
+        top_logprobs=body.top_logprobs,
+        store=body.store,
+        background=bool(body.background),
+        metadata=dict(body.metadata or {}),
+        truncation=body.truncation,
+        tools=tuple(body.tools) if body.tools is not None else None,
+        tool_choice=body.tool_choice,
+        parallel_tool_calls=body.parallel_tool_calls,
+        text=body.text,
+        reasoning=body.reasoning,
+        previous_response_id=body.previous_response_id,
+        conversation=body.conversation,
+        user=body.user,
+        prompt_cache_key=body.prompt_cache_key,
+        include=tuple(body.include or ()),
+        chat_template_kwargs=body.chat_template_kwargs,
+        compact_threshold=body.compact_threshold,
+    )

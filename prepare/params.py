@@ -1,0 +1,42 @@
+"""What a request asks, as plain values: the one shape preparation reads.
+
+Each wire format (the Responses API today) turns its validated body into these, so
+nothing under `prepare/` knows a schema library or an HTTP route.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from mlxcel.items import Item, JsonValue
+
+
+@dataclass(frozen=True, slots=True)
+class ResponseParams:
+    """A request to create a response; `None` means the field was not sent."""
+
+    model: str
+    input: tuple[Item, ...]
+    instructions: str | None = None
+    max_output_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_logprobs: int | None = None
+    store: bool | None = None
+    background: bool = False
+    metadata: Mapping[str, str] = field(default_factory=dict)
+    truncation: str | None = None
+    tools: tuple[dict[str, JsonValue], ...] | None = None
+    tool_choice: str | dict[str, JsonValue] | None = None
+    parallel_tool_calls: bool | None = None
+    text: dict[str, JsonValue] | None = None
+    reasoning: dict[str, JsonValue] | None = None
+    previous_response_id: str | None = None
+    conversation: str | dict[str, JsonValue] | None = None
+    user: str | None = None
+    prompt_cache_key: str | None = None
+    include: tuple[str, ...] = ()
+    chat_template_kwargs: dict[str, JsonValue] | None = None
+    compact_threshold: int | None = None
+    """Compact first at this many rendered input tokens (`context_management`)."""

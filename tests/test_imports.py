@@ -1,0 +1,110 @@
+"""The direction of the package's imports, read from the source: the rules that keep the
+layers apart stay true because this test walks the whole import graph.
+
+    http/      the wire: routes, schemas, JSON objects, SSE, errors, the server
+    prepare/   from a request's parameters to a GenerationRequest
+    actors/    scheduler, jobs, store, echo cache, and their message catalogue
+    model/     the engine, the model thread, prompts, tool-call parsers
+    generation.py, items.py, errors.py   the vocabulary every layer speaks
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SOURCES = ("actors", "http", "model", "prepare")
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(("mlxcel", *parts))
+
+
+def package_files() -> Iterator[Path]:
+    yield from (p for p in ROOT.glob("*.py"))
+    for top in SOURCES:
+        yield from (ROOT / top).rglob("*.py")
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Each mlxcel module and the mlxcel modules it imports (anywhere in the file)."""
+    files = {module_name(path): path for path in package_files()}
+    graph: dict[str, set[str]] = {}
+    for name, path in files.items():
+        targets: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                targets.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                targets.add(node.module)
+                # `from mlxcel.pkg import module` imports the module too.
+                targets.update(f"{node.module}.{alias.name}" for alias in node.names)
+        graph[name] = {t for t in targets if t in files}
+    return graph
+
+
+def reachable(graph: dict[str, set[str]], start: str) -> dict[str, list[str]]:
+    """Every module `start` imports directly or through others, with one path to it."""
+    paths = {start: [start]}
+    pending = [start]
+    while pending:
+        current = pending.pop()
+        for target in sorted(graph[current]):
+            if target not in paths:
+                paths[target] = [*paths[current], target]
+                pending.append(target)
+    del paths[start]
+    return paths
+
+
+GRAPH = import_graph()
+
+
+def under(prefix: str) -> list[str]:
+    return sorted(m for m in GRAPH if m == prefix or m.startswith(f"{prefix}."))
+
+
+def test_the_graph_sees_every_layer() -> None:
+    assert "mlxcel.http.routes" in GRAPH
+    assert "mlxcel.model.actor" in GRAPH["mlxcel.actors.scheduler"]
+    assert reachable(GRAPH, "mlxcel.app")  # the wiring reaches everything
+
+
+@pytest.mark.parametrize("module", under("mlxcel.http"))
+def test_http_talks_to_the_model_only_through_the_actors(module: str) -> None:
+    direct = sorted(t for t in GRAPH[module] if t.startswith("mlxcel.model"))
+    assert not direct, f"{module} imports {direct}"
+
+
+@pytest.mark.parametrize("module", [*under("mlxcel.model"), "mlxcel.actors.messages"])
+def test_the_model_and_the_catalogue_never_reach_http(module: str) -> None:
+    found = {t: p for t, p in reachable(GRAPH, module).items() if t.startswith("mlxcel.http")}
+    assert not found, " -> ".join(next(iter(found.values())))
+
+
+@pytest.mark.parametrize("module", under("mlxcel.prepare"))
+def test_preparation_knows_no_wire_format(module: str) -> None:
+    found = {t: p for t, p in reachable(GRAPH, module).items() if t.startswith("mlxcel.http")}
+    assert not found, " -> ".join(next(iter(found.values())))
+
+
+def test_the_store_never_reaches_the_model() -> None:
+    found = {
+        t: p
+        for t, p in reachable(GRAPH, "mlxcel.actors.store").items()
+        if t.startswith("mlxcel.model")
+    }
+    assert not found, " -> ".join(next(iter(found.values())))
+
+
+@pytest.mark.parametrize("module", ["mlxcel.items", "mlxcel.errors", "mlxcel.generation"])
+def test_the_vocabulary_stands_on_nothing_but_itself(module: str) -> None:
+    allowed = {"mlxcel.items", "mlxcel.errors", "mlxcel.generation"}
+    assert set(reachable(GRAPH, module)) <= allowed
