@@ -132,7 +132,7 @@ async def _drain(
 def resolve_model(settings: Settings) -> tuple[Path, ModelNames]:
     """The model folder to load and the names clients may call it by."""
     if settings.model is None:
-        from mlxcel.model.fetch import default_model_dir, is_ready
+        from mlxcel.model.provision.fetch import default_model_dir, is_ready
 
         path = default_model_dir()
         if not is_ready(path):
@@ -157,7 +157,7 @@ def _with_tool_parser(factory: EngineFactory, kind: str) -> LoadedModel:
 
 def load_model(path: Path, names: ModelNames, settings: Settings) -> LoadedModel:
     """The engine factory for the real model: runs on the model actor's thread."""
-    from mlxcel.model.blas import describe, load_fast_blas
+    from mlxcel.model.provision.blas import describe, load_fast_blas
 
     blas = load_fast_blas()
     from mlxcel.model.mlx_engine import load_mlx_model
@@ -180,7 +180,7 @@ def load_model(path: Path, names: ModelNames, settings: Settings) -> LoadedModel
 def run(settings: Settings) -> None:
     """Serve `settings` until interrupted (the console commands' entry point)."""
     path, names = resolve_model(settings)
-    from mlxcel.model.blas import load_fast_blas
+    from mlxcel.model.provision.blas import load_fast_blas
 
     load_fast_blas()  # before anything imports mlx.core
     factory = functools.partial(load_model, path, names, settings)

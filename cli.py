@@ -366,7 +366,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args[0] == "serve":
         return _serve("mlxcel serve", args[1:])
     if args[0] == "fetch-model":
-        from mlxcel.model.fetch import main as fetch_main
+        from mlxcel.model.provision.fetch import main as fetch_main
 
         return int(fetch_main(args[1:]))
     print(f"mlxcel: unknown command {args[0]!r} (commands: {commands})", file=sys.stderr)

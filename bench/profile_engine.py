@@ -20,8 +20,8 @@ from typing import Any
 
 from prompts import TokenCounter, make_prompt
 
-from mlxcel.model.blas import describe, load_fast_blas
-from mlxcel.model.fetch import default_model_dir, is_ready
+from mlxcel.model.provision.blas import describe, load_fast_blas
+from mlxcel.model.provision.fetch import default_model_dir, is_ready
 
 
 def cumulative(stats: pstats.Stats, name: str, file_part: str) -> float:

@@ -22,10 +22,10 @@ from pathlib import Path
 from typing import Any
 
 from mlxcel.items import TokenLogprob
-from mlxcel.model.blas import BlasInfo
 from mlxcel.model.constrained import GrammarCompiler
 from mlxcel.model.engine import LoadedModel, ModelInfo, Sampling, SequenceSpec, TokenStep
 from mlxcel.model.prompt import TemplateCodec
+from mlxcel.model.provision.blas import BlasInfo
 from mlxcel.model.tool_parsers import detect_parser
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # weights are local; never reach for a hub

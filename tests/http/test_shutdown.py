@@ -19,7 +19,7 @@ from mlxcel.app import serve
 from mlxcel.config import Settings
 from mlxcel.http.intake import ModelNames
 from mlxcel.model.fake import FakeEngine, fake_factory
-from mlxcel.model.fetch import ensure_tiny_model
+from mlxcel.model.provision.fetch import ensure_tiny_model
 
 from support import free_port
 

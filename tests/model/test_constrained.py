@@ -16,10 +16,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from mlxcel.errors import InvalidRequest
-from mlxcel.model.blas import load_fast_blas
 from mlxcel.model.constrained import compile_schema
 from mlxcel.model.engine import LoadedModel, Sampling, SequenceSpec
-from mlxcel.model.fetch import ensure_tiny_model
+from mlxcel.model.provision.blas import load_fast_blas
+from mlxcel.model.provision.fetch import ensure_tiny_model
 from mlxcel.model.tool_parsers import CallClosed, HermesToolParser
 
 pytestmark = pytest.mark.mlx

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from mlxcel.model.blas import load_fast_blas
 from mlxcel.model.engine import LoadedModel, Sampling, SequenceSpec, TokenStep
-from mlxcel.model.fetch import ensure_tiny_model
+from mlxcel.model.provision.blas import load_fast_blas
+from mlxcel.model.provision.fetch import ensure_tiny_model
 
 pytestmark = pytest.mark.mlx
 

