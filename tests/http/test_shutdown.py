@@ -19,9 +19,9 @@ from mlxcel.app import serve
 from mlxcel.config import Settings
 from mlxcel.http.intake import ModelNames
 from mlxcel.model.fake import FakeEngine, fake_factory
-from mlxcel.model.provision.fetch import ensure_tiny_model
 
 from support import free_port
+from tiny_model import ensure_tiny_model
 
 LONG = "echo: " + " ".join(["w"] * 1500)  # 15 s at 10 ms a step
 

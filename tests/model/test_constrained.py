@@ -19,8 +19,9 @@ from mlxcel.errors import InvalidRequest
 from mlxcel.model.constrained import compile_schema
 from mlxcel.model.engine import LoadedModel, Sampling, SequenceSpec
 from mlxcel.model.provision.blas import load_fast_blas
-from mlxcel.model.provision.fetch import ensure_tiny_model
 from mlxcel.model.tool_parsers import CallClosed, HermesToolParser
+
+from tiny_model import ensure_tiny_model
 
 pytestmark = pytest.mark.mlx
 

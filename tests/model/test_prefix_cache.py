@@ -16,7 +16,8 @@ import pytest
 
 from mlxcel.model.engine import LoadedModel, Sampling, SequenceSpec, TokenStep
 from mlxcel.model.provision.blas import load_fast_blas
-from mlxcel.model.provision.fetch import ensure_tiny_model
+
+from tiny_model import ensure_tiny_model
 
 pytestmark = pytest.mark.mlx
 

@@ -13,7 +13,8 @@ import pytest
 
 from mlxcel.items import FunctionCall, FunctionCallOutput, InputText, Item, Message, OutputText
 from mlxcel.model.prompt import ChatMessage, TemplateCodec, to_chat
-from mlxcel.model.provision.fetch import ensure_tiny_model
+
+from tiny_model import ensure_tiny_model
 
 pytestmark = pytest.mark.mlx
 
