@@ -201,12 +201,12 @@ def load_mlx_model(
     max_batch: int,
     prefill_step_size: int,
     blas: BlasInfo,
+    prompt_cache_bytes: int,
     ctx_size: int | None = None,
-    prompt_cache_bytes: int = 2 * 1024**3,
 ) -> LoadedModel:
     """Load a local MLX model folder and wrap it as an engine (on the model thread).
 
-    `prompt_cache_bytes` bounds the KV states kept for reuse plus those of the live
+    `prompt_cache_bytes` (the server's `--prompt-cache-bytes`) bounds the KV states kept for reuse plus those of the live
     sequences (as `mlx_lm.server --prompt-cache-bytes` does); 0 disables the cache."""
     model, tokenizer = load(str(path))[:2]
     generator = BatchGenerator(

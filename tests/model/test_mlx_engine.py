@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from mlxcel.config import Settings
 from mlxcel.model.engine import LoadedModel, Sampling, SequenceSpec, TokenStep
 from mlxcel.model.provision.blas import load_fast_blas
 
@@ -33,6 +34,7 @@ def load(path: Path, *, max_batch: int = 4, prefill_step_size: int = 16) -> Load
         max_batch=max_batch,
         prefill_step_size=prefill_step_size,
         blas=load_fast_blas(),
+        prompt_cache_bytes=Settings().prompt_cache_bytes,
     )
 
 
