@@ -85,7 +85,7 @@ class Settings:
             (self.body_timeout_secs > 0, "--body-timeout-secs must be positive"),
             (self.read_timeout_secs > 0, "--read-timeout-secs must be positive"),
             (self.max_connections >= 1, "--max-connections must be at least 1"),
-            (self.reasoning_echo_max_bytes >= 0, "MLXCEL_REASONING_ECHO_MAX_BYTES must be >= 0"),
+            (self.reasoning_echo_max_bytes >= 0, "--reasoning-echo-max-bytes must be >= 0"),
             (
                 self.tool_call_parser is None or self.tool_call_parser in PARSERS,
                 f"--tool-call-parser must be one of {', '.join(PARSERS)}",
