@@ -5,21 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from mlxcel.actors.limits import StoreLimits
 from mlxcel.errors import ConfigError
 from mlxcel.model.tool_parsers import PARSERS
 
-
-@dataclass(frozen=True, slots=True)
-class StoreLimits:
-    """Bounds of one store (responses or conversations); see the spec's Store flags."""
-
-    max_entries: int
-    max_bytes: int
-    ttl_secs: float
-
-    @property
-    def enabled(self) -> bool:
-        return self.max_entries > 0
+__all__ = ["Settings", "StoreLimits"]
 
 
 @dataclass(frozen=True, slots=True)
