@@ -113,6 +113,20 @@ def test_reasoning_echo_budget_from_flag_or_environment() -> None:
         settings([], {"MLXCEL_REASONING_ECHO_MAX_BYTES": "lots"})
 
 
+def test_an_unknown_tool_call_parser_stops_start_up() -> None:
+    # Checked where the parser is picked, before the model is resolved or loaded.
+    assert settings(["--tool-call-parser", "xml"]).tool_call_parser == "xml"
+    exe = Path(sys.executable).with_name("mlxcel-server")
+    result = subprocess.run(
+        [str(exe), "--tool-call-parser", "xml", "--model", "/nonexistent"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 2
+    assert "error: --tool-call-parser must be one of hermes, mistral" in result.stderr
+
+
 def test_zero_disables_background_mode() -> None:
     assert settings([]).background_enabled
     for flag in ("--max-jobs", "--responses-store-max-entries", "--responses-store-max-bytes"):
@@ -127,7 +141,6 @@ def test_zero_disables_background_mode() -> None:
         ["--responses-store-max-entries", "-1"],
         ["--port", "70000"],
         ["--prompt-cache-bytes", "-1"],
-        ["--tool-call-parser", "xml"],
         ["--responses-store-ttl-secs", "-1"],
         ["--conversation-store-ttl-secs", "nan"],
         ["--reasoning-echo-max-bytes", "-1"],
