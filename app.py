@@ -22,6 +22,7 @@ from mlxcel.http.routes import Handles, create_app
 from mlxcel.http.serve import serve_http
 from mlxcel.model.actor import ModelActor
 from mlxcel.model.engine import EngineFactory, LoadedModel
+from mlxcel.model.tool_parsers import PARSERS
 from mlxcel.prepare.intake import ModelNames
 
 log = logging.getLogger(__name__)
@@ -55,6 +56,7 @@ async def serve(
     """
     if shutdown is None:
         shutdown = trio.Event()
+    check_tool_parser(settings.tool_call_parser)
     if settings.tool_call_parser is not None:
         factory = functools.partial(_with_tool_parser, factory, settings.tool_call_parser)
     async with trio.open_nursery() as nursery:
@@ -132,7 +134,7 @@ async def _drain(
 def resolve_model(settings: Settings) -> tuple[Path, ModelNames]:
     """The model folder to load and the names clients may call it by."""
     if settings.model is None:
-        from mlxcel.model.fetch import default_model_dir, is_ready
+        from mlxcel.model.provision.fetch import default_model_dir, is_ready
 
         path = default_model_dir()
         if not is_ready(path):
@@ -149,6 +151,12 @@ def resolve_model(settings: Settings) -> tuple[Path, ModelNames]:
     return path, ModelNames(alias=alias, path=str(path))
 
 
+def check_tool_parser(kind: str | None) -> None:
+    """`--tool-call-parser`, when given, must name a known tool-call format."""
+    if kind is not None and kind not in PARSERS:
+        raise ConfigError(f"--tool-call-parser must be one of {', '.join(PARSERS)}")
+
+
 def _with_tool_parser(factory: EngineFactory, kind: str) -> LoadedModel:
     """The loaded model, with the tool-call format `--tool-call-parser` names."""
     loaded = factory()
@@ -157,7 +165,7 @@ def _with_tool_parser(factory: EngineFactory, kind: str) -> LoadedModel:
 
 def load_model(path: Path, names: ModelNames, settings: Settings) -> LoadedModel:
     """The engine factory for the real model: runs on the model actor's thread."""
-    from mlxcel.model.blas import describe, load_fast_blas
+    from mlxcel.model.provision.blas import describe, load_fast_blas
 
     blas = load_fast_blas()
     from mlxcel.model.mlx_engine import load_mlx_model
@@ -179,8 +187,9 @@ def load_model(path: Path, names: ModelNames, settings: Settings) -> LoadedModel
 
 def run(settings: Settings) -> None:
     """Serve `settings` until interrupted (the console commands' entry point)."""
+    check_tool_parser(settings.tool_call_parser)  # a bad name stops us before anything starts
     path, names = resolve_model(settings)
-    from mlxcel.model.blas import load_fast_blas
+    from mlxcel.model.provision.blas import load_fast_blas
 
     load_fast_blas()  # before anything imports mlx.core
     factory = functools.partial(load_model, path, names, settings)

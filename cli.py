@@ -31,19 +31,15 @@ class Flag:
     help: str
 
 
-def _nonneg_float(text: str) -> float:
-    value = float(text)
-    if not value >= 0:  # also refuses nan
-        raise ValueError(text)
-    return value
-
+_DEFAULTS = Settings()
+"""Each flag's default is its setting's, so defaults are written once, in config.py."""
 
 FLAGS: tuple[Flag, ...] = (
     Flag(
         ("-m", "--model"),
         "model",
         Path,
-        None,
+        _DEFAULTS.model,
         "LLAMA_ARG_MODEL",
         "local MLX model folder to serve (default: the embedded default model, "
         "Qwen2.5-Coder-0.5B-Instruct, obtained by `mlxcel fetch-model`)",
@@ -52,17 +48,17 @@ FLAGS: tuple[Flag, ...] = (
         ("-a", "--alias"),
         "alias",
         str,
-        None,
+        _DEFAULTS.alias,
         "LLAMA_ARG_ALIAS",
         "name clients use in `model` (default: the model folder's name)",
     ),
-    Flag(("--host",), "host", str, "127.0.0.1", "LLAMA_ARG_HOST", "address to listen on"),
-    Flag(("--port",), "port", int, 8080, "LLAMA_ARG_PORT", "port to listen on"),
+    Flag(("--host",), "host", str, _DEFAULTS.host, "LLAMA_ARG_HOST", "address to listen on"),
+    Flag(("--port",), "port", int, _DEFAULTS.port, "LLAMA_ARG_PORT", "port to listen on"),
     Flag(
         ("-c", "--ctx-size"),
         "ctx_size",
         int,
-        None,
+        _DEFAULTS.ctx_size,
         "LLAMA_ARG_CTX_SIZE",
         "context window in tokens (default: the model's maximum)",
     ),
@@ -70,7 +66,7 @@ FLAGS: tuple[Flag, ...] = (
         ("-np", "--parallel"),
         "parallel",
         int,
-        4,
+        _DEFAULTS.parallel,
         "LLAMA_ARG_N_PARALLEL",
         "generation slots: sequences decoded together in one batch",
     ),
@@ -78,7 +74,7 @@ FLAGS: tuple[Flag, ...] = (
         ("--max-queue-depth",),
         "max_queue_depth",
         int,
-        32,
+        _DEFAULTS.max_queue_depth,
         "MLXCEL_MAX_QUEUE_DEPTH",
         "requests that may wait for a free slot; more get 503",
     ),
@@ -86,7 +82,7 @@ FLAGS: tuple[Flag, ...] = (
         ("--prefill-step-size",),
         "prefill_step_size",
         int,
-        256,
+        _DEFAULTS.prefill_step_size,
         "MLXCEL_PREFILL_STEP_SIZE",
         "prompt tokens prefilled per engine step between decode steps",
     ),
@@ -94,7 +90,7 @@ FLAGS: tuple[Flag, ...] = (
         ("--prompt-cache-bytes",),
         "prompt_cache_bytes",
         int,
-        2 * 1024**3,
+        _DEFAULTS.prompt_cache_bytes,
         "MLXCEL_PROMPT_CACHE_BYTES",
         "bytes of KV state kept so later prompts that start alike (follow-up turns, shared "
         "instructions) skip prefilling that part; counts the live sequences too; 0 disables",
@@ -103,7 +99,7 @@ FLAGS: tuple[Flag, ...] = (
         ("--tool-call-parser",),
         "tool_call_parser",
         str,
-        None,
+        _DEFAULTS.tool_call_parser,
         "MLXCEL_TOOL_CALL_PARSER",
         "tool-call format the model writes: hermes, mistral, llama3_json, qwen3_coder, "
         "functionary or pythonic (default: picked from the model's chat template)",
@@ -112,7 +108,7 @@ FLAGS: tuple[Flag, ...] = (
         ("--sse-keepalive-secs",),
         "sse_keepalive_secs",
         float,
-        10.0,
+        _DEFAULTS.sse_keepalive_secs,
         "MLXCEL_SSE_KEEPALIVE_SECS",
         "idle seconds before a stream sends a keep-alive comment",
     ),
@@ -120,7 +116,7 @@ FLAGS: tuple[Flag, ...] = (
         ("--send-timeout-secs",),
         "send_timeout_secs",
         float,
-        30.0,
+        _DEFAULTS.send_timeout_secs,
         "MLXCEL_SEND_TIMEOUT_SECS",
         "seconds a stream waits for a client that stops reading before treating it as gone "
         "(its slot is freed)",
@@ -129,7 +125,7 @@ FLAGS: tuple[Flag, ...] = (
         ("--shutdown-timeout-secs",),
         "shutdown_timeout_secs",
         float,
-        30.0,
+        _DEFAULTS.shutdown_timeout_secs,
         "MLXCEL_SHUTDOWN_TIMEOUT_SECS",
         "on SIGTERM/SIGINT, seconds in-flight responses get to finish before they are ended "
         "(a second signal exits at once)",
@@ -138,7 +134,7 @@ FLAGS: tuple[Flag, ...] = (
         ("--body-timeout-secs",),
         "body_timeout_secs",
         float,
-        60.0,
+        _DEFAULTS.body_timeout_secs,
         "MLXCEL_BODY_TIMEOUT_SECS",
         "seconds a request body may take to arrive whole",
     ),
@@ -146,7 +142,7 @@ FLAGS: tuple[Flag, ...] = (
         ("--read-timeout-secs",),
         "read_timeout_secs",
         float,
-        30.0,
+        _DEFAULTS.read_timeout_secs,
         "MLXCEL_READ_TIMEOUT_SECS",
         "seconds a connection may take to send a request's headers",
     ),
@@ -154,7 +150,7 @@ FLAGS: tuple[Flag, ...] = (
         ("--max-connections",),
         "max_connections",
         int,
-        1024,
+        _DEFAULTS.max_connections,
         "MLXCEL_MAX_CONNECTIONS",
         "open HTTP connections served at once; more wait in the listen backlog",
     ),
@@ -170,7 +166,7 @@ FLAGS: tuple[Flag, ...] = (
         ("--responses-store-max-entries",),
         "responses_store_max_entries",
         int,
-        1024,
+        _DEFAULTS.responses.max_entries,
         "LLAMA_ARG_RESPONSES_STORE_MAX_ENTRIES",
         "stored responses kept; 0 disables storage",
     ),
@@ -178,15 +174,15 @@ FLAGS: tuple[Flag, ...] = (
         ("--responses-store-max-bytes",),
         "responses_store_max_bytes",
         int,
-        268_435_456,
+        _DEFAULTS.responses.max_bytes,
         "MLXCEL_RESPONSES_STORE_MAX_BYTES",
         "rough budget of retained response JSON bytes; 0 evicts at once",
     ),
     Flag(
         ("--responses-store-ttl-secs",),
         "responses_store_ttl_secs",
-        _nonneg_float,
-        3600,
+        float,
+        _DEFAULTS.responses.ttl_secs,
         "LLAMA_ARG_RESPONSES_STORE_TTL_SECS",
         "seconds a stored response lives; 0 = no expiry",
     ),
@@ -194,15 +190,15 @@ FLAGS: tuple[Flag, ...] = (
         ("--responses-background-max-jobs", "--max-jobs"),
         "background_max_jobs",
         int,
-        64,
+        _DEFAULTS.background_max_jobs,
         "MLXCEL_RESPONSES_BACKGROUND_MAX_JOBS",
         "concurrently active background responses; 0 disables background mode",
     ),
     Flag(
         ("--responses-background-ephemeral-ttl-secs",),
         "background_ephemeral_ttl_secs",
-        _nonneg_float,
-        600,
+        float,
+        _DEFAULTS.background_ephemeral_ttl_secs,
         "MLXCEL_RESPONSES_BACKGROUND_EPHEMERAL_TTL_SECS",
         "seconds the result of a `background, store: false` request stays pollable (>= 1)",
     ),
@@ -210,7 +206,7 @@ FLAGS: tuple[Flag, ...] = (
         ("--conversation-store-max-entries",),
         "conversation_store_max_entries",
         int,
-        256,
+        _DEFAULTS.conversations.max_entries,
         "LLAMA_ARG_CONVERSATION_STORE_MAX_ENTRIES",
         "conversation transcripts kept; 0 disables",
     ),
@@ -218,17 +214,26 @@ FLAGS: tuple[Flag, ...] = (
         ("--conversation-store-max-bytes",),
         "conversation_store_max_bytes",
         int,
-        67_108_864,
+        _DEFAULTS.conversations.max_bytes,
         "MLXCEL_CONVERSATION_STORE_MAX_BYTES",
         "rough budget of retained transcript JSON bytes; 0 evicts at once",
     ),
     Flag(
         ("--conversation-store-ttl-secs",),
         "conversation_store_ttl_secs",
-        _nonneg_float,
-        3600,
+        float,
+        _DEFAULTS.conversations.ttl_secs,
         "LLAMA_ARG_CONVERSATION_STORE_TTL_SECS",
         "seconds a transcript lives; 0 = no expiry",
+    ),
+    Flag(
+        ("--reasoning-echo-max-bytes",),
+        "reasoning_echo_max_bytes",
+        int,
+        _DEFAULTS.reasoning_echo_max_bytes,
+        "MLXCEL_REASONING_ECHO_MAX_BYTES",
+        "bytes of returned reasoning remembered to put back into turns a client resends "
+        "without it (LRU); 0 disables",
     ),
     Flag(
         ("--log-level",),
@@ -276,14 +281,7 @@ def add_serve_flags(parser: argparse.ArgumentParser, environ: dict[str, str]) ->
     parser.add_argument("--version", action="version", version=f"mlxcel {__version__}")
 
 
-def settings_from_args(args: argparse.Namespace, environ: dict[str, str]) -> Settings:
-    echo_bytes = environ.get("MLXCEL_REASONING_ECHO_MAX_BYTES", str(16 * 1024 * 1024))
-    try:
-        reasoning_echo_max_bytes = int(echo_bytes)
-    except ValueError as exc:
-        raise ConfigError(
-            f"MLXCEL_REASONING_ECHO_MAX_BYTES={echo_bytes!r} is not a number"
-        ) from exc
+def settings_from_args(args: argparse.Namespace) -> Settings:
     keys = tuple(k.strip() for k in (args.api_key or "").split(",") if k.strip())
     return Settings(
         model=args.model,
@@ -310,7 +308,7 @@ def settings_from_args(args: argparse.Namespace, environ: dict[str, str]) -> Set
         ),
         background_max_jobs=args.background_max_jobs,
         background_ephemeral_ttl_secs=args.background_ephemeral_ttl_secs,
-        reasoning_echo_max_bytes=reasoning_echo_max_bytes,
+        reasoning_echo_max_bytes=args.reasoning_echo_max_bytes,
         send_timeout_secs=args.send_timeout_secs,
         shutdown_timeout_secs=args.shutdown_timeout_secs,
         body_timeout_secs=args.body_timeout_secs,
@@ -324,7 +322,7 @@ def _serve(prog: str, argv: Sequence[str]) -> int:
     try:
         parser = build_parser(prog, environ)
         args = parser.parse_args(argv)
-        settings = settings_from_args(args, environ)
+        settings = settings_from_args(args)
     except ConfigError as exc:
         print(f"{prog}: error: {exc.message}", file=sys.stderr)
         return 2
@@ -366,7 +364,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args[0] == "serve":
         return _serve("mlxcel serve", args[1:])
     if args[0] == "fetch-model":
-        from mlxcel.model.fetch import main as fetch_main
+        from mlxcel.model.provision.fetch import main as fetch_main
 
         return int(fetch_main(args[1:]))
     print(f"mlxcel: unknown command {args[0]!r} (commands: {commands})", file=sys.stderr)

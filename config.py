@@ -5,21 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from mlxcel.actors.limits import StoreLimits
 from mlxcel.errors import ConfigError
-from mlxcel.model.tool_parsers import PARSERS
 
-
-@dataclass(frozen=True, slots=True)
-class StoreLimits:
-    """Bounds of one store (responses or conversations); see the spec's Store flags."""
-
-    max_entries: int
-    max_bytes: int
-    ttl_secs: float
-
-    @property
-    def enabled(self) -> bool:
-        return self.max_entries > 0
+__all__ = ["Settings", "StoreLimits"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,7 +30,8 @@ class Settings:
     """KV states kept for reuse by later prompts that start alike, plus the live
     sequences' own, in bytes; 0 disables the prompt cache."""
     tool_call_parser: str | None = None
-    """The model's tool-call format; None picks it from the chat template."""
+    """The model's tool-call format; None picks it from the chat template. The name is
+    checked where the parser is picked (`mlxcel.app`), so settings need no parser import."""
     sse_keepalive_secs: float = 10.0
     api_keys: tuple[str, ...] = ()
     responses: StoreLimits = StoreLimits(1024, 268_435_456, 3600)
@@ -85,11 +75,7 @@ class Settings:
             (self.body_timeout_secs > 0, "--body-timeout-secs must be positive"),
             (self.read_timeout_secs > 0, "--read-timeout-secs must be positive"),
             (self.max_connections >= 1, "--max-connections must be at least 1"),
-            (self.reasoning_echo_max_bytes >= 0, "MLXCEL_REASONING_ECHO_MAX_BYTES must be >= 0"),
-            (
-                self.tool_call_parser is None or self.tool_call_parser in PARSERS,
-                f"--tool-call-parser must be one of {', '.join(PARSERS)}",
-            ),
+            (self.reasoning_echo_max_bytes >= 0, "--reasoning-echo-max-bytes must be >= 0"),
         ]
         for ok, message in checks:
             if not ok:

@@ -155,7 +155,9 @@ class ResponseError:
     message: str
 
 
-_TEXT_FORMAT_DEFAULT: JsonValue = {"format": {"type": "text"}}
+def _text_format_default() -> JsonValue:
+    """A fresh `{"format": {"type": "text"}}` each time: echoes never share one dict."""
+    return {"format": {"type": "text"}}
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,7 +181,7 @@ class RequestEcho:
     tool_choice: JsonValue = "auto"
     tools: tuple[JsonValue, ...] = ()
     parallel_tool_calls: bool = True
-    text: JsonValue = field(default_factory=lambda: _TEXT_FORMAT_DEFAULT)
+    text: JsonValue = field(default_factory=_text_format_default)
     reasoning: JsonValue = None
     truncation: str = "disabled"
     user: str | None = None

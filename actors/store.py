@@ -20,6 +20,7 @@ from typing import TypeVar
 import trio
 from cachetools import TTLCache
 
+from mlxcel.actors.limits import StoreLimits
 from mlxcel.actors.messages import (
     AddItems,
     ChangeConversation,
@@ -37,7 +38,6 @@ from mlxcel.actors.messages import (
     Table,
     TableStatistics,
 )
-from mlxcel.config import StoreLimits
 from mlxcel.errors import NotFound
 from mlxcel.items import Conversation, Item, ResponseRecord, is_minted_conversation_id
 

@@ -19,8 +19,8 @@ from pathlib import Path
 
 from prompts import TokenCounter, make_prompt
 
-from mlxcel.model.blas import describe, load_fast_blas
-from mlxcel.model.fetch import default_model_dir, is_ready
+from mlxcel.model.provision.blas import describe, load_fast_blas
+from mlxcel.model.provision.fetch import default_model_dir, is_ready
 
 
 def main() -> int:

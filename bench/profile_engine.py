@@ -20,8 +20,9 @@ from typing import Any
 
 from prompts import TokenCounter, make_prompt
 
-from mlxcel.model.blas import describe, load_fast_blas
-from mlxcel.model.fetch import default_model_dir, is_ready
+from mlxcel.config import Settings
+from mlxcel.model.provision.blas import describe, load_fast_blas
+from mlxcel.model.provision.fetch import default_model_dir, is_ready
 
 
 def cumulative(stats: pstats.Stats, name: str, file_part: str) -> float:
@@ -52,7 +53,14 @@ def main() -> int:
     print("|  N | steps | wall s | in BatchGenerator.next | our Python per step | share |")
     print("|---:|------:|-------:|-----------------------:|--------------------:|------:|")
     for n in levels:
-        loaded = load_mlx_model(path, name=path.name, max_batch=n, prefill_step_size=256, blas=blas)
+        loaded = load_mlx_model(
+            path,
+            name=path.name,
+            max_batch=n,
+            prefill_step_size=256,
+            blas=blas,
+            prompt_cache_bytes=Settings().prompt_cache_bytes,
+        )
         engine = loaded.engine
         sampling = Sampling(temperature=0.0, max_tokens=args.max_tokens)
         for i in range(n):

@@ -69,7 +69,7 @@ def parse_levels(text: str) -> list[int]:
 
 def default_model_dir() -> Path | None:
     try:
-        fetch = importlib.import_module("mlxcel.model.fetch")
+        fetch = importlib.import_module("mlxcel.model.provision.fetch")
     except ImportError:
         return None
     return Path(fetch.default_model_dir())

@@ -23,10 +23,10 @@ from typing import Any
 
 from mlxcel.generation import ModelInfo, Sampling, SequenceSpec, TokenStep
 from mlxcel.items import TokenLogprob
-from mlxcel.model.blas import BlasInfo
 from mlxcel.model.constrained import GrammarCompiler
 from mlxcel.model.engine import LoadedModel
 from mlxcel.model.prompt import TemplateCodec
+from mlxcel.model.provision.blas import BlasInfo
 from mlxcel.model.tool_parsers import detect_parser
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # weights are local; never reach for a hub
@@ -202,12 +202,12 @@ def load_mlx_model(
     max_batch: int,
     prefill_step_size: int,
     blas: BlasInfo,
+    prompt_cache_bytes: int,
     ctx_size: int | None = None,
-    prompt_cache_bytes: int = 2 * 1024**3,
 ) -> LoadedModel:
     """Load a local MLX model folder and wrap it as an engine (on the model thread).
 
-    `prompt_cache_bytes` bounds the KV states kept for reuse plus those of the live
+    `prompt_cache_bytes` (the server's `--prompt-cache-bytes`) bounds the KV states kept for reuse plus those of the live
     sequences (as `mlx_lm.server --prompt-cache-bytes` does); 0 disables the cache."""
     model, tokenizer = load(str(path))[:2]
     generator = BatchGenerator(

@@ -15,7 +15,7 @@ from mlxcel.errors import ConfigError
 
 def settings(argv: list[str], env: dict[str, str] | None = None) -> Settings:
     environ = env or {}
-    return settings_from_args(build_parser("t", environ).parse_args(argv), environ)
+    return settings_from_args(build_parser("t", environ).parse_args(argv))
 
 
 def test_defaults_match_the_spec() -> None:
@@ -32,6 +32,11 @@ def test_defaults_match_the_spec() -> None:
     assert s.background_ephemeral_ttl_secs == 600
     assert s.reasoning_echo_max_bytes == 16 * 1024 * 1024
     assert s.model is None
+
+
+def test_every_default_is_the_settings_own() -> None:
+    assert settings([]) == Settings()
+    assert settings([], {"MLXCEL_LOG_LEVEL": "debug"}) == Settings()
 
 
 def test_flags_and_short_aliases() -> None:
@@ -100,6 +105,28 @@ def test_prompt_cache_bytes_from_flag_or_environment() -> None:
     assert settings(["--prompt-cache-bytes", "0"], env).prompt_cache_bytes == 0  # disabled
 
 
+def test_reasoning_echo_budget_from_flag_or_environment() -> None:
+    env = {"MLXCEL_REASONING_ECHO_MAX_BYTES": "1000"}
+    assert settings([], env).reasoning_echo_max_bytes == 1000
+    assert settings(["--reasoning-echo-max-bytes", "0"], env).reasoning_echo_max_bytes == 0
+    with pytest.raises(ConfigError, match="MLXCEL_REASONING_ECHO_MAX_BYTES"):
+        settings([], {"MLXCEL_REASONING_ECHO_MAX_BYTES": "lots"})
+
+
+def test_an_unknown_tool_call_parser_stops_start_up() -> None:
+    # Checked where the parser is picked, before the model is resolved or loaded.
+    assert settings(["--tool-call-parser", "xml"]).tool_call_parser == "xml"
+    exe = Path(sys.executable).with_name("mlxcel-server")
+    result = subprocess.run(
+        [str(exe), "--tool-call-parser", "xml", "--model", "/nonexistent"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 2
+    assert "error: --tool-call-parser must be one of hermes, mistral" in result.stderr
+
+
 def test_zero_disables_background_mode() -> None:
     assert settings([]).background_enabled
     for flag in ("--max-jobs", "--responses-store-max-entries", "--responses-store-max-bytes"):
@@ -114,7 +141,9 @@ def test_zero_disables_background_mode() -> None:
         ["--responses-store-max-entries", "-1"],
         ["--port", "70000"],
         ["--prompt-cache-bytes", "-1"],
-        ["--tool-call-parser", "xml"],
+        ["--responses-store-ttl-secs", "-1"],
+        ["--conversation-store-ttl-secs", "nan"],
+        ["--reasoning-echo-max-bytes", "-1"],
     ],
 )
 def test_invalid_values_fail_start_up_with_a_clear_message(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import tomllib
@@ -40,3 +41,13 @@ def test_every_source_folder_is_an_installed_package() -> None:
         for path in (ROOT / top).rglob("*.py")
     }
     assert {".".join(("mlxcel", *folder.parts)) for folder in folders} <= listed
+
+
+def test_settings_load_no_layer() -> None:
+    """Settings are plain values: reading them pulls in no actor, model or HTTP code."""
+    code = "import json, sys, mlxcel.config; print(json.dumps(sorted(sys.modules)))"
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    loaded = {name for name in json.loads(out.stdout) if name.startswith("mlxcel.")}
+    assert loaded == {"mlxcel.actors", "mlxcel.actors.limits", "mlxcel.config", "mlxcel.errors"}

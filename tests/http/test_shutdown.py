@@ -18,10 +18,10 @@ import trio
 from mlxcel.app import serve
 from mlxcel.config import Settings
 from mlxcel.model.fake import FakeEngine, fake_factory
-from mlxcel.model.fetch import ensure_tiny_model
 from mlxcel.prepare.intake import ModelNames
 
 from support import free_port
+from tiny_model import ensure_tiny_model
 
 LONG = "echo: " + " ".join(["w"] * 1500)  # 15 s at 10 ms a step
 

@@ -13,7 +13,7 @@ def tokenizer() -> Any:
     """The default model's real tokenizer (the test command fetches the model first)."""
     from tokenizers import Tokenizer
 
-    from mlxcel.model.fetch import default_model_dir, is_ready
+    from mlxcel.model.provision.fetch import default_model_dir, is_ready
 
     path = default_model_dir()
     assert is_ready(path), "the default model is missing: run `mlxcel fetch-model` first"

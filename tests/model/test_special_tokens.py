@@ -12,8 +12,9 @@ from typing import Any
 import pytest
 
 from mlxcel.items import FunctionCall, FunctionCallOutput, InputText, Item, Message, OutputText
-from mlxcel.model.fetch import ensure_tiny_model
 from mlxcel.model.prompt import ChatMessage, TemplateCodec, to_chat
+
+from tiny_model import ensure_tiny_model
 
 pytestmark = pytest.mark.mlx
 

@@ -130,7 +130,7 @@ def test_the_template_wins_over_the_model_type(model_type: str) -> None:
 
 
 def test_the_default_model_template_is_hermes() -> None:
-    from mlxcel.model.fetch import default_model_dir, is_ready
+    from mlxcel.model.provision.fetch import default_model_dir, is_ready
 
     path = default_model_dir()
     if not is_ready(path):

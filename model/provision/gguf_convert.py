@@ -4,7 +4,7 @@ Why not ``mlx_lm.convert``: it wants Hugging Face safetensors (and the usual
 route from GGUF goes through torch). Here the ``gguf`` package dequantises in
 numpy, tensor names are mapped to the Hugging Face / mlx-lm names, and the
 tokenizer is rebuilt from the vocabulary stored in the GGUF
-(:mod:`mlxcel.model.gguf_tokenizer`), so the folder is self-contained.
+(:mod:`mlxcel.model.provision.gguf_tokenizer`), so the folder is self-contained.
 
 Weights are streamed into a single ``model.safetensors`` one tensor at a
 time, so peak memory is about one dequantised tensor, not the whole model.
@@ -30,7 +30,12 @@ from gguf import GGUFReader, ReaderTensor
 from gguf.quants import dequantize
 from tqdm import tqdm  # type: ignore[import-untyped, unused-ignore]
 
-from mlxcel.model.gguf_tokenizer import TokenizerFacts, build_tokenizer, field, tokenizer_config
+from mlxcel.model.provision.gguf_tokenizer import (
+    TokenizerFacts,
+    build_tokenizer,
+    field,
+    tokenizer_config,
+)
 
 log = logging.getLogger(__name__)
 
