@@ -188,7 +188,7 @@ class ResponseBuilder:
             events += self._open_message()
         events += self._close_message(status)
         for index in sorted(self._calls):
-            events += self._close_call(index, self._calls[index].item.arguments, "incomplete")
+            events += self._close_call(index, self._calls[index].sent, "incomplete")
         self._record = dataclasses.replace(
             self._record,
             status=status,

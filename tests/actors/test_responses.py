@@ -487,6 +487,22 @@ def test_a_namespaced_call_is_split_back_into_namespace_and_name() -> None:
     assert record.output == (item.done,)
 
 
+def test_finish_closes_a_call_the_parser_left_open_with_the_arguments_streamed(
+    script: Script,
+) -> None:
+    script[:] = [[CallOpened(0, "f"), CallArguments(0, '{"a": ')]]
+    b = builder()
+    events = b.start() + feed(b, ["x"])
+    closing, record = b.finish("length")
+    items = replay(events + closing)  # the call is done with '{"a": ', what its deltas said
+    assert statuses(items) == [(FunctionCall, "incomplete"), (Message, "incomplete")]
+    assert isinstance(items[0].done, FunctionCall)
+    assert items[0].done.arguments == '{"a": '
+    # A reply whose call did not complete still answers with a (here empty) message.
+    assert record.output == (items[1].done,)
+    assert record.status == "incomplete"
+
+
 # --- how a response ends ---------------------------------------------------------
 
 
