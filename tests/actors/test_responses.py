@@ -667,6 +667,23 @@ def test_usage_counts_every_step_and_the_cache_hits_of_the_first() -> None:
     assert record.usage.total_tokens == 10
 
 
+@pytest.mark.parametrize(
+    ("pieces", "reasoning"),
+    [
+        # Tokens before the reply shows whether it opens a trace (nothing decodable yet,
+        # layout, a prefix of `<think>`) are counted once it does, and only if it does.
+        pytest.param(["", "\n", "<", "b>hi</b>"], 0, id="answer"),
+        pytest.param(["", "\n", "<", "think>", "x", "</think>", "y"], 6, id="trace"),
+        pytest.param(["", "<"], 0, id="undecided-at-the-end"),
+    ],
+)
+def test_reasoning_tokens_are_the_tokens_of_the_trace(pieces: list[str], reasoning: int) -> None:
+    b = plain()
+    feed(b, pieces)
+    _, record = b.finish("stop")
+    assert record.usage == Usage(7, len(pieces), 0, reasoning)
+
+
 def lp(token: str, value: float) -> TokenLogprob:
     return TokenLogprob(token, value, ((token, value), ("x", value - 1)))
 
