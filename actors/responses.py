@@ -99,6 +99,7 @@ class ResponseBuilder:
         self._tokens = 0
         self._cached_tokens = 0  # prompt tokens reused from the prefix cache
         self._reasoning_tokens = 0
+        self._undecided_tokens = 0  # tokens before the reply shows whether it reasons
         # Log-probabilities of tokens whose text the detokenizer has not released yet.
         self._pending_logprobs: list[TokenLogprob] = []
         self._compaction = compaction
@@ -129,8 +130,13 @@ class ResponseBuilder:
         self._tokens += 1
         was_reasoning = self._splitter.reasoning
         pieces = self._splitter.feed(step.text) if step.text else []
-        if was_reasoning and not any(isinstance(p, AnswerPiece) for p in pieces):
-            self._reasoning_tokens += 1
+        if self._splitter.undecided:
+            self._undecided_tokens += 1  # reasoning only if the reply opens a trace
+        elif was_reasoning and not any(isinstance(p, AnswerPiece) for p in pieces):
+            self._reasoning_tokens += 1 + self._undecided_tokens
+            self._undecided_tokens = 0
+        else:
+            self._undecided_tokens = 0
         if step.logprob is not None:
             self._pending_logprobs.append(step.logprob)
         return self._pieces(pieces)
@@ -186,7 +192,7 @@ class ResponseBuilder:
             events += self._open_message()
         events += self._close_message(status)
         for index in sorted(self._calls):
-            events += self._close_call(index, self._calls[index].item.arguments, "incomplete")
+            events += self._close_call(index, self._calls[index].sent, "incomplete")
         self._record = dataclasses.replace(
             self._record,
             status=status,

@@ -38,6 +38,11 @@ class ReasoningSplitter:
         """True while the text being produced is (or may still be) reasoning."""
         return self._state != "answer"
 
+    @property
+    def undecided(self) -> bool:
+        """True while the reply may still turn out to open a trace, or not."""
+        return self._state == "start"
+
     def feed(self, text: str) -> list[Piece]:
         self._buffer += text
         out: list[Piece] = []
