@@ -61,6 +61,7 @@ from mlxcel.actors.messages import (
     ToolUse,
 )
 from mlxcel.actors.responses import ResponseBuilder
+from mlxcel.generation import TokenStep
 from mlxcel.http.sse import KEEPALIVE_FRAME, SseEncoder, event_json
 from mlxcel.items import (
     Compaction,
@@ -74,7 +75,6 @@ from mlxcel.items import (
     TokenLogprob,
     Usage,
 )
-from mlxcel.model.engine import TokenStep
 
 SDK_EVENT: TypeAdapter[ResponseStreamEvent] = TypeAdapter(ResponseStreamEvent)
 
