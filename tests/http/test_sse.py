@@ -58,10 +58,9 @@ from mlxcel.actors.messages import (
     ResponseFinished,
     ResponseInProgress,
     StreamError,
-    ToolUse,
 )
 from mlxcel.actors.responses import ResponseBuilder
-from mlxcel.generation import TokenStep
+from mlxcel.generation import TokenStep, ToolUse
 from mlxcel.http.sse import KEEPALIVE_FRAME, SseEncoder, event_json
 from mlxcel.items import (
     Compaction,
