@@ -9,13 +9,12 @@ describes exactly what the routes validate. Response bodies are described loosel
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
-from quart import Quart, Response
+from quart import Quart
 
 from mlxcel import __version__
 from mlxcel.http.schemas import (
@@ -26,9 +25,6 @@ from mlxcel.http.schemas import (
     CreateResponseBody,
     InputTokensBody,
 )
-
-Route = Callable[..., Callable[[Any], Any]]
-JsonResponse = Callable[..., Response]
 
 SCHEMAS = "#/components/schemas/"
 _RULE_ARGUMENT = re.compile(r"<(?:[^<>:]+:)?([^<>]+)>")
@@ -211,18 +207,6 @@ _RETRY_AFTER = {
 }
 
 
-def register_openapi(route: Route, app: Quart, json_response: JsonResponse) -> None:
-    """Mount `/openapi.json` (with and without `/v1`) through `route`; the document is
-    built from `app`'s URL map on first request, once every route is mounted."""
-    built: list[dict[str, Any]] = []
-
-    @route("/openapi.json", methods=["GET"])
-    async def openapi_document() -> Response:
-        if not built:
-            built.append(openapi_document_for(app))
-        return json_response(built[0])
-
-
 def openapi_document_for(app: Quart) -> dict[str, Any]:
     """The OpenAPI 3.1 document of every route `app` mounts."""
     paths: dict[str, dict[str, Any]] = {}
@@ -265,7 +249,7 @@ def _body_schemas() -> dict[str, Any]:
 
 
 def _operation(endpoint: str, arguments: list[str]) -> dict[str, Any]:
-    view = endpoint.removeprefix("v1_")
+    view = endpoint.rsplit(".", 1)[-1]  # blueprint.view
     known = OPERATIONS.get(view)
     op = known or Operation(view.replace("_", " ").capitalize(), "other", "A JSON object.")
     parameters = [

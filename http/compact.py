@@ -1,0 +1,84 @@
+"""`POST /v1/responses/compact`: a history becomes its kept system messages, its newest
+turns and one `compaction` item."""
+
+from __future__ import annotations
+
+import time
+
+from quart import Blueprint, Response
+
+from mlxcel.errors import ContextLengthExceeded, InvalidRequest, ModelNotFound
+from mlxcel.http.body import read_model
+from mlxcel.http.handles import handles, json_response
+from mlxcel.http.objects import item_json, usage_json
+from mlxcel.http.schemas import CompactBody, to_items
+from mlxcel.items import Item, new_id
+from mlxcel.prepare.compaction import Compactor, check_reduction, rendered_tokens
+from mlxcel.prepare.intake import input_items, read_history
+from mlxcel.prepare.limits import check_item_count
+from mlxcel.prepare.offload import off_loop
+
+compact = Blueprint("compact", __name__)
+
+
+@compact.post("/responses/compact")
+async def compact_history() -> Response:
+    body = await read_model(CompactBody)
+    h = handles()
+    if not h.names.matches(body.model):
+        raise ModelNotFound(body.model, [h.names.alias])
+    info, codec = h.model.info, h.model.codec
+    _check(body, info.context_length)
+    history = await read_history(body, h.store)
+    raw = await off_loop(to_items, body.input)
+    items = history + await off_loop(
+        input_items, raw, body.instructions, None, history, info.context_length
+    )
+    before = await off_loop(rendered_tokens, codec, items)
+    if before > info.context_length:
+        raise ContextLengthExceeded(
+            f"The history is {before} tokens, longer than the {info.context_length}-token "
+            "context window, so it cannot be summarised in one pass."
+        )
+    compacted = await Compactor(h.scheduler, codec, info, h.names.alias).compact(
+        items,
+        instructions=body.instructions,
+        keep_tokens=body.keep_tokens,
+        max_output_tokens=body.max_output_tokens,
+    )
+    output: tuple[Item, ...] = (*compacted.kept, *compacted.item.preserved, compacted.item)
+    after = await off_loop(rendered_tokens, codec, output)
+    check_reduction(before, after, info.context_length)
+    return json_response(
+        {
+            "id": new_id("resp"),
+            "object": "response.compaction",
+            "created_at": int(time.time()),
+            "model": body.model,
+            "output": [item_json(i) for i in output],
+            "usage": usage_json(compacted.usage),
+        }
+    )
+
+
+def _check(body: CompactBody, context_length: int) -> None:
+    """The 400s a compaction body can earn before any work on its history."""
+    if body.stream:
+        raise InvalidRequest(
+            "Compaction does not stream.", param="stream", code="unsupported_value"
+        )
+    if body.conversation is not None:
+        raise InvalidRequest(
+            "Compaction takes its history from 'input' or 'previous_response_id', "
+            "not from a conversation.",
+            param="conversation",
+            code="unsupported_parameter",
+        )
+    check_item_count(body.input, context_length)
+    if body.keep_tokens is not None and body.keep_tokens >= context_length:
+        raise InvalidRequest(
+            f"'keep_tokens' must be below the {context_length}-token context window: "
+            "the preserved turns and the summary must fit it together.",
+            param="keep_tokens",
+            code="invalid_value",
+        )

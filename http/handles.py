@@ -1,0 +1,57 @@
+"""What every blueprint shares: the handles of the actors behind the API, stored on the
+app when it is made, and the one way a JSON answer leaves the server."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import trio
+from quart import Quart, Response, current_app
+
+from mlxcel.actors.echo import EchoHandle
+from mlxcel.actors.jobs import JobsHandle
+from mlxcel.actors.scheduler import SchedulerHandle
+from mlxcel.actors.store import StoreHandle
+from mlxcel.generation import ModelView
+from mlxcel.prepare.intake import ModelNames
+
+_KEY = "mlxcel"
+
+
+@dataclass(frozen=True, slots=True)
+class Handles:
+    """What the routes talk to."""
+
+    model: ModelView
+    scheduler: SchedulerHandle
+    store: StoreHandle
+    jobs: JobsHandle
+    echo: EchoHandle
+    names: ModelNames
+    background_enabled: bool = True
+    api_keys: tuple[str, ...] = ()
+    stopping: trio.Event = dataclasses.field(default_factory=trio.Event)
+    """Set on shutdown: no new generation starts."""
+    started: int = dataclasses.field(default_factory=lambda: int(time.time()))
+    """When the server started (the model's `created`)."""
+
+
+def install(app: Quart, handles: Handles) -> None:
+    app.extensions[_KEY] = handles
+
+
+def handles() -> Handles:
+    """The handles of the app serving the current request."""
+    found: Handles = current_app.extensions[_KEY]
+    return found
+
+
+def json_response(body: Any, status: int = 200) -> Response:
+    # Strict JSON out, as in: a NaN would break every strict parser (a ValueError here is
+    # a bug, answered as a 500 and logged).
+    data = json.dumps(body, allow_nan=False)
+    return Response(data, status=status, content_type="application/json")

@@ -1,0 +1,91 @@
+"""`POST /v1/responses` and `/v1/responses/input_tokens`: body → prepare → one command.
+
+Synchronous requests wait for the final record; streaming ones are a dumb pipe from the
+response stream to SSE frames; background ones answer their `queued` record at once.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from quart import Blueprint, Response
+
+from mlxcel.actors.messages import ResponseCreated
+from mlxcel.errors import InvalidRequest, ModelNotFound
+from mlxcel.http.body import read_model
+from mlxcel.http.handles import Handles, handles, json_response
+from mlxcel.http.objects import response_json
+from mlxcel.http.params import response_params
+from mlxcel.http.schemas import CreateResponseBody, InputTokensBody
+from mlxcel.http.streaming import EventStreamBody, bind_to_exchange
+from mlxcel.prepare.context_management import build_compacted
+from mlxcel.prepare.intake import build_request, intake_items, read_history, render
+from mlxcel.prepare.limits import check_item_count
+from mlxcel.prepare.offload import off_loop
+
+responses = Blueprint("responses", __name__)
+
+
+@responses.post("/responses")
+async def create_response() -> Response:
+    body = await read_model(CreateResponseBody)
+    h = handles()
+    info, codec = h.model.info, h.model.codec
+    check_item_count(body.input, info.context_length)
+    if body.background:
+        _check_background(h, body)
+    params = await off_loop(response_params, body)
+    history = await read_history(params, h.store)
+    items = await intake_items(params, history, info.context_length, h.names.alias, h.echo)
+    compact = functools.partial(
+        build_compacted, h.scheduler, h.names, info, codec, params, history, items
+    )
+    compacts = params.compact_threshold is not None
+    if compacts and not params.background:
+        generation = await compact()
+    else:  # a background job compacts when its turn comes
+        build = functools.partial(build_request, fits=not compacts)
+        generation = await off_loop(build, params, h.names, info, codec, history, items)
+    if params.background:
+        later = functools.partial(compact, waits=True) if compacts else None
+        return json_response(response_json(await h.jobs.submit(generation, later)))
+    if not body.stream:
+        return json_response(response_json(await h.scheduler.generate(generation)))
+    stream = h.scheduler.stream(generation)
+    bind_to_exchange(stream)
+    await stream.submit()  # 503 when full
+    return Response(
+        EventStreamBody(ResponseCreated(generation.record), stream),
+        content_type="text/event-stream",
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+    )
+
+
+@responses.post("/responses/input_tokens")
+async def count_input_tokens() -> Response:
+    body = await read_model(InputTokensBody)
+    h = handles()
+    if body.model is not None and not h.names.matches(body.model):
+        raise ModelNotFound(body.model, [h.names.alias])
+    info, codec = h.model.info, h.model.codec
+    check_item_count(body.input, info.context_length)
+    params = await off_loop(response_params, body, model=h.names.alias)
+    history = await read_history(params, h.store)
+    items = await intake_items(params, history, info.context_length, h.names.alias, h.echo)
+    _, prompt = await off_loop(render, params, history, codec, items)
+    return json_response({"object": "response.input_tokens", "input_tokens": len(prompt)})
+
+
+def _check_background(h: Handles, body: CreateResponseBody) -> None:
+    if body.stream:
+        raise InvalidRequest(
+            "'background' cannot be combined with 'stream'.", param="stream", code="invalid_value"
+        )
+    if not h.background_enabled:
+        raise InvalidRequest(
+            "Background mode is disabled on this server: it needs the response store and a "
+            "job cap above 0 (--responses-store-max-entries, --responses-store-max-bytes, "
+            "--responses-background-max-jobs).",
+            param="background",
+            code="background_disabled",
+        )

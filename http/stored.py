@@ -1,0 +1,77 @@
+"""Stored responses: retrieve, delete, cancel and list input items."""
+
+from __future__ import annotations
+
+from quart import Blueprint, Response, request
+
+from mlxcel.actors.messages import Table
+from mlxcel.errors import InvalidRequest, NotFound
+from mlxcel.http.handles import Handles, handles, json_response
+from mlxcel.http.objects import item_json, response_json
+from mlxcel.http.schemas import list_page
+from mlxcel.items import ResponseRecord
+
+stored = Blueprint("stored", __name__)
+
+
+@stored.get("/responses/<response_id>")
+async def retrieve_response(response_id: str) -> Response:
+    return json_response(response_json(await _stored(handles(), response_id)))
+
+
+@stored.delete("/responses/<response_id>")
+async def delete_response(response_id: str) -> Response:
+    h = handles()
+    record = await _stored(h, response_id)
+    if record.status in ("queued", "in_progress"):
+        raise InvalidRequest(
+            f"Response '{response_id}' has not finished (status: {record.status}); "
+            "cancel it first.",
+            param="response_id",
+            code="response_not_finished",
+        )
+    await h.store.delete(response_id, Table.RESPONSES)
+    await h.store.delete(response_id, Table.EPHEMERAL)
+    return json_response({"id": response_id, "object": "response.deleted", "deleted": True})
+
+
+@stored.post("/responses/<response_id>/cancel")
+async def cancel_response(response_id: str) -> Response:
+    h = handles()
+    _check_response_id(h, response_id)
+    record = await h.jobs.cancel(response_id)
+    if record is None:
+        record = await h.scheduler.cancel(response_id)
+    if record is None:
+        record = await _stored(h, response_id)
+    return json_response(response_json(record))
+
+
+@stored.get("/responses/<response_id>/input_items")
+async def list_input_items(response_id: str) -> Response:
+    record = await _stored(handles(), response_id)
+    page = list_page([item_json(i) for i in record.input_items], request.args)
+    return json_response(page)
+
+
+def _check_response_id(h: Handles, response_id: str) -> None:
+    if not h.store.responses_limits.enabled:
+        raise InvalidRequest(
+            "Response storage is disabled on this server (--responses-store-max-entries 0).",
+            code="storage_disabled",
+        )
+    if not response_id.startswith("resp_"):
+        raise InvalidRequest(
+            f"Invalid 'response_id': {response_id[:64]!r}. Expected an id that begins with "
+            "'resp_'.",
+            param="response_id",
+            code="invalid_value",
+        )
+
+
+async def _stored(h: Handles, response_id: str) -> ResponseRecord:
+    _check_response_id(h, response_id)
+    record = await h.store.get(response_id)
+    if record is None:
+        raise NotFound(f"Response with id '{response_id}' not found.", code="not_found")
+    return record
