@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import trio
 
+from mlxcel.errors import MlxcelError
 from mlxcel.generation import GenerationRequest
 from mlxcel.items import (
     ContentPart,
@@ -103,11 +104,29 @@ SchedulerCommand = (
 
 
 @dataclass(frozen=True, slots=True)
+class JobAdmitted:
+    """The job is in: its `queued` record, already pinned in the store."""
+
+    record: ResponseRecord
+
+
+@dataclass(frozen=True, slots=True)
+class JobRefused:
+    """The job was not admitted (the job cap, or the byte budget of active jobs)."""
+
+    error: MlxcelError
+    """What the submitter raises (`RateLimited`: 429)."""
+
+
+JobAdmission = JobAdmitted | JobRefused
+
+
+@dataclass(frozen=True, slots=True)
 class SubmitJob:
-    """Admit a background job; the reply is its `queued` record, or the refusal."""
+    """Admit a background job; the reply says whether it was admitted."""
 
     request: GenerationRequest
-    reply: trio.MemorySendChannel[ResponseRecord | Exception]
+    reply: trio.MemorySendChannel[JobAdmission]
     prepare: Callable[[], Awaitable[GenerationRequest]] | None = None
     """Work out the request anew when its turn comes (compaction); `request` then only
     reserves its place."""
