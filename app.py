@@ -1,5 +1,5 @@
-"""The root nursery: store → model → scheduler → HTTP, each started when the one before
-is ready, and all stopped together.
+"""The root nursery: store → echo → model → scheduler → jobs → HTTP, each started when
+the one before is ready, and all stopped together.
 """
 
 from __future__ import annotations
@@ -41,8 +41,8 @@ async def serve(
     shutdown: trio.Event | None = None,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Run every actor (store → model → scheduler → jobs → HTTP) until cancelled, or until
-    `shutdown` is set and the drain is over; reports the HTTP URLs once listening.
+    """Run every actor (store → echo → model → scheduler → jobs → HTTP) until cancelled,
+    or until `shutdown` is set and the drain is over; reports the HTTP URLs once listening.
 
     Resource handling: every actor lives in this one nursery, so cancelling it (a second
     signal, a test leaving its scope) stops them all; the model thread closes its engine.

@@ -23,7 +23,10 @@ import trio
 from mlxcel.actors.messages import (
     CancelJob,
     EndJobs,
+    JobAdmission,
+    JobAdmitted,
     JobCommand,
+    JobRefused,
     ResponseFinished,
     ResponseInProgress,
     SubmitJob,
@@ -57,12 +60,13 @@ class JobsHandle:
     ) -> ResponseRecord:
         """Admit a job: its `queued` record, or `RateLimited` (429). With `prepare`, the
         request is worked out anew when the job starts (a failure there fails the job)."""
-        send, recv = trio.open_memory_channel[ResponseRecord | Exception](1)
+        send, recv = trio.open_memory_channel[JobAdmission](1)
         await self._inbox.send(SubmitJob(request, send, prepare))
-        answer = await recv.receive()
-        if isinstance(answer, Exception):
-            raise answer
-        return answer
+        match await recv.receive():
+            case JobAdmitted(record):
+                return record
+            case JobRefused(error):
+                raise error
 
     async def cancel(self, response_id: str) -> ResponseRecord | None:
         """Cancel an active job; its final record once stored, or None if not active."""
@@ -137,27 +141,31 @@ class JobSupervisor:
         request: GenerationRequest,
         prepare: Callable[[], Awaitable[GenerationRequest]] | None,
         nursery: trio.Nursery,
-    ) -> ResponseRecord | Exception:
+    ) -> JobAdmission:
         queued = dataclasses.replace(request.record, status="queued", usage=Usage())
         size = approx_json_size(queued) + BYTES_PER_OUTPUT_TOKEN * request.sampling.max_tokens
         if len(self._jobs) >= self._max_jobs:
-            return RateLimited(
-                f"Too many background responses are active ({self._max_jobs}); retry after "
-                "one of them ends.",
-                code="rate_limit_exceeded",
+            return JobRefused(
+                RateLimited(
+                    f"Too many background responses are active ({self._max_jobs}); retry "
+                    "after one of them ends.",
+                    code="rate_limit_exceeded",
+                )
             )
         if self._active_bytes + size > self._max_bytes:
-            return RateLimited(
-                "The active background responses already fill the response store's byte "
-                "budget; retry after one of them ends.",
-                code="rate_limit_exceeded",
+            return JobRefused(
+                RateLimited(
+                    "The active background responses already fill the response store's "
+                    "byte budget; retry after one of them ends.",
+                    code="rate_limit_exceeded",
+                )
             )
         job = _Job(dataclasses.replace(request, record=queued), size, prepare)
         self._jobs[queued.id] = job
         self._active_bytes += size
         await self._store.put(queued, Table.ACTIVE)
         nursery.start_soon(self._run_job, job)
-        return queued
+        return JobAdmitted(queued)
 
     def _cancel(
         self, response_id: str, reply: trio.MemorySendChannel[ResponseRecord | None]

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import trio
 
+from mlxcel.errors import MlxcelError
 from mlxcel.generation import GenerationRequest
 from mlxcel.items import (
     ContentPart,
@@ -103,11 +104,29 @@ SchedulerCommand = (
 
 
 @dataclass(frozen=True, slots=True)
+class JobAdmitted:
+    """The job is in: its `queued` record, already pinned in the store."""
+
+    record: ResponseRecord
+
+
+@dataclass(frozen=True, slots=True)
+class JobRefused:
+    """The job was not admitted (the job cap, or the byte budget of active jobs)."""
+
+    error: MlxcelError
+    """What the submitter raises (`RateLimited`: 429)."""
+
+
+JobAdmission = JobAdmitted | JobRefused
+
+
+@dataclass(frozen=True, slots=True)
 class SubmitJob:
-    """Admit a background job; the reply is its `queued` record, or the refusal."""
+    """Admit a background job; the reply says whether it was admitted."""
 
     request: GenerationRequest
-    reply: trio.MemorySendChannel[ResponseRecord | Exception]
+    reply: trio.MemorySendChannel[JobAdmission]
     prepare: Callable[[], Awaitable[GenerationRequest]] | None = None
     """Work out the request anew when its turn comes (compaction); `request` then only
     reserves its place."""
@@ -132,16 +151,29 @@ JobCommand = SubmitJob | CancelJob | EndJobs
 
 
 # --- response events (scheduler -> HTTP) -------------------------------------------
+#
+# Every event names the response it belongs to (`response_id`): the item events carry it
+# as a field, the events that carry the whole record take it from the record. It is for
+# routing and logging inside the server; the SSE frames leave it out (the OpenAI events
+# have no such field), except the `mlx.compaction.*` ones, which always sent it.
 
 
 @dataclass(frozen=True, slots=True)
 class ResponseCreated:
     record: ResponseRecord
 
+    @property
+    def response_id(self) -> str:
+        return self.record.id
+
 
 @dataclass(frozen=True, slots=True)
 class ResponseInProgress:
     record: ResponseRecord
+
+    @property
+    def response_id(self) -> str:
+        return self.record.id
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,12 +195,14 @@ class CompactionCompleted:
 
 @dataclass(frozen=True, slots=True)
 class OutputItemAdded:
+    response_id: str
     output_index: int
     item: Item
 
 
 @dataclass(frozen=True, slots=True)
 class ContentPartAdded:
+    response_id: str
     item_id: str
     output_index: int
     content_index: int
@@ -177,6 +211,7 @@ class ContentPartAdded:
 
 @dataclass(frozen=True, slots=True)
 class OutputTextDelta:
+    response_id: str
     item_id: str
     output_index: int
     content_index: int
@@ -186,6 +221,7 @@ class OutputTextDelta:
 
 @dataclass(frozen=True, slots=True)
 class OutputTextDone:
+    response_id: str
     item_id: str
     output_index: int
     content_index: int
@@ -194,6 +230,7 @@ class OutputTextDone:
 
 @dataclass(frozen=True, slots=True)
 class ContentPartDone:
+    response_id: str
     item_id: str
     output_index: int
     content_index: int
@@ -202,6 +239,7 @@ class ContentPartDone:
 
 @dataclass(frozen=True, slots=True)
 class ReasoningTextDelta:
+    response_id: str
     item_id: str
     output_index: int
     content_index: int
@@ -210,6 +248,7 @@ class ReasoningTextDelta:
 
 @dataclass(frozen=True, slots=True)
 class ReasoningTextDone:
+    response_id: str
     item_id: str
     output_index: int
     content_index: int
@@ -218,6 +257,7 @@ class ReasoningTextDone:
 
 @dataclass(frozen=True, slots=True)
 class FunctionCallArgumentsDelta:
+    response_id: str
     item_id: str
     output_index: int
     delta: str
@@ -225,6 +265,7 @@ class FunctionCallArgumentsDelta:
 
 @dataclass(frozen=True, slots=True)
 class FunctionCallArgumentsDone:
+    response_id: str
     item_id: str
     output_index: int
     arguments: str
@@ -232,6 +273,7 @@ class FunctionCallArgumentsDone:
 
 @dataclass(frozen=True, slots=True)
 class OutputItemDone:
+    response_id: str
     output_index: int
     item: Item
 
@@ -243,11 +285,16 @@ class ResponseFinished:
 
     record: ResponseRecord
 
+    @property
+    def response_id(self) -> str:
+        return self.record.id
+
 
 @dataclass(frozen=True, slots=True)
 class StreamError:
     """A failure after the stream opened; `ResponseFinished` (failed) follows it."""
 
+    response_id: str
     code: str
     message: str
 
@@ -255,6 +302,8 @@ class StreamError:
 @dataclass(frozen=True, slots=True)
 class KeepAlive:
     """Nothing happened for a while (a long prefill); keeps proxies and clients patient."""
+
+    response_id: str
 
 
 ResponseEvent = (

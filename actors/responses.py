@@ -84,6 +84,7 @@ class ResponseBuilder:
         compaction: CompactionReport | None = None,
     ) -> None:
         self._record = dataclasses.replace(record, status="in_progress", output=(), usage=None)
+        self._id = record.id  # every event names its response
         self._prompt_tokens = prompt_tokens
         self._tools = tools
         self._parser = make_parser(tools.parser, tools.names, tools.parameters) if tools else None
@@ -114,12 +115,12 @@ class ResponseBuilder:
         """A slot took the response (the HTTP edge already announced it as created)."""
         events: list[ResponseEvent] = [ResponseInProgress(self._record)]
         if self._compaction is not None:
-            report, response_id = self._compaction, self._record.id
+            report = self._compaction
             events += [
-                CompactionStarted(response_id, report.tokens_before),
-                CompactionCompleted(response_id, report.tokens_before, report.tokens_after),
-                OutputItemAdded(0, report.item),
-                OutputItemDone(0, report.item),
+                CompactionStarted(self._id, report.tokens_before),
+                CompactionCompleted(self._id, report.tokens_before, report.tokens_after),
+                OutputItemAdded(self._id, 0, report.item),
+                OutputItemDone(self._id, 0, report.item),
             ]
         return events
 
@@ -162,9 +163,10 @@ class ResponseBuilder:
             self._reasoning = _OpenMessage(new_id("rs"), len(self._output))
             self._output.append(None)
             item = Reasoning("", id=self._reasoning.id, status="in_progress")
-            events.append(OutputItemAdded(self._reasoning.index, item))
-        self._reasoning.text.append(text)
-        events.append(ReasoningTextDelta(self._reasoning.id, self._reasoning.index, 0, text))
+            events.append(OutputItemAdded(self._id, self._reasoning.index, item))
+        trace = self._reasoning
+        trace.text.append(text)
+        events.append(ReasoningTextDelta(self._id, trace.id, trace.index, 0, text))
         return events
 
     def _close_reasoning(self) -> list[ResponseEvent]:
@@ -175,8 +177,8 @@ class ResponseBuilder:
         item = Reasoning(text, id=open_item.id, status="completed")
         self._output[open_item.index] = item
         return [
-            ReasoningTextDone(open_item.id, open_item.index, 0, text),
-            OutputItemDone(open_item.index, item),
+            ReasoningTextDone(self._id, open_item.id, open_item.index, 0, text),
+            OutputItemDone(self._id, open_item.index, item),
         ]
 
     def finish(self, reason: FinishReason) -> tuple[list[ResponseEvent], ResponseRecord]:
@@ -212,7 +214,7 @@ class ResponseBuilder:
             usage=self._usage(),
             error=ResponseError(code, message),
         )
-        return [StreamError(code, message)], self._record
+        return [StreamError(self._id, code, message)], self._record
 
     def cancel(self) -> ResponseRecord:
         """The record as cancelled; a response that already ended is returned unchanged."""
@@ -253,10 +255,11 @@ class ResponseBuilder:
         events: list[ResponseEvent] = []
         if self._message is None:
             events += self._open_message()
-        assert self._message is not None
-        self._message.text.append(text)
-        self._message.logprobs.extend(logprobs)
-        events.append(OutputTextDelta(self._message.id, self._message.index, 0, text, logprobs))
+        message = self._message
+        assert message is not None
+        message.text.append(text)
+        message.logprobs.extend(logprobs)
+        events.append(OutputTextDelta(self._id, message.id, message.index, 0, text, logprobs))
         return events
 
     def _settle_held(self) -> list[ResponseEvent]:
@@ -278,8 +281,8 @@ class ResponseBuilder:
         self._output.append(None)
         item = Message("assistant", (), id=message.id, status="in_progress")
         return [
-            OutputItemAdded(message.index, item),
-            ContentPartAdded(message.id, message.index, 0, OutputText("")),
+            OutputItemAdded(self._id, message.index, item),
+            ContentPartAdded(self._id, message.id, message.index, 0, OutputText("")),
         ]
 
     def _close_message(self, status: Status) -> list[ResponseEvent]:
@@ -291,9 +294,9 @@ class ResponseBuilder:
         item = Message("assistant", (part,), id=message.id, status=status)
         self._output[message.index] = item
         return [
-            OutputTextDone(message.id, message.index, 0, text),
-            ContentPartDone(message.id, message.index, 0, part),
-            OutputItemDone(message.index, item),
+            OutputTextDone(self._id, message.id, message.index, 0, text),
+            ContentPartDone(self._id, message.id, message.index, 0, part),
+            OutputItemDone(self._id, message.index, item),
         ]
 
     # --- function calls ----------------------------------------------------------
@@ -311,7 +314,8 @@ class ResponseBuilder:
                 call = self._calls[event.index]
                 call.sent += event.delta
                 assert call.item.id is not None
-                events.append(FunctionCallArgumentsDelta(call.item.id, call.index, event.delta))
+                delta = FunctionCallArgumentsDelta(self._id, call.item.id, call.index, event.delta)
+                events.append(delta)
             elif isinstance(event, CallClosed):
                 events += self._close_call(event.index, event.arguments, "completed")
             elif isinstance(event, CallDropped):
@@ -331,7 +335,7 @@ class ResponseBuilder:
         item = FunctionCall(new_id("call"), name, "", new_id("fc"), "in_progress", namespace)
         self._calls[index] = _OpenCall(item, len(self._output))
         self._output.append(None)
-        events.append(OutputItemAdded(self._calls[index].index, item))
+        events.append(OutputItemAdded(self._id, self._calls[index].index, item))
         return events
 
     def _one_call_made(self) -> bool:
@@ -346,12 +350,12 @@ class ResponseBuilder:
         events: list[ResponseEvent] = []
         if arguments.startswith(call.sent) and len(arguments) > len(call.sent):
             rest = arguments[len(call.sent) :]
-            events.append(FunctionCallArgumentsDelta(call.item.id, call.index, rest))
+            events.append(FunctionCallArgumentsDelta(self._id, call.item.id, call.index, rest))
         item = dataclasses.replace(call.item, arguments=arguments, status=status)
         if status == "completed":
             self._output[call.index] = item
-        events.append(FunctionCallArgumentsDone(call.item.id, call.index, arguments))
-        events.append(OutputItemDone(call.index, item))
+        events.append(FunctionCallArgumentsDone(self._id, call.item.id, call.index, arguments))
+        events.append(OutputItemDone(self._id, call.index, item))
         return events
 
     def _usage(self) -> Usage:

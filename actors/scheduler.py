@@ -306,7 +306,8 @@ class Scheduler:
             # Whatever failed while building this response fails it alone.
             log.exception("response %s failed", request.record.id)
             message = "The server had an error while generating this response."
-            return [StreamError("server_error", message)], _failed(request, message)
+            failed = StreamError(request.record.id, "server_error", message)
+            return [failed], _failed(request, message)
         if builder is None:
             builder = ResponseBuilder(request.record, len(request.prompt))
         try:
@@ -328,7 +329,7 @@ class Scheduler:
                     except trio.EndOfChannel:
                         break
                 if idle.cancelled_caught:
-                    await self._send(reply, [KeepAlive()])
+                    await self._send(reply, [KeepAlive(request.record.id)])
                     continue
                 if isinstance(step, SequenceFailed):
                     return builder.fail("server_error", step.message)

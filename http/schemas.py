@@ -1,7 +1,9 @@
-"""The API's shapes at the edge: pydantic models of requests, and the JSON of responses.
+"""The API's shapes at the edge: pydantic models of request bodies, and the cursor page
+(`list_page`) the list endpoints read from their query arguments.
 
 Requests are validated here and turned into plain `mlxcel.items` data; everything past
-this module is free of pydantic. Response JSON follows the `openai` SDK's types.
+this module is free of pydantic. The JSON of responses, items and conversations is
+`http/objects.py`'s.
 """
 
 from __future__ import annotations

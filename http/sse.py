@@ -44,7 +44,10 @@ _FINISHED = {
 
 
 def event_json(event: ResponseEvent) -> dict[str, Any]:
-    """The event's JSON without its sequence number."""
+    """The event's JSON without its sequence number.
+
+    Every event names its response (`response_id`), but the OpenAI events have no such
+    field: only the `mlx.compaction.*` events, which always carried it, send it."""
     match event:
         case ResponseCreated(record):
             return {"type": "response.created", "response": response_json(record)}
@@ -54,53 +57,80 @@ def event_json(event: ResponseEvent) -> dict[str, Any]:
             return {"type": "mlx.compaction.started", **dataclasses.asdict(event)}
         case CompactionCompleted():
             return {"type": "mlx.compaction.completed", **dataclasses.asdict(event)}
-        case OutputItemAdded(index, item):
+        case OutputItemAdded() | OutputItemDone():
+            kind = "added" if isinstance(event, OutputItemAdded) else "done"
             return {
-                "type": "response.output_item.added",
-                "output_index": index,
-                "item": item_json(item),
-            }
-        case OutputItemDone(index, item):
-            return {
-                "type": "response.output_item.done",
-                "output_index": index,
-                "item": item_json(item),
+                "type": f"response.output_item.{kind}",
+                "output_index": event.output_index,
+                "item": item_json(event.item),
             }
         case ContentPartAdded() | ContentPartDone():
             kind = "added" if isinstance(event, ContentPartAdded) else "done"
             return {
                 "type": f"response.content_part.{kind}",
-                "item_id": event.item_id,
-                "output_index": event.output_index,
-                "content_index": event.content_index,
+                **_in_part(event),
                 "part": part_json(event.part),
             }
-        case ReasoningTextDelta() | ReasoningTextDone():
-            kind = "delta" if isinstance(event, ReasoningTextDelta) else "done"
-            return {"type": f"response.reasoning_text.{kind}", **dataclasses.asdict(event)}
-        case OutputTextDelta(item_id, index, content_index, delta, logprobs):
+        case ReasoningTextDelta():
+            return {
+                "type": "response.reasoning_text.delta",
+                **_in_part(event),
+                "delta": event.delta,
+            }
+        case ReasoningTextDone():
+            return {"type": "response.reasoning_text.done", **_in_part(event), "text": event.text}
+        case OutputTextDelta():
             return {
                 "type": "response.output_text.delta",
-                "item_id": item_id,
-                "output_index": index,
-                "content_index": content_index,
-                "delta": delta,
-                "logprobs": [logprob_json(e) for e in logprobs],
+                **_in_part(event),
+                "delta": event.delta,
+                "logprobs": [logprob_json(e) for e in event.logprobs],
             }
         case OutputTextDone():
             return {
                 "type": "response.output_text.done",
-                **dataclasses.asdict(event),
+                **_in_part(event),
+                "text": event.text,
                 "logprobs": [],
             }
-        case FunctionCallArgumentsDelta() | FunctionCallArgumentsDone():
-            kind = "delta" if isinstance(event, FunctionCallArgumentsDelta) else "done"
-            return {"type": f"response.function_call_arguments.{kind}", **dataclasses.asdict(event)}
+        case FunctionCallArgumentsDelta():
+            return {
+                "type": "response.function_call_arguments.delta",
+                **_in_item(event),
+                "delta": event.delta,
+            }
+        case FunctionCallArgumentsDone():
+            return {
+                "type": "response.function_call_arguments.done",
+                **_in_item(event),
+                "arguments": event.arguments,
+            }
         case ResponseFinished(record):
             return {"type": _FINISHED[record.status], "response": response_json(record)}
-        case StreamError(code, message):
+        case StreamError(code=code, message=message):
             return {"type": "error", "code": code, "message": message, "param": None}
     raise AssertionError(event)
+
+
+def _in_item(event: FunctionCallArgumentsDelta | FunctionCallArgumentsDone) -> dict[str, Any]:
+    """Where an event inside an item points: the item and its output index."""
+    return {"item_id": event.item_id, "output_index": event.output_index}
+
+
+def _in_part(
+    event: ContentPartAdded
+    | ContentPartDone
+    | OutputTextDelta
+    | OutputTextDone
+    | ReasoningTextDelta
+    | ReasoningTextDone,
+) -> dict[str, Any]:
+    """Where an event inside a content part points: the item, its index, the part's index."""
+    return {
+        "item_id": event.item_id,
+        "output_index": event.output_index,
+        "content_index": event.content_index,
+    }
 
 
 class SseEncoder:

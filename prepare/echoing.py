@@ -1,4 +1,4 @@
-"""The HTTP edge of the reasoning-echo cache: which turns to restore, and under what key.
+"""The request side of the reasoning-echo cache: which turns to restore, and under what key.
 
 Only requests that resend their own history take part: with `previous_response_id` or a
 `conversation`, the server already holds the reasoning of earlier turns.

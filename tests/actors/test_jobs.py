@@ -101,6 +101,18 @@ async def test_cap_and_bytes(nursery: trio.Nursery) -> None:
         await jobs.submit(job("echo: x", max_tokens=1))
 
 
+async def test_a_job_over_the_cap_is_refused_and_nothing_is_kept(nursery: trio.Nursery) -> None:
+    engine = FakeEngine(step_delay=0.01)
+    jobs, store = await start(nursery, engine, max_jobs=1)
+    first = await jobs.submit(job("echo: " + " ".join(["w"] * 100), max_tokens=100))
+    refused = job("echo: x")
+    with pytest.raises(RateLimited) as caught:
+        await jobs.submit(refused)
+    assert caught.value.code == "rate_limit_exceeded"
+    assert await store.get(refused.record.id) is None
+    assert await store.get(first.id) is not None
+
+
 async def test_oversized_final_object_becomes_a_failed_one(nursery: trio.Nursery) -> None:
     request = job("echo: " + " ".join(["abcdefghijklmnop"] * 60), max_tokens=60)
     queued_size = approx_json_size(

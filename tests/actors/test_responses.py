@@ -204,6 +204,7 @@ _GRAMMAR = {
 def replay(events: Sequence[ResponseEvent]) -> list[Streamed]:
     """The items a stream describes, by output index, checked against the grammar."""
     items: list[Streamed] = []
+    assert len({e.response_id for e in events}) <= 1, "every event names the one response"
 
     def at(index: int, item_id: str | None, kind: str) -> Streamed:
         assert 0 <= index < len(items), f"{kind} for output index {index} before it was added"
@@ -215,35 +216,35 @@ def replay(events: Sequence[ResponseEvent]) -> list[Streamed]:
 
     for event in events:
         match event:
-            case OutputItemAdded(index, added):
+            case OutputItemAdded(_, index, added):
                 assert index == len(items), "a new item takes the next output index"
                 assert added.id is not None
                 assert getattr(added, "status", "in_progress") == "in_progress"
                 items.append(Streamed(added, ["added"]))
-            case ContentPartAdded(item_id, index, content_index, part):
+            case ContentPartAdded(_, item_id, index, content_index, part):
                 at(index, item_id, "part_added")
                 assert (content_index, part) == (0, OutputText(""))
-            case OutputTextDelta(item_id, index, content_index, delta, logprobs):
+            case OutputTextDelta(_, item_id, index, content_index, delta, logprobs):
                 item = at(index, item_id, "delta")
                 assert content_index == 0
                 item.text += delta
                 item.logprobs += logprobs
-            case ReasoningTextDelta(item_id, index, content_index, delta):
+            case ReasoningTextDelta(_, item_id, index, content_index, delta):
                 item = at(index, item_id, "delta")
                 assert content_index == 0
                 item.text += delta
-            case FunctionCallArgumentsDelta(item_id, index, delta):
+            case FunctionCallArgumentsDelta(_, item_id, index, delta):
                 at(index, item_id, "delta").text += delta
-            case OutputTextDone(item_id, index, _, text) | ReasoningTextDone(
-                item_id, index, _, text
+            case OutputTextDone(_, item_id, index, _, text) | ReasoningTextDone(
+                _, item_id, index, _, text
             ):
                 assert at(index, item_id, "text_done").text == text
-            case FunctionCallArgumentsDone(item_id, index, arguments):
+            case FunctionCallArgumentsDone(_, item_id, index, arguments):
                 assert at(index, item_id, "text_done").text == arguments
-            case ContentPartDone(item_id, index, _, part):
+            case ContentPartDone(_, item_id, index, _, part):
                 item = at(index, item_id, "part_done")
                 assert part == OutputText(item.text, tuple(item.logprobs))
-            case OutputItemDone(index, done):
+            case OutputItemDone(_, index, done):
                 item = at(index, done.id, "done")
                 assert type(done) is type(item.added)
                 assert re.fullmatch(_GRAMMAR[type(done)], " ".join(item.kinds)), item.kinds
@@ -311,6 +312,7 @@ def test_plain_text_streams_one_message_part_by_part() -> None:
         clock.time.return_value = 1_700_000_123.9
         events = b.start() + feed(b, ["Hel", "lo", " wörld"])
         closing, record = b.finish("stop")
+    rid = record.id
     assert isinstance(events[1], OutputItemAdded)
     msg = events[1].item.id
     assert msg is not None
@@ -323,14 +325,14 @@ def test_plain_text_streams_one_message_part_by_part() -> None:
                 record, status="in_progress", output=(), usage=None, completed_at=None
             )
         ),
-        OutputItemAdded(0, Message("assistant", (), id=msg, status="in_progress")),
-        ContentPartAdded(msg, 0, 0, OutputText("")),
-        OutputTextDelta(msg, 0, 0, "Hel"),
-        OutputTextDelta(msg, 0, 0, "lo"),
-        OutputTextDelta(msg, 0, 0, " wörld"),
-        OutputTextDone(msg, 0, 0, text),
-        ContentPartDone(msg, 0, 0, OutputText(text)),
-        OutputItemDone(0, final),
+        OutputItemAdded(rid, 0, Message("assistant", (), id=msg, status="in_progress")),
+        ContentPartAdded(rid, msg, 0, 0, OutputText("")),
+        OutputTextDelta(rid, msg, 0, 0, "Hel"),
+        OutputTextDelta(rid, msg, 0, 0, "lo"),
+        OutputTextDelta(rid, msg, 0, 0, " wörld"),
+        OutputTextDone(rid, msg, 0, 0, text),
+        ContentPartDone(rid, msg, 0, 0, OutputText(text)),
+        OutputItemDone(rid, 0, final),
     ]
     assert record.status == "completed"
     assert record.output == (final,)
@@ -345,6 +347,26 @@ def test_the_in_progress_event_carries_the_record_as_created() -> None:
     record = ResponseRecord(new_id("resp"), 42, "queued", RequestEcho(model="m", store=False))
     [event] = ResponseBuilder(record, 1).start()
     assert event == ResponseInProgress(dataclasses.replace(record, status="in_progress"))
+
+
+def test_every_event_names_the_response_it_belongs_to() -> None:
+    record = ResponseRecord(new_id("resp"), 0, "queued", RequestEcho(model="m"))
+    report = CompactionReport(Compaction("summary", id=new_id("cmp")), 900, 120)
+
+    def builder() -> ResponseBuilder:
+        return ResponseBuilder(record, 7, hermes(), reasoning_opened=True, compaction=report)
+
+    finished = builder()
+    events = finished.start() + feed(finished, ["plan", "</think>", HI, *F_CALL, "tail"])
+    events += finished.finish("length")[0]
+    interrupted = builder()
+    events += interrupted.start() + feed(interrupted, ["plan", "</think>", HI, F_CALL[0]])
+    events += interrupted.interrupt("incomplete", reason="server_shutdown")[0]
+    events += builder().fail("server_error", "boom")[0]
+    kinds = {type(e) for e in events}
+    assert {CompactionStarted, ReasoningTextDelta, OutputTextDelta, StreamError} <= kinds
+    assert {FunctionCallArgumentsDone, ContentPartDone, OutputItemDone} <= kinds
+    assert {e.response_id for e in events} == {record.id}
 
 
 @pytest.mark.parametrize("opened", [False, True])
@@ -403,12 +425,13 @@ def test_two_parallel_calls_stream_as_two_items_after_the_text() -> None:
     b = plain(tools=hermes())
     events = feed(b, [HI, *F_CALL, *G_CALL])
     closing, record = b.finish("stop")
+    rid = record.id
     items = replay(events + closing)
     assert [type(i.done) for i in items] == [Message, FunctionCall, FunctionCall]
     assert items[0].text == HI
     # The message is done before the first call is added.
     message_done = next(i for i, e in enumerate(events) if isinstance(e, OutputItemDone))
-    assert events[message_done + 1] == OutputItemAdded(1, items[1].added)
+    assert events[message_done + 1] == OutputItemAdded(rid, 1, items[1].added)
     calls = record.output[1:]
     assert [(c.name, json.loads(c.arguments)) for c in calls if isinstance(c, FunctionCall)] == [
         ("f", {"a": 1}),
@@ -641,7 +664,8 @@ def test_a_failure_drops_the_partial_output_but_counts_its_tokens() -> None:
     b = plain()
     feed(b, [TokenStep(1, 0, "par", cached_tokens=4), TokenStep(1, 1, "tial")])
     events, record = b.fail("server_error", "boom")
-    assert events == [StreamError("server_error", "boom")]
+    rid = record.id
+    assert events == [StreamError(rid, "server_error", "boom")]
     assert (record.status, record.output) == ("failed", ())
     assert record.error == ResponseError("server_error", "boom")
     assert record.usage == Usage(7, 2, 4, 0)
@@ -774,8 +798,8 @@ def test_a_compaction_leads_the_output_and_the_reply_follows_it() -> None:
     assert events[1:] == [
         CompactionStarted(record.id, 900),
         CompactionCompleted(record.id, 900, 120),
-        OutputItemAdded(0, compaction),
-        OutputItemDone(0, compaction),
+        OutputItemAdded(record.id, 0, compaction),
+        OutputItemDone(record.id, 0, compaction),
     ]
     events += feed(b, ["ok"])
     closing, final = b.finish("stop")

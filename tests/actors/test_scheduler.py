@@ -9,7 +9,14 @@ import trio
 import trio.testing
 
 from mlxcel.actors.echo import EchoActor
-from mlxcel.actors.messages import OutputTextDelta, OutputTextDone, ResponseEvent, ResponseFinished
+from mlxcel.actors.messages import (
+    KeepAlive,
+    OutputTextDelta,
+    OutputTextDone,
+    ResponseEvent,
+    ResponseFinished,
+    StreamError,
+)
 from mlxcel.actors.scheduler import Scheduler, SchedulerHandle
 from mlxcel.actors.store import StoreActor, StoreHandle
 from mlxcel.config import StoreLimits
@@ -23,7 +30,11 @@ from support import wait_until
 
 
 async def start(
-    nursery: trio.Nursery, engine: FakeEngine, parallel: int = 2, depth: int = 4
+    nursery: trio.Nursery,
+    engine: FakeEngine,
+    parallel: int = 2,
+    depth: int = 4,
+    keepalive: float = 10,
 ) -> tuple[SchedulerHandle, StoreHandle]:
     limits = StoreLimits(100, 1 << 20, 0)
     store = await nursery.start(StoreActor(limits, limits).run)
@@ -31,7 +42,7 @@ async def start(
     await model.ready.wait()
     echo = await nursery.start(EchoActor(0).run)
     scheduler = Scheduler(
-        model, store, echo, parallel=parallel, max_queue_depth=depth, keepalive_secs=10
+        model, store, echo, parallel=parallel, max_queue_depth=depth, keepalive_secs=keepalive
     )
     return await nursery.start(scheduler.run), store
 
@@ -64,6 +75,18 @@ async def test_response_is_stored_before_it_is_reported(nursery: trio.Nursery) -
             if isinstance(event, ResponseFinished):
                 assert await store.get(req.record.id) == event.record
                 assert event.record.output_text == "stored first"
+
+
+async def test_every_event_of_a_stream_names_its_response(nursery: trio.Nursery) -> None:
+    """Keep-alives and a failure's error event too, not only the builder's events."""
+    engine = FakeEngine(step_delay=0.05, fail_on="boom")
+    scheduler, _ = await start(nursery, engine, keepalive=0.01)
+    req = request("echo: one two boom")
+    with trio.fail_after(10):
+        events = await collect(scheduler, req)
+    kinds = {type(e) for e in events}
+    assert {KeepAlive, OutputTextDelta, StreamError, ResponseFinished} <= kinds
+    assert {e.response_id for e in events} == {req.record.id}
 
 
 async def test_store_false_is_not_stored(nursery: trio.Nursery) -> None:

@@ -112,61 +112,63 @@ EVENTS: list[tuple[str, ResponseEvent, str, type[BaseModel] | None]] = [
     ),
     (
         "item_added",
-        OutputItemAdded(0, dataclasses.replace(MESSAGE, content=(), status="in_progress")),
+        OutputItemAdded(
+            "resp_1", 0, dataclasses.replace(MESSAGE, content=(), status="in_progress")
+        ),
         "response.output_item.added",
         ResponseOutputItemAddedEvent,
     ),
     (
         "part_added",
-        ContentPartAdded("msg_1", 0, 0, OutputText("")),
+        ContentPartAdded("resp_1", "msg_1", 0, 0, OutputText("")),
         "response.content_part.added",
         ResponseContentPartAddedEvent,
     ),
     (
         "text_delta",
-        OutputTextDelta("msg_1", 0, 0, "hé", (LP,)),
+        OutputTextDelta("resp_1", "msg_1", 0, 0, "hé", (LP,)),
         "response.output_text.delta",
         ResponseTextDeltaEvent,
     ),
     (
         "text_done",
-        OutputTextDone("msg_1", 0, 0, "héllo"),
+        OutputTextDone("resp_1", "msg_1", 0, 0, "héllo"),
         "response.output_text.done",
         ResponseTextDoneEvent,
     ),
     (
         "part_done",
-        ContentPartDone("msg_1", 0, 0, MESSAGE.content[0]),
+        ContentPartDone("resp_1", "msg_1", 0, 0, MESSAGE.content[0]),
         "response.content_part.done",
         ResponseContentPartDoneEvent,
     ),
     (
         "reasoning_delta",
-        ReasoningTextDelta("rs_1", 1, 0, "hm"),
+        ReasoningTextDelta("resp_1", "rs_1", 1, 0, "hm"),
         "response.reasoning_text.delta",
         ResponseReasoningTextDeltaEvent,
     ),
     (
         "reasoning_done",
-        ReasoningTextDone("rs_1", 1, 0, "hmm"),
+        ReasoningTextDone("resp_1", "rs_1", 1, 0, "hmm"),
         "response.reasoning_text.done",
         ResponseReasoningTextDoneEvent,
     ),
     (
         "arguments_delta",
-        FunctionCallArgumentsDelta("fc_1", 2, '{"a"'),
+        FunctionCallArgumentsDelta("resp_1", "fc_1", 2, '{"a"'),
         "response.function_call_arguments.delta",
         ResponseFunctionCallArgumentsDeltaEvent,
     ),
     (
         "arguments_done",
-        FunctionCallArgumentsDone("fc_1", 2, '{"a": 1}'),
+        FunctionCallArgumentsDone("resp_1", "fc_1", 2, '{"a": 1}'),
         "response.function_call_arguments.done",
         ResponseFunctionCallArgumentsDoneEvent,
     ),
     (
         "item_done",
-        OutputItemDone(2, CALL),
+        OutputItemDone("resp_1", 2, CALL),
         "response.output_item.done",
         ResponseOutputItemDoneEvent,
     ),
@@ -184,7 +186,7 @@ EVENTS: list[tuple[str, ResponseEvent, str, type[BaseModel] | None]] = [
         ResponseFailedEvent,
     ),
     ("cancelled", finished("cancelled"), "response.failed", ResponseFailedEvent),
-    ("error", StreamError("server_error", "boom"), "error", ResponseErrorEvent),
+    ("error", StreamError("resp_1", "server_error", "boom"), "error", ResponseErrorEvent),
 ]
 
 
@@ -224,6 +226,25 @@ def test_every_event_kind_is_covered() -> None:
     assert {type(event) for _, event, _, _ in EVENTS} == kinds
     statuses = {e.record.status for _, e, _, _ in EVENTS if isinstance(e, ResponseFinished)}
     assert statuses == {"completed", "incomplete", "failed", "cancelled"}
+
+
+def test_every_event_names_its_response() -> None:
+    assert {e.response_id for _, e, _, _ in EVENTS} == {"resp_1"}
+    assert KeepAlive("resp_1").response_id == "resp_1"
+
+
+@pytest.mark.parametrize(
+    ("event", "sdk_type"),
+    [pytest.param(e, c, id=i) for i, e, _, c in EVENTS if c is not None],
+)
+def test_a_frame_sends_only_the_fields_of_its_sdk_event(
+    event: ResponseEvent, sdk_type: type[BaseModel]
+) -> None:
+    """The response id the events carry inside the server is not one of the OpenAI
+    event's fields: no frame sends it (nor anything else the SDK does not know)."""
+    [(_, body)] = frames(SseEncoder().encode(event))
+    assert "response_id" not in body
+    assert set(body) <= set(sdk_type.model_fields)
 
 
 @pytest.mark.parametrize(("event", "type_"), [pytest.param(e, t, id=i) for i, e, t, _ in EVENTS])
@@ -298,7 +319,7 @@ def test_a_cancelled_response_ends_the_stream_as_failed() -> None:
 
 
 def test_a_compaction_item_is_the_sdk_compaction_item() -> None:
-    [(_, body)] = frames(SseEncoder().encode(OutputItemDone(0, COMPACTION)))
+    [(_, body)] = frames(SseEncoder().encode(OutputItemDone("resp_1", 0, COMPACTION)))
     parsed = SDK_EVENT.validate_python(body)
     assert isinstance(parsed, ResponseOutputItemDoneEvent)
     assert isinstance(parsed.item, ResponseCompactionItem)
@@ -347,9 +368,9 @@ def test_usage_has_every_field_the_sdk_requires() -> None:
 
 
 def test_sequence_numbers_count_from_zero_and_keep_alives_take_none() -> None:
-    stream: list[ResponseEvent] = [KeepAlive()]
+    stream: list[ResponseEvent] = [KeepAlive("resp_1")]
     for _, event, _, _ in EVENTS:
-        stream += [event, KeepAlive()] if len(stream) % 3 == 0 else [event]
+        stream += [event, KeepAlive("resp_1")] if len(stream) % 3 == 0 else [event]
     encoder = SseEncoder()
     encoded = [encoder.encode(e) for e in stream]
     keepalives = [f for e, f in zip(stream, encoded, strict=True) if isinstance(e, KeepAlive)]
@@ -391,7 +412,7 @@ def test_a_whole_builder_stream_is_what_the_sdk_parses() -> None:
     pieces = ["hmm", "</think>", "Sure ", '<tool_call>{"name": "f", "arguments": {"a": 1}}', ""]
     for i, text in enumerate(pieces):
         stream += builder.feed(TokenStep(1, i, text))
-    stream += [KeepAlive()]
+    stream += [KeepAlive("resp_1")]
     stream += builder.finish("stop")[0]
     stream += [ResponseFinished(builder.record)]
     parsed = [sdk_event(body) for _, body in frames(encode_all(stream))]
@@ -425,7 +446,9 @@ def test_a_number_json_cannot_carry_is_refused(value: float) -> None:
 @pytest.mark.parametrize("value", [math.nan, -math.inf])
 def test_an_impossible_logprob_is_reported_as_the_floor_not_refused(value: float) -> None:
     entry = TokenLogprob("x", value, (("x", value),))
-    [(_, body)] = frames(SseEncoder().encode(OutputTextDelta("msg_1", 0, 0, "x", (entry,))))
+    [(_, body)] = frames(
+        SseEncoder().encode(OutputTextDelta("resp_1", "msg_1", 0, 0, "x", (entry,)))
+    )
     [logprob] = body["logprobs"]
     assert logprob["logprob"] == logprob["top_logprobs"][0]["logprob"] == -9999.0
 
@@ -434,7 +457,7 @@ def test_text_stays_utf8_and_never_breaks_a_frame() -> None:
     # Line ends of every kind inside the text, and a character some line splitters take
     # for one (U+2028, NEL): the data must stay one line of the frame.
     text = "héllo 世界 🎉\n\nevent: x\r\ndata: y\r\u2028\x85"
-    frame = SseEncoder().encode(OutputTextDelta("msg_1", 0, 0, text))
+    frame = SseEncoder().encode(OutputTextDelta("resp_1", "msg_1", 0, 0, text))
     assert "世界 🎉".encode() in frame
     assert b"\\u" not in frame  # not escaped to ASCII
     assert frame.count(b"\n") == 3  # after the event line, after the data line, blank line
@@ -449,8 +472,8 @@ def test_a_keep_alive_between_frames_is_skipped_by_the_sdk() -> None:
     data = b"".join(
         [
             encoder.encode(ResponseInProgress(RECORD)),
-            encoder.encode(KeepAlive()),
-            encoder.encode(StreamError("server_error", "boom")),
+            encoder.encode(KeepAlive("resp_1")),
+            encoder.encode(StreamError("resp_1", "server_error", "boom")),
         ]
     )
     assert [name for name, _ in frames(data)] == ["response.in_progress", "error"]
