@@ -7,7 +7,7 @@ the bottom beside `items.py`: it imports nothing of mlxcel but the items.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, TypeAlias
 
@@ -163,3 +163,17 @@ class GenerationRequest:
     """Where the reasoning-echo cache files this response's reasoning (None: not at all)."""
     compaction: CompactionReport | None = None
     """The compaction the prompt was rendered with; its item leads the output."""
+    prelude: Prelude | None = None
+    """Work the slot does first (compaction): it yields the request to generate, under
+    the same id, once a slot has taken this one; `prompt` is then the uncompacted one."""
+
+
+GenerateText = Callable[[GenerationRequest], Awaitable[ResponseRecord]]
+"""Runs a request to its end and answers its final record (a compaction's summary)."""
+
+
+class Prelude(Protocol):
+    """A phase of generation run in the response's own slot before its tokens: given a
+    way to generate there, it answers the request to generate (same record id)."""
+
+    async def __call__(self, generate: GenerateText) -> GenerationRequest: ...

@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -35,7 +34,7 @@ from mlxcel.actors.messages import (
 from mlxcel.actors.responses import ResponseBuilder
 from mlxcel.actors.scheduler import SchedulerHandle
 from mlxcel.actors.store import StoreHandle, approx_json_size
-from mlxcel.errors import InvalidRequest, MlxcelError, RateLimited
+from mlxcel.errors import RateLimited
 from mlxcel.generation import GenerationRequest
 from mlxcel.items import ResponseError, ResponseRecord, Usage
 
@@ -53,15 +52,12 @@ class JobsHandle:
     def __init__(self, inbox: trio.MemorySendChannel[JobCommand]) -> None:
         self._inbox = inbox
 
-    async def submit(
-        self,
-        request: GenerationRequest,
-        prepare: Callable[[], Awaitable[GenerationRequest]] | None = None,
-    ) -> ResponseRecord:
-        """Admit a job: its `queued` record, or `RateLimited` (429). With `prepare`, the
-        request is worked out anew when the job starts (a failure there fails the job)."""
+    async def submit(self, request: GenerationRequest) -> ResponseRecord:
+        """Admit a job: its `queued` record, or `RateLimited` (429). A request with a
+        prelude (compaction) runs it in its slot like any other; if it fails, the job
+        fails."""
         send, recv = trio.open_memory_channel[JobAdmission](1)
-        await self._inbox.send(SubmitJob(request, send, prepare))
+        await self._inbox.send(SubmitJob(request, send))
         match await recv.receive():
             case JobAdmitted(record):
                 return record
@@ -85,7 +81,6 @@ class JobsHandle:
 class _Job:
     request: GenerationRequest
     bytes: int
-    prepare: Callable[[], Awaitable[GenerationRequest]] | None = None
     scope: trio.CancelScope = field(default_factory=trio.CancelScope)
     shutdown: bool = False
     """Ended by a shutdown (failed), not by a cancel."""
@@ -125,8 +120,8 @@ class JobSupervisor:
             async with recv:
                 async for command in recv:
                     match command:
-                        case SubmitJob(request, reply, prepare):
-                            reply.send_nowait(await self._admit(request, prepare, nursery))
+                        case SubmitJob(request, reply):
+                            reply.send_nowait(await self._admit(request, nursery))
                         case CancelJob(response_id, reply):
                             self._cancel(response_id, reply)
                         case EndJobs(reply):
@@ -139,7 +134,6 @@ class JobSupervisor:
     async def _admit(
         self,
         request: GenerationRequest,
-        prepare: Callable[[], Awaitable[GenerationRequest]] | None,
         nursery: trio.Nursery,
     ) -> JobAdmission:
         queued = dataclasses.replace(request.record, status="queued", usage=Usage())
@@ -160,7 +154,7 @@ class JobSupervisor:
                     code="rate_limit_exceeded",
                 )
             )
-        job = _Job(dataclasses.replace(request, record=queued), size, prepare)
+        job = _Job(dataclasses.replace(request, record=queued), size)
         self._jobs[queued.id] = job
         self._active_bytes += size
         await self._store.put(queued, Table.ACTIVE)
@@ -208,18 +202,7 @@ class JobSupervisor:
 
     async def _generate(self, job: _Job) -> ResponseRecord:
         """Run the job through the scheduler, recording `in_progress` when a slot takes it."""
-        request = job.request
-        if job.prepare is not None:
-            try:
-                prepared = await job.prepare()
-            except MlxcelError as exc:
-                code = "invalid_prompt" if isinstance(exc, InvalidRequest) else "server_error"
-                return self._failed(job, code, exc.message)
-            # The job keeps the identity it was admitted with.
-            record = dataclasses.replace(prepared.record, id=request.record.id)
-            record = dataclasses.replace(record, created_at=request.record.created_at)
-            request = dataclasses.replace(prepared, record=record)
-        async with self._scheduler.stream(request, waits=True) as events:
+        async with self._scheduler.stream(job.request, waits=True) as events:
             await events.submit()
             async for event in events:
                 if isinstance(event, ResponseInProgress):

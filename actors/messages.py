@@ -8,7 +8,6 @@ brings; the producer closes it when done.
 from __future__ import annotations
 
 import enum
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import trio
@@ -127,9 +126,6 @@ class SubmitJob:
 
     request: GenerationRequest
     reply: trio.MemorySendChannel[JobAdmission]
-    prepare: Callable[[], Awaitable[GenerationRequest]] | None = None
-    """Work out the request anew when its turn comes (compaction); `request` then only
-    reserves its place."""
 
 
 @dataclass(frozen=True, slots=True)

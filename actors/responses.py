@@ -111,13 +111,17 @@ class ResponseBuilder:
     def record(self) -> ResponseRecord:
         return self._record
 
-    def start(self) -> list[ResponseEvent]:
-        """A slot took the response (the HTTP edge already announced it as created)."""
-        events: list[ResponseEvent] = [ResponseInProgress(self._record)]
+    def start(self, *, announced: bool = False) -> list[ResponseEvent]:
+        """A slot took the response (the HTTP edge already announced it as created).
+
+        `announced`: the slot already sent `response.in_progress` and the start of the
+        compaction, before it generated the summary."""
+        events: list[ResponseEvent] = [] if announced else [ResponseInProgress(self._record)]
         if self._compaction is not None:
             report = self._compaction
+            if not announced:
+                events.append(CompactionStarted(self._id, report.tokens_before))
             events += [
-                CompactionStarted(self._id, report.tokens_before),
                 CompactionCompleted(self._id, report.tokens_before, report.tokens_after),
                 OutputItemAdded(self._id, 0, report.item),
                 OutputItemDone(self._id, 0, report.item),

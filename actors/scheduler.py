@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import logging
 from collections import deque
 from dataclasses import dataclass, field
@@ -24,12 +25,14 @@ import trio
 from mlxcel.actors.echo import EchoHandle, turn_key
 from mlxcel.actors.messages import (
     CancelResponse,
+    CompactionStarted,
     EndAll,
     Generate,
     KeepAlive,
     ReadSchedulerStatistics,
     ResponseEvent,
     ResponseFinished,
+    ResponseInProgress,
     SchedulerCommand,
     SchedulerStatistics,
     SlotIdle,
@@ -41,6 +44,7 @@ from mlxcel.actors.messages import (
 from mlxcel.actors.response_stream import SchedulerHandle
 from mlxcel.actors.responses import ResponseBuilder
 from mlxcel.actors.store import StoreHandle
+from mlxcel.errors import InvalidRequest
 from mlxcel.generation import GenerationRequest, SequenceFailed
 from mlxcel.items import Message, Reasoning, ResponseError, ResponseRecord, Usage
 from mlxcel.model.actor import ModelHandle
@@ -289,6 +293,9 @@ class Scheduler:
         builder: ResponseBuilder | None = None
         try:
             with running.scope:
+                announced = request.prelude is not None
+                if announced:
+                    request = await self._prelude(command)
                 builder = ResponseBuilder(
                     request.record,
                     len(request.prompt),
@@ -296,12 +303,17 @@ class Scheduler:
                     reasoning_opened=request.reasoning_opened,
                     compaction=request.compaction,
                 )
-                return await self._generate(command, builder)
+                await self._send(command.reply, builder.start(announced=announced))
+                return await self._drive(command.reply, request, builder)
             assert running.ending is not None  # only `stop` cancels the scope
             ending = running.ending
         except ClientGone:
             log.info("client left %s; its sequence is stopped", request.record.id)
             ending = "gone"
+        except InvalidRequest as exc:  # a prelude that cannot help (compaction)
+            log.info("response %s: %s", request.record.id, exc.message)
+            failed = StreamError(request.record.id, "invalid_prompt", exc.message)
+            return [failed], _failed(request, exc.message, code="invalid_prompt")
         except Exception:
             # Whatever failed while building this response fails it alone.
             log.exception("response %s failed", request.record.id)
@@ -316,11 +328,38 @@ class Scheduler:
             log.exception("response %s could not be closed", request.record.id)
             return _stopped(ResponseBuilder(request.record, len(request.prompt)), ending)
 
-    async def _generate(
-        self, command: Generate, builder: ResponseBuilder
-    ) -> tuple[list[ResponseEvent], ResponseRecord]:
+    async def _prelude(self, command: Generate) -> GenerationRequest:
+        """The request's first phase (compaction), in this slot under its one admission:
+        announced at once, its summary generated here with keep-alives flowing."""
         request, reply = command.request, command.reply
-        await self._send(reply, builder.start())
+        assert request.prelude is not None
+        response_id = request.record.id
+        started = CompactionStarted(response_id, len(request.prompt))
+        await self._send(reply, [ResponseInProgress(request.record), started])
+        generate = functools.partial(self._generate_here, reply, response_id)
+        return await request.prelude(generate)
+
+    async def _generate_here(
+        self, reply: trio.MemorySendChannel[ResponseEvent], owner: str, request: GenerationRequest
+    ) -> ResponseRecord:
+        """`request` run in this slot for the response `owner` (its summary): only
+        keep-alives reach the requester."""
+        builder = ResponseBuilder(request.record, len(request.prompt))
+        _, record = await self._drive(reply, request, builder, owner=owner, forward=False)
+        return record
+
+    async def _drive(
+        self,
+        reply: trio.MemorySendChannel[ResponseEvent],
+        request: GenerationRequest,
+        builder: ResponseBuilder,
+        *,
+        owner: str | None = None,
+        forward: bool = True,
+    ) -> tuple[list[ResponseEvent], ResponseRecord]:
+        """Generate `request`'s tokens through `builder`, sending its events (or, when not
+        `forward`, only keep-alives for `owner`) to the requester."""
+        alive = KeepAlive(owner or request.record.id)
         async with self._model.open_sequence(list(request.prompt), request.sampling) as tokens:
             while True:
                 with trio.move_on_after(self._keepalive) as idle:
@@ -329,11 +368,13 @@ class Scheduler:
                     except trio.EndOfChannel:
                         break
                 if idle.cancelled_caught:
-                    await self._send(reply, [KeepAlive(request.record.id)])
+                    await self._send(reply, [alive])
                     continue
                 if isinstance(step, SequenceFailed):
                     return builder.fail("server_error", step.message)
-                await self._send(reply, builder.feed(step))
+                events = builder.feed(step)
+                if forward:
+                    await self._send(reply, events)
                 if step.finish is not None:
                     return builder.finish(step.finish)
         # The channel ended without a finishing step: the engine dropped the sequence.
@@ -395,13 +436,15 @@ def _stopped(
     return builder.interrupt("cancelled")
 
 
-def _failed(request: GenerationRequest, message: str) -> ResponseRecord:
+def _failed(
+    request: GenerationRequest, message: str, *, code: str = "server_error"
+) -> ResponseRecord:
     return dataclasses.replace(
         request.record,
         status="failed",
         output=(),
         usage=Usage(input_tokens=len(request.prompt)),
-        error=ResponseError("server_error", message),
+        error=ResponseError(code, message),
     )
 
 

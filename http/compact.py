@@ -40,7 +40,7 @@ async def compact_history() -> Response:
             f"The history is {before} tokens, longer than the {info.context_length}-token "
             "context window, so it cannot be summarised in one pass."
         )
-    compacted = await Compactor(h.scheduler, codec, info, h.names.alias).compact(
+    compacted = await Compactor(h.scheduler.generate, codec, info, h.names.alias).compact(
         items,
         instructions=body.instructions,
         keep_tokens=body.keep_tokens,

@@ -18,7 +18,7 @@ from mlxcel.http.objects import response_json
 from mlxcel.http.params import response_params
 from mlxcel.http.schemas import CreateResponseBody, InputTokensBody
 from mlxcel.http.streaming import EventStreamBody, bind_to_exchange
-from mlxcel.prepare.context_management import build_compacted
+from mlxcel.prepare.context_management import build_managed
 from mlxcel.prepare.intake import build_request, intake_items, read_history, render
 from mlxcel.prepare.limits import check_item_count
 from mlxcel.prepare.offload import off_loop
@@ -37,18 +37,15 @@ async def create_response() -> Response:
     params = await off_loop(response_params, body)
     history = await read_history(params, h.store)
     items = await intake_items(params, history, info.context_length, h.names.alias, h.echo)
-    compact = functools.partial(
-        build_compacted, h.scheduler, h.names, info, codec, params, history, items
-    )
-    compacts = params.compact_threshold is not None
-    if compacts and not params.background:
-        generation = await compact()
-    else:  # a background job compacts when its turn comes
-        build = functools.partial(build_request, fits=not compacts)
-        generation = await off_loop(build, params, h.names, info, codec, history, items)
+    if params.compact_threshold is not None:  # compaction is the slot's first phase
+        generation = await build_managed(
+            h.names, info, codec, params, history, items, check_now=not params.background
+        )
+    else:
+        build = functools.partial(build_request, params, h.names, info, codec, history, items)
+        generation = await off_loop(build)
     if params.background:
-        later = functools.partial(compact, waits=True) if compacts else None
-        return json_response(response_json(await h.jobs.submit(generation, later)))
+        return json_response(response_json(await h.jobs.submit(generation)))
     if not body.stream:
         return json_response(response_json(await h.scheduler.generate(generation)))
     stream = h.scheduler.stream(generation)

@@ -3,8 +3,9 @@
 The history (compaction items already replayed) is split in three: system and developer
 messages are kept as they are; the newest complete turns that fit in `keep_tokens`, and
 always the last user message, are preserved; everything before them is summarised by
-one ordinary, non-streaming generation on the scheduler's path. The result is one
-`Compaction` item, which stands in for the whole history when it is sent back.
+one ordinary, non-streaming generation (through the scheduler, or in the slot of the
+response being compacted). The result is one `Compaction` item, which stands in for the
+whole history when it is sent back.
 
 A cut is only ever made before a user turn or after a completed tool-call group, so a
 function call is never separated from its output. Compaction that cannot help (nothing
@@ -19,9 +20,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from mlxcel.actors.scheduler import SchedulerHandle
 from mlxcel.errors import ContextLengthExceeded, GenerationFailed
-from mlxcel.generation import GenerationRequest, ModelInfo, PromptCodec, Sampling
+from mlxcel.generation import GenerateText, GenerationRequest, ModelInfo, PromptCodec, Sampling
 from mlxcel.items import (
     Compaction,
     FunctionCall,
@@ -141,9 +141,10 @@ def transcript(items: Sequence[Item]) -> str:
 
 @dataclass(frozen=True, slots=True)
 class Compactor:
-    """Compacts histories by generating summaries through the scheduler."""
+    """Compacts histories by generating summaries (see `generate`)."""
 
-    scheduler: SchedulerHandle
+    generate: GenerateText
+    """Runs the summary: through the scheduler, or in the slot of the response it serves."""
     codec: PromptCodec
     info: ModelInfo
     alias: str
@@ -171,16 +172,39 @@ class Compactor:
         instructions: str | None = None,
         keep_tokens: int | None = None,
         max_output_tokens: int | None = None,
-        waits: bool = False,
     ) -> Compacted:
         """One compaction item for `items`; ContextLengthExceeded when it cannot help."""
-        keep = keep_tokens or default_keep_tokens(self.info.context_length)
-        parts = await off_loop(self._split, items, keep)
-        summary, usage = await self._summarise(
-            parts.summarised, instructions, max_output_tokens or DEFAULT_SUMMARY_TOKENS, waits
+        parts, prompt, max_tokens = await self.plan(
+            items,
+            instructions=instructions,
+            keep_tokens=keep_tokens,
+            max_output_tokens=max_output_tokens,
         )
+        summary, usage = await self._summarise(prompt, max_tokens)
         item = Compaction(summary, parts.preserved, id=new_id("cmp"))
         return Compacted(item, parts.kept, usage)
+
+    async def plan(
+        self,
+        items: Sequence[Item],
+        *,
+        instructions: str | None = None,
+        keep_tokens: int | None = None,
+        max_output_tokens: int | None = None,
+    ) -> tuple[Split, list[int], int]:
+        """The split, the summary prompt and its token budget, without generating:
+        ContextLengthExceeded here is what `compact` would refuse before any summary."""
+        keep = keep_tokens or default_keep_tokens(self.info.context_length)
+        parts = await off_loop(self._split, items, keep)
+        prompt = await off_loop(self._summary_prompt, parts.summarised, instructions)
+        max_tokens = max_output_tokens or DEFAULT_SUMMARY_TOKENS
+        limit = self.info.context_length
+        if len(prompt) + max_tokens > limit:
+            raise ContextLengthExceeded(
+                f"The history to summarise renders to {len(prompt)} tokens; with room for a "
+                f"{max_tokens}-token summary it does not fit the {limit}-token context window."
+            )
+        return parts, prompt, max_tokens
 
     def _summary_prompt(self, items: Sequence[Item], instructions: str | None) -> list[int]:
         system = SUMMARY_INSTRUCTIONS
@@ -196,16 +220,7 @@ class Compactor:
         ]
         return self.codec.render(messages, None)
 
-    async def _summarise(
-        self, items: Sequence[Item], instructions: str | None, max_tokens: int, waits: bool
-    ) -> tuple[str, Usage]:
-        prompt = await off_loop(self._summary_prompt, items, instructions)
-        limit = self.info.context_length
-        if len(prompt) + max_tokens > limit:
-            raise ContextLengthExceeded(
-                f"The history to summarise renders to {len(prompt)} tokens; with room for a "
-                f"{max_tokens}-token summary it does not fit the {limit}-token context window."
-            )
+    async def _summarise(self, prompt: list[int], max_tokens: int) -> tuple[str, Usage]:
         record = ResponseRecord(
             id=new_id("resp"),
             created_at=int(time.time()),
@@ -214,7 +229,7 @@ class Compactor:
         )
         sampling = Sampling(temperature=0.0, max_tokens=max_tokens)
         request = GenerationRequest(record=record, prompt=tuple(prompt), sampling=sampling)
-        final = await self.scheduler.generate(request, waits=waits)
+        final = await self.generate(request)
         if final.status not in ("completed", "incomplete") or not final.output_text.strip():
             reason = final.error.message if final.error else "the model wrote no summary"
             raise GenerationFailed(f"Compaction failed: {reason}")

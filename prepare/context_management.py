@@ -1,14 +1,27 @@
 """`context_management`: a request compacted first when its rendered input reaches the
-threshold or leaves no room for output."""
+threshold or leaves no room for output.
+
+Compaction is a phase of the response's generation: preparation only decides that it is
+needed (and, for a request that answers now, refuses what it cannot do as a 400), and
+hands the scheduler a `Prelude` that its slot runs after `response.created`: the summary
+is generated in that slot, under the response's one admission, then the compacted
+request is built under the same id.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+from dataclasses import dataclass
 
-from mlxcel.actors.scheduler import SchedulerHandle
-from mlxcel.generation import CompactionReport, GenerationRequest, ModelInfo, PromptCodec
-from mlxcel.items import Item
+from mlxcel.generation import (
+    CompactionReport,
+    GenerateText,
+    GenerationRequest,
+    ModelInfo,
+    PromptCodec,
+)
+from mlxcel.items import Item, ResponseRecord
 from mlxcel.prepare.compaction import (
     DEFAULT_SUMMARY_TOKENS,
     Compactor,
@@ -20,8 +33,7 @@ from mlxcel.prepare.offload import off_loop
 from mlxcel.prepare.params import ResponseParams
 
 
-async def build_compacted(
-    scheduler: SchedulerHandle,
+async def build_managed(
     names: ModelNames,
     info: ModelInfo,
     codec: PromptCodec,
@@ -29,25 +41,63 @@ async def build_compacted(
     history: tuple[Item, ...],
     items: tuple[Item, ...],
     *,
-    waits: bool = False,
+    check_now: bool = True,
 ) -> GenerationRequest:
-    """The request to generate, its history compacted first when it must be (the summary
-    runs through `scheduler`; `waits` lets it wait its turn as a background job does)."""
+    """The request to generate, with a compaction prelude when its input must shrink.
+
+    With `check_now`, a compaction that cannot help is refused here (a 400 before any
+    slot is taken); a background job leaves that to its prelude (the job then fails)."""
     build = functools.partial(build_request, params, names, info, codec, history, items)
     generation = await off_loop(build, fits=False)
     before = len(generation.prompt)
     threshold = params.compact_threshold or info.context_length
     if before < threshold and before < info.context_length:
         return generation
-    compactor = Compactor(scheduler, codec, info, names.alias)
-    # Preserved turns get at most half the threshold and the summary a quarter, so the
-    # compacted prompt starts well below it.
-    keep = min(default_keep_tokens(info.context_length), max(1, threshold // 2))
-    summary = min(DEFAULT_SUMMARY_TOKENS, max(16, threshold // 4))
-    compacted = await compactor.compact(
-        history + items, keep_tokens=keep, max_output_tokens=summary, waits=waits
+    identity = (generation.record.id, generation.record.created_at)
+    compaction = Compaction(
+        names.alias, info, codec, build, identity, history + items, before, threshold
     )
-    generation = await off_loop(build, compacted.item)
-    check_reduction(before, len(generation.prompt), info.context_length)
-    report = CompactionReport(compacted.item, before, len(generation.prompt))
-    return dataclasses.replace(generation, compaction=report)
+    if check_now:
+        keep, summary = compaction.budget()
+        await compaction.compactor(_never).plan(
+            compaction.items, keep_tokens=keep, max_output_tokens=summary
+        )
+    return dataclasses.replace(generation, prelude=compaction)
+
+
+@dataclass(frozen=True, slots=True)
+class Compaction:
+    """The prelude: summarise in the slot, then build the compacted request."""
+
+    alias: str
+    info: ModelInfo
+    codec: PromptCodec
+    build: functools.partial[GenerationRequest]
+    identity: tuple[str, int]
+    """The response's id and creation time, which the compacted request keeps."""
+    items: tuple[Item, ...]
+    tokens_before: int
+    threshold: int
+
+    def compactor(self, generate: GenerateText) -> Compactor:
+        return Compactor(generate, self.codec, self.info, self.alias)
+
+    def budget(self) -> tuple[int, int]:
+        """Tokens for the preserved turns and for the summary: at most half the threshold
+        and a quarter of it, so the compacted prompt starts well below it."""
+        keep = min(default_keep_tokens(self.info.context_length), max(1, self.threshold // 2))
+        return keep, min(DEFAULT_SUMMARY_TOKENS, max(16, self.threshold // 4))
+
+    async def __call__(self, generate: GenerateText) -> GenerationRequest:
+        keep, summary = self.budget()
+        compacted = await self.compactor(generate).compact(
+            self.items, keep_tokens=keep, max_output_tokens=summary
+        )
+        request = await off_loop(self.build, compacted.item, identity=self.identity)
+        check_reduction(self.tokens_before, len(request.prompt), self.info.context_length)
+        report = CompactionReport(compacted.item, self.tokens_before, len(request.prompt))
+        return dataclasses.replace(request, compaction=report)
+
+
+async def _never(request: GenerationRequest) -> ResponseRecord:
+    raise AssertionError("planning a compaction generates nothing")

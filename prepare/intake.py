@@ -251,10 +251,12 @@ def build_request(
     compaction: Compaction | None = None,
     *,
     fits: bool = True,
+    identity: tuple[str, int] | None = None,
 ) -> GenerationRequest:
     """The request to generate. With `compaction`, the prompt is rendered from it (it
     stands in for history and input). `fits=False` lets a prompt that leaves no room for
-    output through, for a job that compacts it later."""
+    output through, for a request that compacts it first. `identity` is the id and
+    creation time of the response this request continues (after its compaction)."""
     if not names.matches(params.model):
         raise ModelNotFound(params.model, [names.alias])
     # Tools once per request: a forced call's grammar is compiled here, not twice.
@@ -295,9 +297,10 @@ def build_request(
         conversation_id=conversation_id(params.conversation),
         background=bool(params.background),
     )
+    response_id, created_at = identity or (new_id("resp"), int(time.time()))
     record = ResponseRecord(
-        id=new_id("resp"),
-        created_at=int(time.time()),
+        id=response_id,
+        created_at=created_at,
         status="in_progress",
         echo=echo,
         input_items=items,

@@ -16,7 +16,7 @@ from mlxcel.actors.scheduler import Scheduler
 from mlxcel.actors.store import StoreActor, StoreHandle, approx_json_size
 from mlxcel.config import StoreLimits
 from mlxcel.errors import RateLimited
-from mlxcel.generation import GenerationRequest, Sampling
+from mlxcel.generation import GenerateText, GenerationRequest, Sampling
 from mlxcel.items import RequestEcho, ResponseRecord, Usage, new_id
 from mlxcel.model.actor import ModelActor
 from mlxcel.model.fake import FakeCodec, FakeEngine, fake_factory
@@ -163,14 +163,14 @@ async def test_cancel_at_each_stage(nursery: trio.Nursery) -> None:
     assert (await store.statistics()).active.entries == 0
 
 
-async def test_a_preparation_that_raises_fails_that_job_alone(nursery: trio.Nursery) -> None:
+async def test_a_prelude_that_raises_fails_that_job_alone(nursery: trio.Nursery) -> None:
     jobs, store = await start(nursery, FakeEngine())
 
-    async def broken() -> GenerationRequest:
-        raise RuntimeError("a bug in preparing")
+    async def broken(generate: GenerateText) -> GenerationRequest:
+        raise RuntimeError("a bug in compacting")
 
-    failing = await jobs.submit(job("echo: never"), broken)
-    assert await statuses(store, failing.id, "failed") == ["queued", "failed"]
+    failing = await jobs.submit(dataclasses.replace(job("echo: never"), prelude=broken))
+    await statuses(store, failing.id, "failed")  # and never completed
     record = await store.get(failing.id)
     assert record is not None
     assert record.error is not None

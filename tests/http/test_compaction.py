@@ -8,15 +8,16 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+import httpx
 import pytest
 import trio
 
 from mlxcel.errors import ContextLengthExceeded
 from mlxcel.items import FunctionCall, FunctionCallOutput, InputText, Item, Message, OutputText
-from mlxcel.model.fake import DEFAULT_REPLY
+from mlxcel.model.fake import DEFAULT_REPLY, FakeEngine
 from mlxcel.prepare.compaction import cut_points, split
 
-from support import FakeServer, StartServer, count, in_thread, post
+from support import FakeServer, StartServer, count, in_thread, post, wait_until
 
 
 def user(text: str) -> Message:
@@ -259,6 +260,37 @@ async def test_context_management_compacts_first_and_streams_its_events(
     assert final.output_text == "And now?"
     assert final.usage.input_tokens == completed.model_extra["input_tokens_after"]
     assert [e.sequence_number for e in events] == list(range(len(events)))
+
+
+async def test_the_summary_runs_in_the_slot_after_the_response_is_created(
+    start_fake_server: StartServer,
+) -> None:
+    """Compaction is a phase of generation: `mlx.compaction.started` reaches the client
+    before the summary is generated, keep-alives flow while it is, and the response's one
+    admission covers it (a newcomer is refused, the compacting response is not)."""
+    engine = FakeEngine(step_delay=0.05)
+    server = await start_fake_server(engine, parallel=1, max_queue_depth=0, sse_keepalive_secs=0.02)
+    body = {"model": "fake-model", "input": history(), "context_management": MANAGED}
+    seen: list[str] = []
+    async with (
+        httpx.AsyncClient(base_url=server.url, timeout=60) as http,
+        http.stream("POST", "/v1/responses", json={**body, "stream": True}) as r,
+    ):
+        async for line in r.aiter_lines():
+            if line.startswith("event: ") or line.startswith(":"):
+                seen.append(line.removeprefix("event: "))
+            if seen[-1:] == ["mlx.compaction.started"]:
+                with trio.fail_after(10):  # the summary, in this response's slot
+                    await wait_until(lambda: engine.active == 1)
+                newcomer = await http.post(
+                    "/v1/responses", json={"model": "fake-model", "input": "hi"}
+                )
+                assert newcomer.status_code == 503
+    started = seen.index("mlx.compaction.started")
+    completed = seen.index("mlx.compaction.completed")
+    assert seen[:started] == ["response.created", "response.in_progress"]
+    assert ": keep-alive" in seen[started:completed]  # the summary took its time, live
+    assert seen[-1] == "response.completed"
 
 
 async def test_a_chained_follow_up_replays_the_summary_without_compacting_again(
