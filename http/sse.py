@@ -44,16 +44,13 @@ _FINISHED = {
 
 
 def event_json(event: ResponseEvent) -> dict[str, Any]:
-    """The event's JSON without its sequence number.
-
-    Every event names its response (`response_id`), but the OpenAI events have no such
-    field: only the `mlx.compaction.*` events, which always carried it, send it."""
+    """The event's JSON without its sequence number."""
     match event:
         case ResponseCreated(record):
             return {"type": "response.created", "response": response_json(record)}
         case ResponseInProgress(record):
             return {"type": "response.in_progress", "response": response_json(record)}
-        case CompactionStarted():
+        case CompactionStarted():  # the `mlx.` events have always named their response
             return {"type": "mlx.compaction.started", **dataclasses.asdict(event)}
         case CompactionCompleted():
             return {"type": "mlx.compaction.completed", **dataclasses.asdict(event)}
@@ -68,43 +65,28 @@ def event_json(event: ResponseEvent) -> dict[str, Any]:
             kind = "added" if isinstance(event, ContentPartAdded) else "done"
             return {
                 "type": f"response.content_part.{kind}",
-                **_in_part(event),
+                "item_id": event.item_id,
+                "output_index": event.output_index,
+                "content_index": event.content_index,
                 "part": part_json(event.part),
             }
-        case ReasoningTextDelta():
-            return {
-                "type": "response.reasoning_text.delta",
-                **_in_part(event),
-                "delta": event.delta,
-            }
-        case ReasoningTextDone():
-            return {"type": "response.reasoning_text.done", **_in_part(event), "text": event.text}
-        case OutputTextDelta():
+        case ReasoningTextDelta() | ReasoningTextDone():
+            kind = "delta" if isinstance(event, ReasoningTextDelta) else "done"
+            return {"type": f"response.reasoning_text.{kind}", **_fields(event)}
+        case OutputTextDelta():  # the most frequent event: no `asdict`
             return {
                 "type": "response.output_text.delta",
-                **_in_part(event),
+                "item_id": event.item_id,
+                "output_index": event.output_index,
+                "content_index": event.content_index,
                 "delta": event.delta,
                 "logprobs": [logprob_json(e) for e in event.logprobs],
             }
         case OutputTextDone():
-            return {
-                "type": "response.output_text.done",
-                **_in_part(event),
-                "text": event.text,
-                "logprobs": [],
-            }
-        case FunctionCallArgumentsDelta():
-            return {
-                "type": "response.function_call_arguments.delta",
-                **_in_item(event),
-                "delta": event.delta,
-            }
-        case FunctionCallArgumentsDone():
-            return {
-                "type": "response.function_call_arguments.done",
-                **_in_item(event),
-                "arguments": event.arguments,
-            }
+            return {"type": "response.output_text.done", **_fields(event), "logprobs": []}
+        case FunctionCallArgumentsDelta() | FunctionCallArgumentsDone():
+            kind = "delta" if isinstance(event, FunctionCallArgumentsDelta) else "done"
+            return {"type": f"response.function_call_arguments.{kind}", **_fields(event)}
         case ResponseFinished(record):
             return {"type": _FINISHED[record.status], "response": response_json(record)}
         case StreamError(code=code, message=message):
@@ -112,25 +94,18 @@ def event_json(event: ResponseEvent) -> dict[str, Any]:
     raise AssertionError(event)
 
 
-def _in_item(event: FunctionCallArgumentsDelta | FunctionCallArgumentsDone) -> dict[str, Any]:
-    """Where an event inside an item points: the item and its output index."""
-    return {"item_id": event.item_id, "output_index": event.output_index}
-
-
-def _in_part(
-    event: ContentPartAdded
-    | ContentPartDone
-    | OutputTextDelta
-    | OutputTextDone
+def _fields(
+    event: OutputTextDone
     | ReasoningTextDelta
-    | ReasoningTextDone,
+    | ReasoningTextDone
+    | FunctionCallArgumentsDelta
+    | FunctionCallArgumentsDone,
 ) -> dict[str, Any]:
-    """Where an event inside a content part points: the item, its index, the part's index."""
-    return {
-        "item_id": event.item_id,
-        "output_index": event.output_index,
-        "content_index": event.content_index,
-    }
+    """The event's own fields, in order, less `response_id`: every event names its
+    response inside the server, but the OpenAI events have no such field."""
+    fields = dataclasses.asdict(event)
+    del fields["response_id"]
+    return fields
 
 
 class SseEncoder:
