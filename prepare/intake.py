@@ -269,34 +269,8 @@ def build_request(
     )
     tail = (compaction,) if compaction is not None else ()
     items, prompt = render(params, history, codec, items, definitions, tail)
-    room = info.context_length - len(prompt)
-    if room < 1 and fits:
-        raise ContextLengthExceeded(
-            f"The input is {len(prompt)} tokens; the context window is "
-            f"{info.context_length} tokens and leaves no room for output."
-        )
-    max_tokens = max(1, min(params.max_output_tokens or room, room))
-    echo = RequestEcho(
-        model=params.model,
-        instructions=params.instructions,
-        max_output_tokens=params.max_output_tokens,
-        temperature=1.0 if params.temperature is None else params.temperature,
-        top_p=1.0 if params.top_p is None else params.top_p,
-        top_logprobs=params.top_logprobs or 0,
-        store=True if params.store is None else params.store,
-        metadata=dict(params.metadata or {}),
-        previous_response_id=params.previous_response_id,
-        tool_choice=params.tool_choice if params.tool_choice is not None else "auto",
-        tools=tuple(params.tools or ()),
-        parallel_tool_calls=True
-        if params.parallel_tool_calls is None
-        else params.parallel_tool_calls,
-        text=params.text if params.text is not None else {"format": {"type": "text"}},
-        reasoning=params.reasoning,
-        user=params.user,
-        conversation_id=conversation_id(params.conversation),
-        background=bool(params.background),
-    )
+    max_tokens = _output_room(params, len(prompt), info.context_length, fits=fits)
+    echo = _request_echo(params)
     response_id, created_at = identity or (new_id("resp"), int(time.time()))
     record = ResponseRecord(
         id=response_id,
@@ -321,4 +295,43 @@ def build_request(
         tools=tools,
         reasoning_opened=codec.opens_reasoning(params.chat_template_kwargs),
         echo_prefix=echo_prefix(params, names.alias, items),
+    )
+
+
+def _output_room(
+    params: ResponseParams, prompt_tokens: int, context_length: int, *, fits: bool = True
+) -> int:
+    """The tokens the reply may take: `max_output_tokens` within the room the prompt
+    leaves, and at least one. A prompt that leaves no room is a 400 unless `fits` is off."""
+    room = context_length - prompt_tokens
+    if room < 1 and fits:
+        raise ContextLengthExceeded(
+            f"The input is {prompt_tokens} tokens; the context window is "
+            f"{context_length} tokens and leaves no room for output."
+        )
+    return max(1, min(params.max_output_tokens or room, room))
+
+
+def _request_echo(params: ResponseParams) -> RequestEcho:
+    """What the response object echoes of its request, with the API's defaults filled in."""
+    return RequestEcho(
+        model=params.model,
+        instructions=params.instructions,
+        max_output_tokens=params.max_output_tokens,
+        temperature=1.0 if params.temperature is None else params.temperature,
+        top_p=1.0 if params.top_p is None else params.top_p,
+        top_logprobs=params.top_logprobs or 0,
+        store=True if params.store is None else params.store,
+        metadata=dict(params.metadata or {}),
+        previous_response_id=params.previous_response_id,
+        tool_choice=params.tool_choice if params.tool_choice is not None else "auto",
+        tools=tuple(params.tools or ()),
+        parallel_tool_calls=True
+        if params.parallel_tool_calls is None
+        else params.parallel_tool_calls,
+        text=params.text if params.text is not None else {"format": {"type": "text"}},
+        reasoning=params.reasoning,
+        user=params.user,
+        conversation_id=conversation_id(params.conversation),
+        background=bool(params.background),
     )

@@ -101,8 +101,24 @@ def build_tokenizer(reader: GGUFReader) -> tuple[Tokenizer, TokenizerFacts]:
 
     bos_id = _opt_int(reader, "tokenizer.ggml.bos_token_id")
     add_bos = bool(field(reader, "tokenizer.ggml.add_bos_token", False))
+    _set_post_processor(tokenizer, tokens, bos_id if add_bos else None)
+    template_text = field(reader, "tokenizer.chat_template", None)
+    facts = TokenizerFacts(
+        tokens=tokens,
+        bos_id=bos_id,
+        eos_ids=_eos_ids(reader, vocab),
+        pad_id=_opt_int(reader, "tokenizer.ggml.padding_token_id"),
+        unk_id=_opt_int(reader, "tokenizer.ggml.unknown_token_id"),
+        add_bos=add_bos,
+        chat_template=str(template_text) if template_text else None,
+    )
+    return tokenizer, facts
+
+
+def _set_post_processor(tokenizer: Tokenizer, tokens: list[str], bos_id: int | None) -> None:
+    """Byte-level offsets, and `bos_id`'s token before each sequence when one is added."""
     byte_level = processors.ByteLevel(trim_offsets=False)
-    if add_bos and bos_id is not None:
+    if bos_id is not None:
         bos = tokens[bos_id]
         template = processors.TemplateProcessing(
             single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, bos_id)]
@@ -111,6 +127,10 @@ def build_tokenizer(reader: GGUFReader) -> tuple[Tokenizer, TokenizerFacts]:
     else:
         tokenizer.post_processor = byte_level
 
+
+def _eos_ids(reader: GGUFReader, vocab: dict[str, int]) -> list[int]:
+    """Every token that ends generation, once each: the declared end-of-sequence and
+    end-of-turn tokens, then the known end-of-turn markers the vocabulary holds."""
     eos_ids: list[int] = []
     candidates = [
         _opt_int(reader, "tokenizer.ggml.eos_token_id"),
@@ -120,17 +140,7 @@ def build_tokenizer(reader: GGUFReader) -> tuple[Tokenizer, TokenizerFacts]:
     for token_id in candidates:
         if token_id is not None and token_id not in eos_ids:
             eos_ids.append(token_id)
-    template_text = field(reader, "tokenizer.chat_template", None)
-    facts = TokenizerFacts(
-        tokens=tokens,
-        bos_id=bos_id,
-        eos_ids=eos_ids,
-        pad_id=_opt_int(reader, "tokenizer.ggml.padding_token_id"),
-        unk_id=_opt_int(reader, "tokenizer.ggml.unknown_token_id"),
-        add_bos=add_bos,
-        chat_template=str(template_text) if template_text else None,
-    )
-    return tokenizer, facts
+    return eos_ids
 
 
 def _set_pre_tokenizer(tokenizer: Tokenizer, pre_name: str) -> None:
