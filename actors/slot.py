@@ -1,0 +1,282 @@
+"""One response's path through a generation slot, from the model's tokens to its end.
+
+`ResponsePath.run` opens a sequence in the model actor, relays its tokens through a
+`ResponseBuilder` to the requester, and ends the record in one place (`end`: stored, its
+turn appended, its reasoning remembered) before the requester sees the end. A request
+with a prelude (compaction) runs it first, in the same slot. The scheduler owns which
+slot runs what; this module owns what a slot does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import logging
+from dataclasses import dataclass, field
+from typing import Literal, TypeVar
+
+import trio
+
+from mlxcel.actors.echo import EchoHandle, turn_key
+from mlxcel.actors.messages import (
+    CompactionStarted,
+    Generate,
+    KeepAlive,
+    ResponseEvent,
+    ResponseFinished,
+    ResponseInProgress,
+    StreamError,
+)
+from mlxcel.actors.responses import ResponseBuilder
+from mlxcel.actors.store import StoreHandle
+from mlxcel.errors import InvalidRequest
+from mlxcel.generation import GenerationRequest, SequenceFailed
+from mlxcel.items import Message, Reasoning, ResponseError, ResponseRecord, Usage
+from mlxcel.model.actor import ModelHandle
+
+log = logging.getLogger(__name__)
+
+STORE_DEADLINE_SECS = 10.0
+"""Ending a record is shielded from cancellation, but never waits on a stopped store
+for ever (a hard shutdown)."""
+
+Ending = Literal["cancelled", "gone", "shutdown"]
+T = TypeVar("T")
+
+
+class ClientGone(Exception):
+    """The requester stopped reading (closed its channel, or missed the send deadline)."""
+
+
+@dataclass
+class Running:
+    """A response a slot is running: how to stop it, and who waits for its end."""
+
+    request: GenerationRequest
+    scope: trio.CancelScope = field(default_factory=trio.CancelScope)
+    ending: Ending | None = None
+    """Why the scope was cancelled (the first reason wins)."""
+    ended: ResponseRecord | None = None
+    """The final record, once `_end` has stored it."""
+    waiters: list[trio.MemorySendChannel[ResponseRecord | None]] = field(default_factory=list)
+
+    def stop(self, ending: Ending) -> None:
+        if self.ending is None:
+            self.ending = ending
+        self.scope.cancel()
+
+
+class ResponsePath:
+    """What a slot does with one response (see the module docstring)."""
+
+    def __init__(
+        self,
+        model: ModelHandle,
+        store: StoreHandle,
+        echo: EchoHandle,
+        *,
+        keepalive_secs: float,
+        send_timeout_secs: float,
+    ) -> None:
+        self._model = model
+        self._store = store
+        self._echo = echo
+        self._keepalive = keepalive_secs
+        self._send_timeout = send_timeout_secs
+
+    async def run(self, command: Generate, running: Running) -> None:
+        """Run the response to its end, stored before its requester sees it."""
+        request = command.request
+        events, record = await self._outcome(command, running)
+        running.ended = record = await self.end(request, record)
+        for waiter in running.waiters:
+            answer(waiter, record)
+        running.waiters.clear()
+        # Outside the cancel scope: a cancel racing the end cannot cut the `.done`
+        # events short, and the record is already stored.
+        await self._deliver(command.reply, [*events, ResponseFinished(record)])
+
+    async def end_queued(
+        self,
+        command: Generate,
+        waiter: trio.MemorySendChannel[ResponseRecord | None] | None,
+        ending: Ending,
+    ) -> None:
+        """A response ended before a slot took it: stored and reported like any end."""
+        request = command.request
+        builder = ResponseBuilder(request.record, len(request.prompt))
+        events, record = _stopped(builder, ending)
+        async with command.reply:
+            record = await self.end(request, record)
+            if waiter is not None:
+                answer(waiter, record)
+            await self._deliver(command.reply, [*events, ResponseFinished(record)])
+
+    async def _outcome(
+        self, command: Generate, running: Running
+    ) -> tuple[list[ResponseEvent], ResponseRecord]:
+        """The response's closing events and final record, however it ends."""
+        request = command.request
+        builder: ResponseBuilder | None = None
+        try:
+            with running.scope:
+                announced = request.prelude is not None
+                if announced:
+                    request = await self._prelude(command)
+                builder = ResponseBuilder(
+                    request.record,
+                    len(request.prompt),
+                    request.tools,
+                    reasoning_opened=request.reasoning_opened,
+                    compaction=request.compaction,
+                )
+                await self._send(command.reply, builder.start(announced=announced))
+                return await self._drive(command.reply, request, builder)
+            assert running.ending is not None  # only `stop` cancels the scope
+            ending = running.ending
+        except ClientGone:
+            log.info("client left %s; its sequence is stopped", request.record.id)
+            ending = "gone"
+        except InvalidRequest as exc:  # a prelude that cannot help (compaction)
+            log.info("response %s: %s", request.record.id, exc.message)
+            error = StreamError(request.record.id, "invalid_prompt", exc.message)
+            return [error], _failed(request, exc.message, code="invalid_prompt")
+        except Exception:
+            # Whatever failed while building this response fails it alone.
+            log.exception("response %s failed", request.record.id)
+            message = "The server had an error while generating this response."
+            error = StreamError(request.record.id, "server_error", message)
+            return [error], _failed(request, message)
+        if builder is None:
+            builder = ResponseBuilder(request.record, len(request.prompt))
+        try:
+            return _stopped(builder, ending)
+        except Exception:
+            log.exception("response %s could not be closed", request.record.id)
+            return _stopped(ResponseBuilder(request.record, len(request.prompt)), ending)
+
+    async def _prelude(self, command: Generate) -> GenerationRequest:
+        """The request's first phase (compaction), in this slot under its one admission:
+        announced at once, its summary generated here with keep-alives flowing."""
+        request, reply = command.request, command.reply
+        assert request.prelude is not None
+        response_id = request.record.id
+        started = CompactionStarted(response_id, len(request.prompt))
+        await self._send(reply, [ResponseInProgress(request.record), started])
+        generate = functools.partial(self._generate_here, reply, response_id)
+        return await request.prelude(generate)
+
+    async def _generate_here(
+        self, reply: trio.MemorySendChannel[ResponseEvent], owner: str, request: GenerationRequest
+    ) -> ResponseRecord:
+        """`request` run in this slot for the response `owner` (its summary): only
+        keep-alives reach the requester."""
+        builder = ResponseBuilder(request.record, len(request.prompt))
+        _, record = await self._drive(reply, request, builder, owner=owner, forward=False)
+        return record
+
+    async def _drive(
+        self,
+        reply: trio.MemorySendChannel[ResponseEvent],
+        request: GenerationRequest,
+        builder: ResponseBuilder,
+        *,
+        owner: str | None = None,
+        forward: bool = True,
+    ) -> tuple[list[ResponseEvent], ResponseRecord]:
+        """Generate `request`'s tokens through `builder`, sending its events (or, when not
+        `forward`, only keep-alives for `owner`) to the requester."""
+        alive = KeepAlive(owner or request.record.id)
+        async with self._model.open_sequence(list(request.prompt), request.sampling) as tokens:
+            while True:
+                with trio.move_on_after(self._keepalive) as idle:
+                    try:
+                        step = await tokens.receive()
+                    except trio.EndOfChannel:
+                        break
+                if idle.cancelled_caught:
+                    await self._send(reply, [alive])
+                    continue
+                if isinstance(step, SequenceFailed):
+                    return builder.fail("server_error", step.message)
+                events = builder.feed(step)
+                if forward:
+                    await self._send(reply, events)
+                if step.finish is not None:
+                    return builder.finish(step.finish)
+        # The channel ended without a finishing step: the engine dropped the sequence.
+        return builder.fail("server_error", "the sequence was dropped")
+
+    async def _send(
+        self, reply: trio.MemorySendChannel[ResponseEvent], events: list[ResponseEvent]
+    ) -> None:
+        """Send to the requester, who must take each event within the send deadline."""
+        for event in events:
+            with trio.move_on_after(self._send_timeout) as late:
+                try:
+                    await reply.send(event)
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    raise ClientGone from None
+            if late.cancelled_caught:
+                raise ClientGone
+
+    async def _deliver(
+        self, reply: trio.MemorySendChannel[ResponseEvent], events: list[ResponseEvent]
+    ) -> None:
+        """The closing events: a requester gone by now changes nothing (the record is kept)."""
+        with contextlib.suppress(ClientGone):
+            await self._send(reply, events)
+
+    async def end(self, request: GenerationRequest, record: ResponseRecord) -> ResponseRecord:
+        """The one place a response ends: stored, its turn appended and its reasoning
+        remembered, before the requester can see the end. Called once per response."""
+        with trio.move_on_after(STORE_DEADLINE_SECS) as scope:
+            scope.shield = True  # a cancel must not interrupt storing its result
+            try:
+                if record.echo.store and not record.echo.background:  # jobs store their own
+                    await self._store.put(record)
+                conversation = record.echo.conversation_id
+                if conversation is not None and record.status in ("completed", "incomplete"):
+                    turn = record.input_items + record.output
+                    await self._store.append(conversation, turn, response_id=record.id)
+                await self._remember_reasoning(request, record)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                log.warning("the store has stopped; response %s was not kept", record.id)
+        return record
+
+    async def _remember_reasoning(self, request: GenerationRequest, record: ResponseRecord) -> None:
+        """An ordinary reply (reasoning, then a message; no tool calls) is remembered."""
+        if request.echo_prefix is None or record.status != "completed":
+            return
+        match record.output:
+            case (Reasoning(text=trace), Message() as message) if trace.strip():
+                await self._echo.remember(turn_key(request.echo_prefix, message.text), trace)
+
+
+def _stopped(
+    builder: ResponseBuilder, ending: Ending
+) -> tuple[list[ResponseEvent], ResponseRecord]:
+    """A response stopped before its end: cancelled (by a cancel or a client that left),
+    or cut short by a shutdown (what was generated is kept, `incomplete`)."""
+    if ending == "shutdown":
+        return builder.interrupt("incomplete", reason="server_shutdown")
+    return builder.interrupt("cancelled")
+
+
+def _failed(
+    request: GenerationRequest, message: str, *, code: str = "server_error"
+) -> ResponseRecord:
+    return dataclasses.replace(
+        request.record,
+        status="failed",
+        output=(),
+        usage=Usage(input_tokens=len(request.prompt)),
+        error=ResponseError(code, message),
+    )
+
+
+def answer(reply: trio.MemorySendChannel[T], value: T) -> None:
+    """Answer a one-shot reply channel (buffer 1); a requester that left changes nothing."""
+    with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError, trio.WouldBlock):
+        reply.send_nowait(value)
