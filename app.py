@@ -60,41 +60,7 @@ async def serve(
     if settings.tool_call_parser is not None:
         factory = functools.partial(_with_tool_parser, factory, settings.tool_call_parser)
     async with trio.open_nursery() as nursery:
-        store = await nursery.start(
-            StoreActor(
-                settings.responses, settings.conversations, settings.background_ephemeral_ttl_secs
-            ).run
-        )
-        echo = await nursery.start(EchoActor(settings.reasoning_echo_max_bytes).run)
-        model = await nursery.start(ModelActor(factory, settings.parallel).run)
-        scheduler_actor = Scheduler(
-            model,
-            store,
-            echo,
-            parallel=settings.parallel,
-            max_queue_depth=settings.max_queue_depth,
-            keepalive_secs=settings.sse_keepalive_secs,
-            send_timeout_secs=settings.send_timeout_secs,
-        )
-        scheduler = await nursery.start(scheduler_actor.run)
-        supervisor = JobSupervisor(
-            scheduler,
-            store,
-            max_jobs=settings.background_max_jobs,
-            max_bytes=settings.responses.max_bytes,
-        )
-        jobs = await nursery.start(supervisor.run)
-        handles = Handles(
-            model,
-            scheduler,
-            store,
-            jobs,
-            echo,
-            names,
-            background_enabled=settings.background_enabled,
-            api_keys=settings.api_keys,
-            stopping=shutdown,
-        )
+        handles = await _start_actors(nursery, settings, factory, names, shutdown)
         app = create_app(handles, body_timeout_secs=settings.body_timeout_secs)
         async with trio.open_nursery() as edge:
             http = functools.partial(
@@ -111,9 +77,55 @@ async def serve(
             urls = await edge.start(http)
             log.info("listening on %s (model %s)", ", ".join(urls), names.alias)
             task_status.started(urls)
-            edge.start_soon(_drain, shutdown, settings.shutdown_timeout_secs, scheduler, jobs)
+            grace = settings.shutdown_timeout_secs
+            edge.start_soon(_drain, shutdown, grace, handles.scheduler, handles.jobs)
         # HTTP has stopped and every response has ended: stop the actors.
         nursery.cancel_scope.cancel()
+
+
+async def _start_actors(
+    nursery: trio.Nursery,
+    settings: Settings,
+    factory: EngineFactory,
+    names: ModelNames,
+    shutdown: trio.Event,
+) -> Handles:
+    """Start store → echo → model → scheduler → jobs in `nursery`, each once the one
+    before is ready; the handles the HTTP edge talks to."""
+    store_actor = StoreActor(
+        settings.responses, settings.conversations, settings.background_ephemeral_ttl_secs
+    )
+    store = await nursery.start(store_actor.run)
+    echo = await nursery.start(EchoActor(settings.reasoning_echo_max_bytes).run)
+    model = await nursery.start(ModelActor(factory, settings.parallel).run)
+    scheduler_actor = Scheduler(
+        model,
+        store,
+        echo,
+        parallel=settings.parallel,
+        max_queue_depth=settings.max_queue_depth,
+        keepalive_secs=settings.sse_keepalive_secs,
+        send_timeout_secs=settings.send_timeout_secs,
+    )
+    scheduler = await nursery.start(scheduler_actor.run)
+    supervisor = JobSupervisor(
+        scheduler,
+        store,
+        max_jobs=settings.background_max_jobs,
+        max_bytes=settings.responses.max_bytes,
+    )
+    jobs = await nursery.start(supervisor.run)
+    return Handles(
+        model,
+        scheduler,
+        store,
+        jobs,
+        echo,
+        names,
+        background_enabled=settings.background_enabled,
+        api_keys=settings.api_keys,
+        stopping=shutdown,
+    )
 
 
 async def _drain(
