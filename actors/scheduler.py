@@ -56,7 +56,7 @@ class Scheduler:
         parallel: int,
         max_queue_depth: int,
         keepalive_secs: float,
-        send_timeout_secs: float = 30.0,
+        send_timeout_secs: float,
     ) -> None:
         self._path = ResponsePath(
             model,

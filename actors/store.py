@@ -215,7 +215,7 @@ class StoreHandle:
 
 class StoreActor:
     def __init__(
-        self, responses: StoreLimits, conversations: StoreLimits, ephemeral_ttl_secs: float = 600
+        self, responses: StoreLimits, conversations: StoreLimits, ephemeral_ttl_secs: float
     ) -> None:
         ephemeral = StoreLimits(responses.max_entries, responses.max_bytes, ephemeral_ttl_secs)
         self._tables: dict[Table, BoundedTable | PinnedTable] = {

@@ -8,19 +8,17 @@ from __future__ import annotations
 
 import time
 
-from quart import Blueprint, Response, request
+from quart import Blueprint, Response
 
-from mlxcel.actors.messages import AddItems, ConversationChange, Refused, RemoveItem, SetMetadata
+from mlxcel.actors.messages import ConversationChange, Refused, SetMetadata
 from mlxcel.actors.store import StoreHandle, conversation_not_found
-from mlxcel.errors import InvalidRequest, NotFound
+from mlxcel.errors import InvalidRequest
 from mlxcel.http.body import read_model
 from mlxcel.http.handles import handles, json_response
-from mlxcel.http.objects import conversation_json, item_json
+from mlxcel.http.objects import conversation_json
 from mlxcel.http.schemas import (
     ConversationCreateBody,
-    ConversationItemsBody,
     ConversationUpdateBody,
-    list_page,
     to_items,
 )
 from mlxcel.items import Conversation, new_conversation_id
@@ -28,7 +26,8 @@ from mlxcel.items import Conversation, new_conversation_id
 conversations = Blueprint("conversations", __name__)
 
 
-def _check_enabled() -> None:
+def check_enabled() -> None:
+    """A 400 when the conversation store is off."""
     if not _store().conversations_limits.enabled:
         raise InvalidRequest(
             "The conversation store is disabled on this server "
@@ -37,15 +36,16 @@ def _check_enabled() -> None:
         )
 
 
-async def _existing(conversation_id: str) -> Conversation:
-    _check_enabled()
+async def existing_conversation(conversation_id: str) -> Conversation:
+    """The conversation, or a 404."""
+    check_enabled()
     found = await _store().get_conversation(conversation_id)
     if found is None:
         raise conversation_not_found(conversation_id)
     return found
 
 
-async def _changed(conversation_id: str, change: ConversationChange) -> Conversation:
+async def changed_conversation(conversation_id: str, change: ConversationChange) -> Conversation:
     """The transcript after `change`; a refused change leaves it as it was."""
     outcome = await _store().change(conversation_id, change)
     if outcome is Refused.MISSING:
@@ -62,7 +62,7 @@ async def _changed(conversation_id: str, change: ConversationChange) -> Conversa
 
 @conversations.post("/conversations")
 async def create_conversation() -> Response:
-    _check_enabled()
+    check_enabled()
     body = await read_model(ConversationCreateBody, empty={})
     conversation = Conversation(
         id=new_conversation_id(),
@@ -79,65 +79,22 @@ async def create_conversation() -> Response:
 
 @conversations.get("/conversations/<conversation_id>")
 async def retrieve_conversation(conversation_id: str) -> Response:
-    return json_response(conversation_json(await _existing(conversation_id)))
+    return json_response(conversation_json(await existing_conversation(conversation_id)))
 
 
 @conversations.post("/conversations/<conversation_id>")
 async def update_conversation(conversation_id: str) -> Response:
-    await _existing(conversation_id)
+    await existing_conversation(conversation_id)
     body = await read_model(ConversationUpdateBody)
-    updated = await _changed(conversation_id, SetMetadata(dict(body.metadata)))
+    updated = await changed_conversation(conversation_id, SetMetadata(dict(body.metadata)))
     return json_response(conversation_json(updated))
 
 
 @conversations.delete("/conversations/<conversation_id>")
 async def delete_conversation(conversation_id: str) -> Response:
-    await _existing(conversation_id)
+    await existing_conversation(conversation_id)
     await _store().delete_conversation(conversation_id)
     return json_response({"id": conversation_id, "object": "conversation.deleted", "deleted": True})
-
-
-@conversations.get("/conversations/<conversation_id>/items")
-async def list_conversation_items(conversation_id: str) -> Response:
-    conversation = await _existing(conversation_id)
-    items = [item_json(i) for i in conversation.items]
-    return json_response(list_page(items, request.args))
-
-
-@conversations.post("/conversations/<conversation_id>/items")
-async def create_conversation_items(conversation_id: str) -> Response:
-    await _existing(conversation_id)
-    body = await read_model(ConversationItemsBody)
-    items = to_items(body.items)
-    await _changed(conversation_id, AddItems(items))
-    data = [item_json(i) for i in items]
-    return json_response(
-        {
-            "object": "list",
-            "data": data,
-            "first_id": data[0]["id"],
-            "last_id": data[-1]["id"],
-            "has_more": False,
-        }
-    )
-
-
-@conversations.get("/conversations/<conversation_id>/items/<item_id>")
-async def retrieve_conversation_item(conversation_id: str, item_id: str) -> Response:
-    conversation = await _existing(conversation_id)
-    for item in conversation.items:
-        if item.id == item_id:
-            return json_response(item_json(item))
-    raise NotFound(f"Item with id '{item_id[:64]}' not found.", code="not_found")
-
-
-@conversations.delete("/conversations/<conversation_id>/items/<item_id>")
-async def delete_conversation_item(conversation_id: str, item_id: str) -> Response:
-    conversation = await _existing(conversation_id)
-    if not any(item.id == item_id for item in conversation.items):
-        raise NotFound(f"Item with id '{item_id[:64]}' not found.", code="not_found")
-    updated = await _changed(conversation_id, RemoveItem(item_id))
-    return json_response(conversation_json(updated))
 
 
 def _store() -> StoreHandle:

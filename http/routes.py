@@ -1,9 +1,9 @@
 """The app: every blueprint mounted with and without `/v1`, one error handler, and the
 guards every request passes first.
 
-The blueprints (`responses`, `compact`, `stored`, `conversations`, `service`) are thin:
-body → prepare → one actor command → JSON or SSE. They read the actors' handles from
-the app (`http/handles.py`).
+The blueprints (`responses`, `compact`, `stored`, `conversations`, `conversation_items`,
+`service`) are thin: body → prepare → one actor command → JSON or SSE. They read the
+actors' handles from the app (`http/handles.py`).
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from quart_trio import QuartTrio
 
 from mlxcel.http.body import MAX_BODY_BYTES
 from mlxcel.http.compact import compact
+from mlxcel.http.conversation_items import conversation_items
 from mlxcel.http.conversations import conversations
 from mlxcel.http.errors import map_error
 from mlxcel.http.exchange import App
@@ -24,11 +25,18 @@ from mlxcel.http.stored import stored
 
 __all__ = ["Handles", "create_app"]
 
-API: tuple[Blueprint, ...] = (responses, compact, stored, conversations, service)
+API: tuple[Blueprint, ...] = (
+    responses,
+    compact,
+    stored,
+    conversations,
+    conversation_items,
+    service,
+)
 """Mounted twice: under `/v1`, as the SDKs call them, and at the root."""
 
 
-def create_app(handles_: Handles, *, body_timeout_secs: float = 60.0) -> QuartTrio:
+def create_app(handles_: Handles, *, body_timeout_secs: float) -> QuartTrio:
     app = App("mlxcel", static_folder=None)  # no static files: only the API's routes
     # Generation can take minutes; streams end when generation ends, not on a timer.
     app.config["RESPONSE_TIMEOUT"] = None

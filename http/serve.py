@@ -44,10 +44,10 @@ async def serve_http(
     host: str,
     port: int,
     *,
-    max_connections: int = 1024,
-    header_timeout: float = 30.0,
+    max_connections: int,
+    header_timeout: float,
     shutdown_trigger: Callable[[], Awaitable[None]] = trio.sleep_forever,
-    graceful_timeout: float = 2.0,
+    graceful_timeout: float,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve until cancelled, or until `shutdown_trigger` returns and the open connections

@@ -14,7 +14,7 @@ from mlxcel.actors.jobs import BYTES_PER_OUTPUT_TOKEN, JobsHandle, JobSupervisor
 from mlxcel.actors.messages import Table
 from mlxcel.actors.scheduler import Scheduler
 from mlxcel.actors.store import StoreActor, StoreHandle, approx_json_size
-from mlxcel.config import StoreLimits
+from mlxcel.config import Settings, StoreLimits
 from mlxcel.errors import RateLimited
 from mlxcel.generation import GenerateText, GenerationRequest, Sampling
 from mlxcel.items import RequestEcho, ResponseRecord, Usage, new_id
@@ -22,6 +22,8 @@ from mlxcel.model.actor import ModelActor
 from mlxcel.model.fake import FakeCodec, FakeEngine, fake_factory
 
 from support import wait_until
+
+DEFAULTS = Settings()
 
 
 async def start(
@@ -44,6 +46,7 @@ async def start(
             parallel=1,
             max_queue_depth=0,
             keepalive_secs=3600,
+            send_timeout_secs=DEFAULTS.send_timeout_secs,
         ).run
     )
     jobs = await nursery.start(

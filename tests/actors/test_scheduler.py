@@ -19,7 +19,7 @@ from mlxcel.actors.messages import (
 )
 from mlxcel.actors.scheduler import Scheduler, SchedulerHandle
 from mlxcel.actors.store import StoreActor, StoreHandle
-from mlxcel.config import StoreLimits
+from mlxcel.config import Settings, StoreLimits
 from mlxcel.errors import QueueFull
 from mlxcel.generation import GenerationRequest, Sampling
 from mlxcel.items import RequestEcho, ResponseRecord, new_id
@@ -27,6 +27,8 @@ from mlxcel.model.actor import ModelActor
 from mlxcel.model.fake import FakeCodec, FakeEngine, fake_factory
 
 from support import wait_until
+
+DEFAULTS = Settings()
 
 
 async def start(
@@ -37,12 +39,20 @@ async def start(
     keepalive: float = 10,
 ) -> tuple[SchedulerHandle, StoreHandle]:
     limits = StoreLimits(100, 1 << 20, 0)
-    store = await nursery.start(StoreActor(limits, limits).run)
+    store = await nursery.start(
+        StoreActor(limits, limits, DEFAULTS.background_ephemeral_ttl_secs).run
+    )
     model = await nursery.start(ModelActor(functools.partial(fake_factory, engine), parallel).run)
     await model.ready.wait()
     echo = await nursery.start(EchoActor(0).run)
     scheduler = Scheduler(
-        model, store, echo, parallel=parallel, max_queue_depth=depth, keepalive_secs=keepalive
+        model,
+        store,
+        echo,
+        parallel=parallel,
+        max_queue_depth=depth,
+        keepalive_secs=keepalive,
+        send_timeout_secs=DEFAULTS.send_timeout_secs,
     )
     return await nursery.start(scheduler.run), store
 

@@ -11,7 +11,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from mlxcel.actors.messages import AddItems, Refused
 from mlxcel.actors.store import BoundedTable, StoreActor, StoreHandle, approx_json_size
-from mlxcel.config import StoreLimits
+from mlxcel.config import Settings, StoreLimits
 from mlxcel.errors import NotFound
 from mlxcel.items import (
     Conversation,
@@ -23,6 +23,8 @@ from mlxcel.items import (
     new_conversation_id,
     new_id,
 )
+
+DEFAULTS = Settings()
 
 OFF = StoreLimits(0, 0, 0)
 
@@ -40,7 +42,8 @@ def record(rid: str, text: str = "x") -> ResponseRecord:
 async def start(
     nursery: trio.Nursery, limits: StoreLimits, conversations: StoreLimits = OFF
 ) -> StoreHandle:
-    handle: StoreHandle = await nursery.start(StoreActor(limits, conversations).run)
+    actor = StoreActor(limits, conversations, DEFAULTS.background_ephemeral_ttl_secs)
+    handle: StoreHandle = await nursery.start(actor.run)
     return handle
 
 

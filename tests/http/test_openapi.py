@@ -15,6 +15,7 @@ import pytest
 import schemathesis
 from schemathesis.core.result import Ok
 
+from mlxcel.config import Settings
 from mlxcel.http.openapi import OPERATIONS
 from mlxcel.http.routes import create_app
 from mlxcel.http.schemas import CreateResponseBody
@@ -86,7 +87,7 @@ async def test_the_document_is_valid_openapi(document: dict[str, Any]) -> None:
 
 
 async def test_every_mounted_route_is_in_the_document(document: dict[str, Any]) -> None:
-    app = create_app(MagicMock())
+    app = create_app(MagicMock(), body_timeout_secs=Settings().body_timeout_secs)
     mounted = set()
     for rule in app.url_map.iter_rules():
         path = re.sub(r"<(?:[^<>:]+:)?([^<>]+)>", r"{\1}", rule.rule)
