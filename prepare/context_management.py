@@ -54,7 +54,7 @@ async def build_managed(
     if before < threshold and before < info.context_length:
         return generation
     identity = (generation.record.id, generation.record.created_at)
-    compaction = Compaction(
+    compaction = CompactionPrelude(
         names.alias, info, codec, build, identity, history + items, before, threshold
     )
     if check_now:
@@ -66,7 +66,7 @@ async def build_managed(
 
 
 @dataclass(frozen=True, slots=True)
-class Compaction:
+class CompactionPrelude:
     """The prelude: summarise in the slot, then build the compacted request."""
 
     alias: str
