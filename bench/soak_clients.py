@@ -36,7 +36,6 @@ OUTCOMES = (
     "incomplete",
     "cancelled",
     "failed",
-    "left-early",
     "503",
     "429",
     "5xx",
@@ -44,9 +43,9 @@ OUTCOMES = (
     "lost",
     "stuck",
 )
-"""`left-early`: a stream hung up right after `response.created`; a response withdrawn
-while still queued is never stored, so it is not looked up. `failed`: a server error
-ended the response. `error`: a connection error or an unexpected 4xx."""
+"""`failed`: a server error ended the response. `error`: a connection error or an
+unexpected 4xx. A stream that hangs up, even right after `response.created`, must still
+be found stored: never appearing is `lost`."""
 JOB_KINDS = {"job": 0.6, "job-cancel": 0.25, "job-cancel-running": 0.15}
 STREAM_KINDS = {
     "stream-read": 0.4,
@@ -265,9 +264,10 @@ async def stream_hang_up(s: Soak, rng: random.Random, kind: str) -> None:
             if seen > after or event["type"] in TERMINAL_EVENTS:
                 break
     # Leaving the block unread closes the connection.
-    if response_id is None or not started:
-        s.tally.add(kind, "left-early" if early else "lost", None if early else "no events")
+    if response_id is None:
+        s.tally.add(kind, "lost", "no response.created")
         return
+    # Queued or running when its client left, the response is stored (cancelled).
     await settle(s, rng, kind, response_id, stored=False)
 
 
