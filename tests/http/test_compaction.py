@@ -17,7 +17,16 @@ from mlxcel.items import FunctionCall, FunctionCallOutput, InputText, Item, Mess
 from mlxcel.model.fake import DEFAULT_REPLY, FakeEngine
 from mlxcel.prepare.compaction import cut_points, split
 
-from support import FakeServer, StartServer, count, in_thread, post, wait_until
+from support import (
+    FakeServer,
+    StartServer,
+    count,
+    in_thread,
+    post,
+    raw_request,
+    read_until,
+    wait_until,
+)
 
 
 def user(text: str) -> Message:
@@ -291,6 +300,36 @@ async def test_the_summary_runs_in_the_slot_after_the_response_is_created(
     assert seen[:started] == ["response.created", "response.in_progress"]
     assert ": keep-alive" in seen[started:completed]  # the summary took its time, live
     assert seen[-1] == "response.completed"
+
+
+@pytest.mark.parametrize("leave", ["hang up", "cancel"])
+async def test_leaving_during_the_summary_frees_the_slot_and_keeps_the_response(
+    start_fake_server: StartServer, leave: str
+) -> None:
+    """A client that hangs up, or cancels, while its response's summary is generated:
+    the summary stops, the slot is free, and the response is stored `cancelled`."""
+    engine = FakeEngine(step_delay=0.05)
+    server = await start_fake_server(engine, parallel=1, max_queue_depth=0)
+    body = {"model": "fake-model", "input": history(), "context_management": MANAGED}
+    stream = await raw_request(server.url, {**body, "stream": True})
+    seen = await read_until(stream, b"event: mlx.compaction.started")
+    response_id = seen.split(b'"id":"', 1)[1].split(b'"', 1)[0].decode()
+    async with httpx.AsyncClient(base_url=server.url, timeout=60) as http:
+        with trio.fail_after(10):  # the summary is being generated
+            await wait_until(lambda: engine.active == 1)
+        if leave == "cancel":
+            cancelled = await http.post(f"/v1/responses/{response_id}/cancel")
+            assert cancelled.json()["status"] == "cancelled"
+        await stream.aclose()
+        with trio.fail_after(10):
+            await wait_until(lambda: engine.active == 0)
+            while (r := await http.get(f"/v1/responses/{response_id}")).status_code == 404:  # noqa: ASYNC110 - polled over HTTP
+                await trio.sleep(0.01)
+        assert r.json()["status"] == "cancelled"
+        assert (await http.get("/health")).json()["slots"]["busy"] == 0
+        ordinary = await http.post("/v1/responses", json={"model": "fake-model", "input": "hi"})
+        assert ordinary.status_code == 200
+        assert ordinary.json()["status"] == "completed"
 
 
 async def test_a_chained_follow_up_replays_the_summary_without_compacting_again(
