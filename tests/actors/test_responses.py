@@ -13,95 +13,57 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import re
-from collections.abc import Iterator, Sequence
-from typing import Any, Literal
+from collections.abc import Sequence
 from unittest import mock
 
 import pytest
+from builder_stream import (
+    F_CALL,
+    HI,
+    NAMES,
+    Script,
+    builder,
+    feed,
+    hermes,
+    plain,
+    replay,
+)
 
 from mlxcel.actors.messages import (
     CompactionCompleted,
     CompactionStarted,
     ContentPartAdded,
     ContentPartDone,
-    FunctionCallArgumentsDelta,
     FunctionCallArgumentsDone,
     OutputItemAdded,
     OutputItemDone,
     OutputTextDelta,
     OutputTextDone,
     ReasoningTextDelta,
-    ReasoningTextDone,
     ResponseEvent,
     ResponseInProgress,
     StreamError,
 )
 from mlxcel.actors.responses import ResponseBuilder
-from mlxcel.generation import CompactionReport, FinishReason, TokenStep, ToolUse
+from mlxcel.generation import CompactionReport, TokenStep
 from mlxcel.items import (
     Compaction,
     FunctionCall,
-    Item,
     Message,
     OutputText,
     Reasoning,
     RequestEcho,
-    ResponseError,
     ResponseRecord,
-    TokenLogprob,
     Usage,
     new_id,
 )
 from mlxcel.model.tool_parsers import (
-    PARSERS,
     CallArguments,
     CallClosed,
     CallDropped,
     CallOpened,
     ParseEvent,
-    TextPiece,
 )
-
-NAMES = frozenset({"f", "g"})
-
-
-class ScriptedParser:
-    """Reports the next scripted batch of events for each piece of text it is fed."""
-
-    def __init__(self, batches: Sequence[Sequence[ParseEvent]]) -> None:
-        self._batches = list(batches)
-
-    def feed(self, text: str) -> list[ParseEvent]:
-        return list(self._batches.pop(0)) if self._batches else []
-
-    def finish(self) -> list[ParseEvent]:
-        rest = [e for batch in self._batches for e in batch]
-        self._batches = []
-        return rest
-
-    @property
-    def text(self) -> str:
-        return ""
-
-
-Script = list[list[ParseEvent]]
-
-
-@pytest.fixture
-def script() -> Iterator[Script]:
-    """The batches the `scripted` tool-call format's parser reports (fill it in)."""
-    batches: Script = []
-    with mock.patch.dict(PARSERS, {"scripted": lambda names, schemas: ScriptedParser(batches)}):
-        yield batches
-
-
-def builder(
-    *, kind: str = "scripted", required: bool = False, parallel: bool = True
-) -> ResponseBuilder:
-    record = ResponseRecord(new_id("resp"), 0, "queued", RequestEcho(model="m"))
-    tools = ToolUse(NAMES, required, parser=kind, parallel=parallel)
-    return ResponseBuilder(record, 3, tools)
 
 
 def run(b: ResponseBuilder, pieces: Sequence[str]) -> tuple[list[ResponseEvent], ResponseRecord]:
@@ -177,130 +139,6 @@ def test_a_deeply_nested_bare_reply_stays_text(required: bool) -> None:
     assert check(events, record) == []
     assert record.output_text == reply
     assert json.loads(json.dumps(record.output_text)) == reply
-
-
-# --- the stream's grammar --------------------------------------------------------
-
-
-@dataclasses.dataclass
-class Streamed:
-    """One output item as its events told it."""
-
-    added: Item
-    kinds: list[str] = dataclasses.field(default_factory=list)
-    text: str = ""  # its text, reasoning or argument deltas, joined
-    logprobs: list[TokenLogprob] = dataclasses.field(default_factory=list)
-    done: Item | None = None
-
-
-_GRAMMAR = {
-    Message: "added part_added (delta )*text_done part_done done",
-    Reasoning: "added (delta )*text_done done",
-    FunctionCall: "added (delta )*text_done done",
-    Compaction: "added done",
-}
-
-
-def replay(events: Sequence[ResponseEvent]) -> list[Streamed]:
-    """The items a stream describes, by output index, checked against the grammar."""
-    items: list[Streamed] = []
-    assert len({e.response_id for e in events}) <= 1, "every event names the one response"
-
-    def at(index: int, item_id: str | None, kind: str) -> Streamed:
-        assert 0 <= index < len(items), f"{kind} for output index {index} before it was added"
-        item = items[index]
-        assert item.done is None, f"{kind} for output index {index} after it was done"
-        assert item_id is None or item_id == item.added.id
-        item.kinds.append(kind)
-        return item
-
-    for event in events:
-        match event:
-            case OutputItemAdded(_, index, added):
-                assert index == len(items), "a new item takes the next output index"
-                assert added.id is not None
-                assert getattr(added, "status", "in_progress") == "in_progress"
-                items.append(Streamed(added, ["added"]))
-            case ContentPartAdded(_, item_id, index, content_index, part):
-                at(index, item_id, "part_added")
-                assert (content_index, part) == (0, OutputText(""))
-            case OutputTextDelta(_, item_id, index, content_index, delta, logprobs):
-                item = at(index, item_id, "delta")
-                assert content_index == 0
-                item.text += delta
-                item.logprobs += logprobs
-            case ReasoningTextDelta(_, item_id, index, content_index, delta):
-                item = at(index, item_id, "delta")
-                assert content_index == 0
-                item.text += delta
-            case FunctionCallArgumentsDelta(_, item_id, index, delta):
-                at(index, item_id, "delta").text += delta
-            case OutputTextDone(_, item_id, index, _, text) | ReasoningTextDone(
-                _, item_id, index, _, text
-            ):
-                assert at(index, item_id, "text_done").text == text
-            case FunctionCallArgumentsDone(_, item_id, index, arguments):
-                assert at(index, item_id, "text_done").text == arguments
-            case ContentPartDone(_, item_id, index, _, part):
-                item = at(index, item_id, "part_done")
-                assert part == OutputText(item.text, tuple(item.logprobs))
-            case OutputItemDone(_, index, done):
-                item = at(index, done.id, "done")
-                assert type(done) is type(item.added)
-                assert re.fullmatch(_GRAMMAR[type(done)], " ".join(item.kinds)), item.kinds
-                item.done = done
-    for index, item in enumerate(items):
-        assert item.done is not None, f"output index {index} was never done"
-        match item.done:
-            case Message(content=content, status=status):
-                assert content == (OutputText(item.text, tuple(item.logprobs)),)
-                assert status != "in_progress"
-            case Reasoning(text=text, status=status):
-                assert text == item.text
-                assert status != "in_progress"
-            case FunctionCall(arguments=arguments, status=status):
-                assert isinstance(item.added, FunctionCall)
-                assert arguments == item.text
-                assert (item.done.call_id, item.done.name) == (
-                    item.added.call_id,
-                    item.added.name,
-                )
-                assert status != "in_progress"
-    return items
-
-
-def kept(items: list[Streamed], record: ResponseRecord) -> None:
-    """The record's output is the streamed items as they were done, in stream order
-    (an item the record leaves out is named by the test that expects it)."""
-    done = [i.done for i in items]
-    assert all(i in done for i in record.output)
-    assert [done.index(i) for i in record.output] == sorted(done.index(i) for i in record.output)
-
-
-def statuses(items: list[Streamed]) -> list[tuple[type, str]]:
-    """Each streamed item's kind and the status it was done with."""
-    return [(type(i.done), getattr(i.done, "status", "")) for i in items]
-
-
-def plain(*, reasoning_opened: bool = False, tools: ToolUse | None = None) -> ResponseBuilder:
-    record = ResponseRecord(new_id("resp"), 0, "queued", RequestEcho(model="m"))
-    return ResponseBuilder(record, 7, tools, reasoning_opened=reasoning_opened)
-
-
-def feed(b: ResponseBuilder, pieces: Sequence[str | TokenStep]) -> list[ResponseEvent]:
-    events: list[ResponseEvent] = []
-    for i, piece in enumerate(pieces):
-        events += b.feed(TokenStep(1, i, piece) if isinstance(piece, str) else piece)
-    return events
-
-
-def hermes(*, parallel: bool = True) -> ToolUse:
-    return ToolUse(NAMES, False, parser="hermes", parallel=parallel)
-
-
-HI = "Hi "
-F_CALL = ['<tool_call>{"name": "f", "arguments": {"a": 1', "}}</tool_call>"]
-G_CALL = ['<tool_call>{"name": "g", "arguments": {"b":', " 2}}</tool_call>"]
 
 
 # --- text and reasoning ----------------------------------------------------------
@@ -416,374 +254,6 @@ def test_a_reply_with_no_text_at_all_is_one_empty_message() -> None:
     assert record.output_text == ""
     assert record.usage is not None
     assert record.usage.output_tokens == 2
-
-
-# --- function calls --------------------------------------------------------------
-
-
-def test_two_parallel_calls_stream_as_two_items_after_the_text() -> None:
-    b = plain(tools=hermes())
-    events = feed(b, [HI, *F_CALL, *G_CALL])
-    closing, record = b.finish("stop")
-    rid = record.id
-    items = replay(events + closing)
-    assert [type(i.done) for i in items] == [Message, FunctionCall, FunctionCall]
-    assert items[0].text == HI
-    # The message is done before the first call is added.
-    message_done = next(i for i, e in enumerate(events) if isinstance(e, OutputItemDone))
-    assert events[message_done + 1] == OutputItemAdded(rid, 1, items[1].added)
-    calls = record.output[1:]
-    assert [(c.name, json.loads(c.arguments)) for c in calls if isinstance(c, FunctionCall)] == [
-        ("f", {"a": 1}),
-        ("g", {"b": 2}),
-    ]
-    assert all(isinstance(c, FunctionCall) and c.status == "completed" for c in calls)
-    ids = [(c.id, c.call_id) for c in calls if isinstance(c, FunctionCall)]
-    assert len({x for pair in ids for x in pair}) == 4
-    assert all(i and i.startswith("fc_") and c.startswith("call_") for i, c in ids)
-    # The arguments stream while generated: more than one delta for each call.
-    assert [i.kinds.count("delta") for i in items[1:]] == [2, 2]
-    assert record.status == "completed"
-    kept(items, record)
-    assert record.output == tuple(i.done for i in items)
-
-
-def test_parallel_tool_calls_false_keeps_only_the_first_call() -> None:
-    b = plain(tools=hermes(parallel=False))
-    events = feed(b, [HI, *F_CALL, *G_CALL])
-    closing, record = b.finish("stop")
-    items = replay(events + closing)
-    assert [type(i.done) for i in items] == [Message, FunctionCall]
-    assert [c.name for c in record.output if isinstance(c, FunctionCall)] == ["f"]
-    # Nothing of the second call reaches the stream, not even as text.
-    assert all("b" not in i.text for i in items)
-    assert record.output_text == HI
-    assert record.usage == Usage(7, 5)
-
-
-def test_parallel_tool_calls_false_a_dropped_call_does_not_use_up_the_turn(
-    script: Script,
-) -> None:
-    script[:] = [
-        [CallOpened(0, "f"), CallArguments(0, "{")],
-        [CallDropped(0), TextPiece("<bad>")],
-        [CallOpened(1, "g"), CallArguments(1, "{}"), CallClosed(1, "g", "{}")],
-    ]
-    b = builder(parallel=False)
-    events = b.start() + feed(b, ["a", "b", "c"])
-    closing, record = b.finish("stop")
-    items = replay(events + closing)
-    assert statuses(items) == [
-        (FunctionCall, "incomplete"),
-        (Message, "completed"),
-        (FunctionCall, "completed"),
-    ]
-    # The dropped call's text is the message; the call after it is the turn's call.
-    assert [type(i) for i in record.output] == [Message, FunctionCall]
-    assert record.output_text == "<bad>"
-    kept(items, record)
-
-
-def test_a_bare_json_reply_is_held_back_and_becomes_a_call_at_the_end() -> None:
-    b = plain(tools=hermes())
-    events = feed(b, ['{"name": "g",', ' "arguments": {"b": 2}}'])
-    assert events == []  # it may be a call: nothing streams before the end decides
-    closing, record = b.finish("stop")
-    [item] = replay(closing)
-    assert isinstance(item.done, FunctionCall)
-    assert (item.done.name, json.loads(item.done.arguments)) == ("g", {"b": 2})
-    assert record.output == (item.done,)
-
-
-def test_a_namespaced_call_is_split_back_into_namespace_and_name() -> None:
-    tools = ToolUse(
-        frozenset({"crm__lookup"}), False, namespaces={"crm__lookup": ("crm", "lookup")}
-    )
-    b = plain(tools=tools)
-    events = feed(b, ['<tool_call>{"name": "crm__lookup", "arguments": {}}</tool_call>'])
-    closing, record = b.finish("stop")
-    [item] = replay(events + closing)
-    assert isinstance(item.added, FunctionCall)
-    assert (item.added.namespace, item.added.name) == ("crm", "lookup")
-    assert record.output == (item.done,)
-
-
-def test_finish_closes_a_call_the_parser_left_open_with_the_arguments_streamed(
-    script: Script,
-) -> None:
-    script[:] = [[CallOpened(0, "f"), CallArguments(0, '{"a": ')]]
-    b = builder()
-    events = b.start() + feed(b, ["x"])
-    closing, record = b.finish("length")
-    items = replay(events + closing)  # the call is done with '{"a": ', what its deltas said
-    assert statuses(items) == [(FunctionCall, "incomplete"), (Message, "incomplete")]
-    assert isinstance(items[0].done, FunctionCall)
-    assert items[0].done.arguments == '{"a": '
-    # A reply whose call did not complete still answers with a (here empty) message.
-    assert record.output == (items[1].done,)
-    assert record.status == "incomplete"
-
-
-# --- how a response ends ---------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    ("reason", "status", "incomplete_reason"),
-    [("stop", "completed", None), ("length", "incomplete", "max_output_tokens")],
-)
-def test_the_finish_reason_sets_the_status(
-    reason: FinishReason, status: str, incomplete_reason: str | None
-) -> None:
-    b = plain()
-    events = feed(b, ["one", " two"])
-    closing, record = b.finish(reason)
-    [item] = replay(events + closing)
-    assert isinstance(item.done, Message)
-    assert item.done.status == status
-    assert record.status == status
-    assert record.incomplete_reason == incomplete_reason
-    assert (record.completed_at is not None) == (reason == "stop")
-    assert record.output == (item.done,)
-
-
-def test_a_length_stop_inside_a_call_turns_its_markup_into_text() -> None:
-    b = plain(tools=hermes())
-    events = feed(b, [HI, F_CALL[0]])
-    closing, record = b.finish("length")
-    items = replay(events + closing)
-    assert statuses(items) == [
-        (Message, "completed"),
-        (FunctionCall, "incomplete"),
-        (Message, "incomplete"),
-    ]
-    assert record.status == "incomplete"
-    assert record.incomplete_reason == "max_output_tokens"
-    # The call did not parse: no call is kept, its markup is the last message's text.
-    assert not any(isinstance(i, FunctionCall) for i in record.output)
-    assert record.output_text == HI + F_CALL[0]
-    kept(items, record)
-
-
-def interrupt_cases() -> list[Any]:
-    return [
-        pytest.param("cancelled", None, id="cancelled"),
-        pytest.param("incomplete", "server_shutdown", id="shutdown"),
-    ]
-
-
-@pytest.mark.parametrize(("status", "reason"), interrupt_cases())
-def test_an_interrupt_mid_message_closes_it_once_and_keeps_it(
-    status: Literal["cancelled", "incomplete"], reason: str | None
-) -> None:
-    b = plain()
-    events = b.start() + feed(b, ["Hel", "lo"])
-    closing, record = b.interrupt(status, reason=reason)
-    [item] = replay(events + closing)
-    assert [type(e) for e in closing] == [OutputTextDone, ContentPartDone, OutputItemDone]
-    assert isinstance(item.done, Message)
-    assert (item.done.text, item.done.status) == ("Hello", "incomplete")
-    assert record.status == status
-    assert record.incomplete_reason == reason
-    assert record.completed_at is None
-    assert record.output == (item.done,)
-    assert record.usage == Usage(7, 2)
-    # Once ended, it stays as it is: no second set of closing events.
-    assert b.interrupt("cancelled") == ([], record)
-    assert b.cancel() == record
-
-
-@pytest.mark.parametrize(("status", "reason"), interrupt_cases())
-def test_an_interrupt_mid_call_closes_it_once_with_what_was_streamed(
-    status: Literal["cancelled", "incomplete"], reason: str | None
-) -> None:
-    b = plain(tools=hermes())
-    events = feed(b, [HI, *F_CALL, G_CALL[0]])
-    closing, record = b.interrupt(status, reason=reason)
-    items = replay(events + closing)
-    assert [type(e) for e in closing] == [FunctionCallArgumentsDone, OutputItemDone]
-    call = items[2].done
-    assert isinstance(call, FunctionCall)
-    assert (call.name, call.arguments, call.status) == ("g", '{"b":', "incomplete")
-    assert (record.status, record.incomplete_reason) == (status, reason)
-    # The finished call is kept; the one cut short is closed in the stream but not kept:
-    # its arguments are not JSON, so it is not a call the client could answer.
-    assert record.output == (items[0].done, items[1].done)
-    kept(items, record)
-
-
-def test_an_interrupt_closes_an_open_message_and_an_open_call_each_once(
-    script: Script,
-) -> None:
-    script[:] = [[CallOpened(0, "f"), CallArguments(0, "{")], [TextPiece("meanwhile")]]
-    b = builder()
-    events = b.start() + feed(b, ["a", "b"])
-    closing, record = b.interrupt("cancelled")
-    items = replay(events + closing)
-    assert [type(i.done) for i in items] == [FunctionCall, Message]
-    assert sum(isinstance(e, OutputItemDone) for e in closing) == 2
-    assert record.output == (items[1].done,)
-
-
-def test_an_interrupt_mid_reasoning_closes_the_trace_once_and_keeps_it() -> None:
-    b = plain(reasoning_opened=True)
-    events = feed(b, ["still", " thinking"])
-    closing, record = b.interrupt("cancelled")
-    [item] = replay(events + closing)
-    assert [type(e) for e in closing] == [ReasoningTextDone, OutputItemDone]
-    assert isinstance(item.done, Reasoning)
-    assert item.done.text == "still thinking"
-    assert record.output == (item.done,)
-    assert record.usage == Usage(7, 2, 0, 2)
-
-
-def test_an_interrupt_drops_text_held_as_a_possible_call() -> None:
-    b = plain(tools=hermes())
-    events = feed(b, ['{"name": "f"'])
-    closing, record = b.interrupt("cancelled")
-    assert events == closing == []
-    assert (record.status, record.output) == ("cancelled", ())
-
-
-def test_an_interrupt_before_any_output_has_nothing_to_close() -> None:
-    b = plain()
-    b.start()
-    assert b.interrupt("incomplete", reason="server_shutdown")[0] == []
-    assert b.record.status == "incomplete"
-    assert b.record.usage == Usage(7, 0)
-
-
-def test_a_finished_response_is_not_interrupted() -> None:
-    b = plain()
-    feed(b, ["done"])
-    _, record = b.finish("stop")
-    assert b.interrupt("incomplete", reason="server_shutdown") == ([], record)
-    assert b.cancel() is record
-
-
-def test_a_failure_drops_the_partial_output_but_counts_its_tokens() -> None:
-    b = plain()
-    feed(b, [TokenStep(1, 0, "par", cached_tokens=4), TokenStep(1, 1, "tial")])
-    events, record = b.fail("server_error", "boom")
-    rid = record.id
-    assert events == [StreamError(rid, "server_error", "boom")]
-    assert (record.status, record.output) == ("failed", ())
-    assert record.error == ResponseError("server_error", "boom")
-    assert record.usage == Usage(7, 2, 4, 0)
-
-
-# --- usage and log-probabilities -------------------------------------------------
-
-
-def test_usage_counts_every_step_and_the_cache_hits_of_the_first() -> None:
-    b = plain()
-    feed(
-        b,
-        [
-            TokenStep(1, 0, "a", cached_tokens=5),
-            TokenStep(1, 1, ""),  # a token whose text is not decodable yet
-            TokenStep(1, 2, "b", cached_tokens=6),  # only a first step reports hits
-        ],
-    )
-    _, record = b.finish("stop")
-    assert record.usage == Usage(input_tokens=7, output_tokens=3, cached_tokens=5)
-    assert record.usage.total_tokens == 10
-
-
-@pytest.mark.parametrize(
-    ("pieces", "reasoning"),
-    [
-        # Tokens before the reply shows whether it opens a trace (nothing decodable yet,
-        # layout, a prefix of `<think>`) are counted once it does, and only if it does.
-        pytest.param(["", "\n", "<", "b>hi</b>"], 0, id="answer"),
-        pytest.param(["", "\n", "<", "think>", "x", "</think>", "y"], 6, id="trace"),
-        pytest.param(["", "<"], 0, id="undecided-at-the-end"),
-    ],
-)
-def test_reasoning_tokens_are_the_tokens_of_the_trace(pieces: list[str], reasoning: int) -> None:
-    b = plain()
-    feed(b, pieces)
-    _, record = b.finish("stop")
-    assert record.usage == Usage(7, len(pieces), 0, reasoning)
-
-
-def lp(token: str, value: float) -> TokenLogprob:
-    return TokenLogprob(token, value, ((token, value), ("x", value - 1)))
-
-
-def test_logprobs_ride_on_the_deltas_and_the_part() -> None:
-    b = plain()
-    steps = [
-        TokenStep(1, 0, "Hel", logprob=lp("Hel", -0.5)),
-        TokenStep(1, 1, "", logprob=lp("l", -1.0)),  # released with the next token's text
-        TokenStep(1, 2, "lo!", logprob=lp("o!", -2.0)),
-    ]
-    events = feed(b, steps)
-    closing, record = b.finish("stop")
-    [item] = replay(events + closing)
-    deltas = [e for e in events if isinstance(e, OutputTextDelta)]
-    assert [(d.delta, [x.token for x in d.logprobs]) for d in deltas] == [
-        ("Hel", ["Hel"]),
-        ("lo!", ["l", "o!"]),
-    ]
-    assert isinstance(item.done, Message)
-    [part] = item.done.content
-    assert part == OutputText("Hello!", tuple(s.logprob for s in steps if s.logprob))
-    assert record.output == (item.done,)
-
-
-def test_without_logprobs_parts_carry_none() -> None:
-    b = plain()
-    events = feed(b, ["a", "b"])
-    closing, _ = b.finish("stop")
-    [item] = replay(events + closing)
-    assert item.logprobs == []
-    assert all(not e.logprobs for e in events if isinstance(e, OutputTextDelta))
-
-
-def test_reasoning_tokens_carry_no_output_logprobs() -> None:
-    b = plain(reasoning_opened=True)
-    steps = [TokenStep(1, 0, "hmm", logprob=lp("hmm", -1.0))]
-    steps += [TokenStep(1, 1, "</think>Yes", logprob=lp("</think>Yes", -2.0))]
-    events = feed(b, steps)
-    closing, record = b.finish("stop")
-    items = replay(events + closing)
-    assert [x.token for x in items[1].logprobs] == ["</think>Yes"]
-    assert record.output_text == "Yes"
-
-
-@pytest.mark.xfail(
-    strict=True,
-    reason="known gap: with function tools offered, message text goes through the tool "
-    "parser, which drops the tokens' log-probabilities",
-)
-def test_logprobs_are_kept_when_tools_are_offered() -> None:
-    b = plain(tools=hermes())
-    steps = [
-        TokenStep(1, 0, "Hel", logprob=lp("Hel", -0.5)),
-        TokenStep(1, 1, "lo", logprob=lp("lo", -1.0)),
-    ]
-    events = feed(b, steps)
-    closing, _ = b.finish("stop")
-    [item] = replay(events + closing)
-    assert [x.token for x in item.logprobs] == ["Hel", "lo"]
-
-
-@pytest.mark.xfail(
-    strict=True,
-    reason="known gap: the log-probability of a token that only closes the trace "
-    "(`</think>`) is attached to the answer's first delta",
-)
-def test_the_token_closing_the_trace_carries_no_output_logprob() -> None:
-    b = plain(reasoning_opened=True)
-    steps = [
-        TokenStep(1, 0, "hmm", logprob=lp("hmm", -1.0)),
-        TokenStep(1, 1, "</think>", logprob=lp("</think>", -0.1)),
-        TokenStep(1, 2, "Yes", logprob=lp("Yes", -2.0)),
-    ]
-    events = feed(b, steps)
-    closing, record = b.finish("stop")
-    items = replay(events + closing)
-    assert "".join(x.token for x in items[1].logprobs) == record.output_text == "Yes"
 
 
 # --- compaction ------------------------------------------------------------------

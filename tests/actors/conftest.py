@@ -1,0 +1,19 @@
+"""Fixtures of the actor tests."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from unittest import mock
+
+import pytest
+from builder_stream import Script, ScriptedParser
+
+from mlxcel.model.tool_parsers import PARSERS
+
+
+@pytest.fixture
+def script() -> Iterator[Script]:
+    """The batches the `scripted` tool-call format's parser reports (fill it in)."""
+    batches: Script = []
+    with mock.patch.dict(PARSERS, {"scripted": lambda names, schemas: ScriptedParser(batches)}):
+        yield batches
