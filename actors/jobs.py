@@ -11,11 +11,9 @@ endpoint stops a job; no HTTP connection owns it.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
 from dataclasses import dataclass, field
-from typing import TypeVar
 
 import trio
 
@@ -31,6 +29,7 @@ from mlxcel.actors.messages import (
     SubmitJob,
     Table,
 )
+from mlxcel.actors.replies import answer
 from mlxcel.actors.responses import ResponseBuilder
 from mlxcel.actors.scheduler import SchedulerHandle
 from mlxcel.actors.store import StoreHandle, approx_json_size
@@ -42,7 +41,6 @@ log = logging.getLogger(__name__)
 
 SHUTDOWN_MESSAGE = "The server shut down before this response finished."
 
-T = TypeVar("T")
 
 BYTES_PER_OUTPUT_TOKEN = 8
 """Rough JSON bytes one generated token adds to a final object (text plus escaping)."""
@@ -166,7 +164,7 @@ class JobSupervisor:
     ) -> None:
         job = self._jobs.get(response_id)
         if job is None:
-            _answer(reply, None)
+            answer(reply, None)
             return
         job.scope.cancel()
         job.waiters.append(reply)  # answered once the cancelled object is stored
@@ -191,13 +189,13 @@ class JobSupervisor:
             del self._jobs[record_id]
             self._active_bytes -= job.bytes
             for waiter in job.waiters:
-                _answer(waiter, final)
+                answer(waiter, final)
             self._answer_drained()
 
     def _answer_drained(self) -> None:
         if not self._jobs:
             for reply in self._drained:
-                _answer(reply, None)
+                answer(reply, None)
             self._drained.clear()
 
     async def _generate(self, job: _Job) -> ResponseRecord:
@@ -241,9 +239,3 @@ class JobSupervisor:
             await self._store.put(final, table)
         await self._store.delete(final.id, Table.ACTIVE)
         return final
-
-
-def _answer(reply: trio.MemorySendChannel[T], value: T) -> None:
-    """Answer a one-shot reply channel (buffer 1); a requester that left changes nothing."""
-    with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError, trio.WouldBlock):
-        reply.send_nowait(value)

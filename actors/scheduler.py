@@ -29,8 +29,9 @@ from mlxcel.actors.messages import (
     WaitIdle,
     Withdraw,
 )
+from mlxcel.actors.replies import answer
 from mlxcel.actors.response_stream import SchedulerHandle
-from mlxcel.actors.slot import ClientGone, ResponsePath, Running, answer
+from mlxcel.actors.slot import ClientGone, ResponsePath, Running
 from mlxcel.actors.store import StoreHandle
 from mlxcel.items import ResponseRecord
 from mlxcel.model.actor import ModelHandle

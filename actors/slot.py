@@ -14,7 +14,7 @@ import dataclasses
 import functools
 import logging
 from dataclasses import dataclass, field
-from typing import Literal, TypeVar
+from typing import Literal
 
 import trio
 
@@ -28,6 +28,7 @@ from mlxcel.actors.messages import (
     ResponseInProgress,
     StreamError,
 )
+from mlxcel.actors.replies import answer
 from mlxcel.actors.responses import ResponseBuilder
 from mlxcel.actors.store import StoreHandle
 from mlxcel.errors import InvalidRequest
@@ -42,7 +43,6 @@ STORE_DEADLINE_SECS = 10.0
 for ever (a hard shutdown)."""
 
 Ending = Literal["cancelled", "gone", "shutdown"]
-T = TypeVar("T")
 
 
 class ClientGone(Exception):
@@ -274,9 +274,3 @@ def _failed(
         usage=Usage(input_tokens=len(request.prompt)),
         error=ResponseError(code, message),
     )
-
-
-def answer(reply: trio.MemorySendChannel[T], value: T) -> None:
-    """Answer a one-shot reply channel (buffer 1); a requester that left changes nothing."""
-    with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError, trio.WouldBlock):
-        reply.send_nowait(value)

@@ -9,7 +9,6 @@ backend can sit behind it later.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import logging
@@ -38,6 +37,7 @@ from mlxcel.actors.messages import (
     Table,
     TableStatistics,
 )
+from mlxcel.actors.replies import answer
 from mlxcel.errors import NotFound
 from mlxcel.items import Conversation, Item, ResponseRecord, is_minted_conversation_id
 
@@ -253,14 +253,14 @@ class StoreActor:
     def _handle(self, command: StoreCommand) -> None:
         match command:
             case Put(table, value, reply):
-                _answer(reply, self._tables[table].put(value.id, value))
+                answer(reply, self._tables[table].put(value.id, value))
             case Get(tables, key, reply):
                 found = (self._tables[t].get(key) for t in tables)
-                _answer(reply, next((v for v in found if v is not None), None))
+                answer(reply, next((v for v in found if v is not None), None))
             case Delete(table, key, reply):
-                _answer(reply, self._tables[table].delete(key))
+                answer(reply, self._tables[table].delete(key))
             case ChangeConversation(conversation_id, change, create, reply):
-                _answer(reply, self._change(conversation_id, change, create))
+                answer(reply, self._change(conversation_id, change, create))
             case ReadStatistics(reply):
                 stats = StoreStatistics(
                     responses=self._tables[Table.RESPONSES].statistics(),
@@ -268,7 +268,7 @@ class StoreActor:
                     ephemeral=self._tables[Table.EPHEMERAL].statistics(),
                     active=self._tables[Table.ACTIVE].statistics(),
                 )
-                _answer(reply, stats)
+                answer(reply, stats)
 
     def _change(
         self, conversation_id: str, change: ConversationChange, create: bool
@@ -300,8 +300,3 @@ class StoreActor:
 
 def conversation_not_found(conversation_id: str) -> NotFound:
     return NotFound(f"Conversation with id '{conversation_id[:64]}' not found.", code="not_found")
-
-
-def _answer(reply: trio.MemorySendChannel[T], value: T) -> None:
-    with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
-        reply.send_nowait(value)
