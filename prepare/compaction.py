@@ -60,6 +60,10 @@ class Split:
     preserved: tuple[Item, ...]
 
 
+Plan = tuple[Split, list[int], int]
+"""A compaction worked out but not generated: the split, the summary prompt, its budget."""
+
+
 @dataclass(frozen=True, slots=True)
 class Compacted:
     item: Compaction
@@ -172,9 +176,11 @@ class Compactor:
         instructions: str | None = None,
         keep_tokens: int | None = None,
         max_output_tokens: int | None = None,
+        planned: Plan | None = None,
     ) -> Compacted:
-        """One compaction item for `items`; ContextLengthExceeded when it cannot help."""
-        parts, prompt, max_tokens = await self.plan(
+        """One compaction item for `items`; ContextLengthExceeded when it cannot help.
+        `planned` is `plan`'s answer for the same arguments, when the caller has it."""
+        parts, prompt, max_tokens = planned or await self.plan(
             items,
             instructions=instructions,
             keep_tokens=keep_tokens,
@@ -191,7 +197,7 @@ class Compactor:
         instructions: str | None = None,
         keep_tokens: int | None = None,
         max_output_tokens: int | None = None,
-    ) -> tuple[Split, list[int], int]:
+    ) -> Plan:
         """The split, the summary prompt and its token budget, without generating:
         ContextLengthExceeded here is what `compact` would refuse before any summary."""
         keep = keep_tokens or default_keep_tokens(self.info.context_length)

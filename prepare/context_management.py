@@ -25,6 +25,7 @@ from mlxcel.items import Item, ResponseRecord
 from mlxcel.prepare.compaction import (
     DEFAULT_SUMMARY_TOKENS,
     Compactor,
+    Plan,
     check_reduction,
     default_keep_tokens,
 )
@@ -57,11 +58,12 @@ async def build_managed(
     compaction = CompactionPrelude(
         names.alias, info, codec, build, identity, history + items, before, threshold
     )
-    if check_now:
+    if check_now:  # worked out now, and kept for the slot
         keep, summary = compaction.budget()
-        await compaction.compactor(_never).plan(
+        planned = await compaction.compactor(_never).plan(
             compaction.items, keep_tokens=keep, max_output_tokens=summary
         )
+        compaction = dataclasses.replace(compaction, planned=planned)
     return dataclasses.replace(generation, prelude=compaction)
 
 
@@ -78,6 +80,8 @@ class CompactionPrelude:
     items: tuple[Item, ...]
     tokens_before: int
     threshold: int
+    planned: Plan | None = None
+    """The compaction already worked out (split and summary prompt), if it was."""
 
     def compactor(self, generate: GenerateText) -> Compactor:
         return Compactor(generate, self.codec, self.info, self.alias)
@@ -91,7 +95,7 @@ class CompactionPrelude:
     async def __call__(self, generate: GenerateText) -> GenerationRequest:
         keep, summary = self.budget()
         compacted = await self.compactor(generate).compact(
-            self.items, keep_tokens=keep, max_output_tokens=summary
+            self.items, keep_tokens=keep, max_output_tokens=summary, planned=self.planned
         )
         request = await off_loop(self.build, compacted.item, identity=self.identity)
         check_reduction(self.tokens_before, len(request.prompt), self.info.context_length)
