@@ -56,6 +56,9 @@ class TokenStep:
     cached_tokens: int = 0
     """On a sequence's first step: its prompt tokens whose KV state came from the prefix
     cache instead of being prefilled (0 on later steps)."""
+    cache_write_tokens: int = 0
+    """On a sequence's first step: its prompt tokens that were prefilled and whose KV state
+    the prefix cache keeps for later requests (0 on later steps, or with no cache)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -143,6 +143,8 @@ class Usage:
     output_tokens: int = 0
     cached_tokens: int = 0
     reasoning_tokens: int = 0
+    cache_write_tokens: int = 0
+    """Prompt tokens read and kept by the prompt cache."""
 
     @property
     def total_tokens(self) -> int:

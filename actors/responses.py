@@ -99,6 +99,7 @@ class ResponseBuilder:
         self._reasoning: _OpenMessage | None = None
         self._tokens = 0
         self._cached_tokens = 0  # prompt tokens reused from the prefix cache
+        self._cache_write_tokens = 0  # prompt tokens read and kept by the prefix cache
         self._reasoning_tokens = 0
         self._undecided_tokens = 0  # tokens before the reply shows whether it reasons
         # Log-probabilities of tokens whose text the detokenizer has not released yet.
@@ -132,6 +133,7 @@ class ResponseBuilder:
         """Events for one generated token (none when it adds no visible output yet)."""
         if self._tokens == 0:
             self._cached_tokens = step.cached_tokens  # set on a sequence's first step
+            self._cache_write_tokens = step.cache_write_tokens
         self._tokens += 1
         was_reasoning = self._splitter.reasoning
         pieces = self._splitter.feed(step.text) if step.text else []
@@ -367,5 +369,6 @@ class ResponseBuilder:
             input_tokens=self._prompt_tokens,
             output_tokens=self._tokens,
             cached_tokens=self._cached_tokens,
+            cache_write_tokens=self._cache_write_tokens,
             reasoning_tokens=self._reasoning_tokens,
         )

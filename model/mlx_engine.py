@@ -50,6 +50,8 @@ class _Live:
     sampling: Sampling
     cached: int = 0
     """Prompt tokens taken from the prefix cache."""
+    written: int = 0
+    """Prompt tokens prefilled now and kept by the prefix cache."""
     started: bool = False
     """The first token was reported."""
 
@@ -89,7 +91,9 @@ class MlxEngine:
             logits_processors=[processors],
         )
         del cache  # the generator owns it now
-        self._by_uid[uid] = _Live(spec.seq_id, self.tokenizer.detokenizer, sampling, cached)
+        written = len(prompt) - cached if self.prefix_cache is not None else 0
+        detokenizer = self.tokenizer.detokenizer
+        self._by_uid[uid] = _Live(spec.seq_id, detokenizer, sampling, cached, written)
         self._uid_of[spec.seq_id] = uid
         if self.prefix_cache is not None:  # live sequences count against the budget too
             self.prefix_cache.fit(self.generator.prompt_cache_nbytes)
@@ -124,9 +128,11 @@ class MlxEngine:
                 self._keep(response.all_tokens, response.prompt_cache, "assistant")
             text = detok.last_segment
             logprob = self._logprob(response, live.sampling) if finish != "stop" else None
-            cached = 0 if live.started else live.cached
+            cached, written = (0, 0) if live.started else (live.cached, live.written)
             live.started = True
-            steps.append(TokenStep(live.seq_id, response.token, text, finish, logprob, cached))
+            steps.append(
+                TokenStep(live.seq_id, response.token, text, finish, logprob, cached, written)
+            )
         return steps
 
     def _keep_read_prompts(self, prompts: list[Any]) -> None:

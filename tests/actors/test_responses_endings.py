@@ -200,13 +200,15 @@ def test_usage_counts_every_step_and_the_cache_hits_of_the_first() -> None:
     feed(
         b,
         [
-            TokenStep(1, 0, "a", cached_tokens=5),
+            TokenStep(1, 0, "a", cached_tokens=5, cache_write_tokens=2),
             TokenStep(1, 1, ""),  # a token whose text is not decodable yet
-            TokenStep(1, 2, "b", cached_tokens=6),  # only a first step reports hits
+            TokenStep(1, 2, "b", cached_tokens=6, cache_write_tokens=1),  # only a first step
         ],
     )
     _, record = b.finish("stop")
-    assert record.usage == Usage(input_tokens=7, output_tokens=3, cached_tokens=5)
+    assert record.usage == Usage(
+        input_tokens=7, output_tokens=3, cached_tokens=5, cache_write_tokens=2
+    )
     assert record.usage.total_tokens == 10
 
 

@@ -354,11 +354,6 @@ def test_compaction_progress_events_carry_their_token_counts() -> None:
     ]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known gap: the openai SDK's ResponseUsage requires "
-    "input_tokens_details.cache_write_tokens, which usage_json does not report",
-)
 def test_usage_has_every_field_the_sdk_requires() -> None:
     [(_, body)] = frames(SseEncoder().encode(finished("completed")))
     SDK_EVENT.validate_python(body)

@@ -142,6 +142,11 @@ def test_follow_up_turn_reuses_history_and_generates_the_same(
     assert all(s.cached_tokens == 0 for s in second.steps[1:])
     assert_same(second, cold_second)
     assert cold_second.cached == 0
+    # What was read afresh was written to the cache; with no cache nothing was.
+    assert first.steps[0].cache_write_tokens == prompt_len
+    assert second.steps[0].cache_write_tokens == len(history) - second.cached
+    assert all(s.cache_write_tokens == 0 for s in second.steps[1:])
+    assert cold_second.steps[0].cache_write_tokens == 0
 
 
 def test_a_repeated_prompt_prefills_only_its_last_token(
