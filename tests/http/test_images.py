@@ -149,3 +149,20 @@ async def test_input_tokens_count_the_placeholder(fake_server: FakeServer) -> No
         )
     assert r.status_code == 200, r.text
     assert r.json()["input_tokens"] < 200  # one token per character in the fake
+
+
+async def test_a_conversation_keeps_images_and_its_turns_read_the_note(
+    fake_server: FakeServer,
+) -> None:
+    client = fake_server.client()
+    conv = await in_thread(
+        client.conversations.create,
+        items=look({"type": "input_image", "image_url": PNG, "detail": "high"}),  # type: ignore[arg-type]
+    )
+    listed = await in_thread(client.conversations.items.list, conv.id)
+    assert listed.data[0].content[1].image_url == PNG  # type: ignore[union-attr]
+    resp = await in_thread(
+        client.responses.create, model="fake-model", conversation=conv.id, input="echo: seen"
+    )
+    assert resp.output_text == "seen"
+    assert IMAGE_PLACEHOLDER in fake_server.engine.prompts[-1]

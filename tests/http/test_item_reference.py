@@ -8,6 +8,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
+import trio
 
 from mlxcel.config import StoreLimits
 
@@ -228,3 +229,31 @@ async def test_references_are_not_conversation_items(fake_server: FakeServer) ->
             json={"items": [{"type": "item_reference", "id": "msg_1"}]},
         )
     assert r.status_code == 400, r.text
+
+
+async def test_a_background_request_resolves_references_before_it_is_queued(
+    fake_server: FakeServer,
+) -> None:
+    client = fake_server.client()
+    first = await in_thread(client.responses.create, model="fake-model", input="echo: later")
+    job = await in_thread(
+        client.responses.create,
+        model="fake-model",
+        background=True,
+        input=[
+            {"type": "item_reference", "id": first.output[0].id},
+            {"role": "user", "content": "echo: done"},
+        ],
+    )
+    with trio.fail_after(30):
+        while job.status in ("queued", "in_progress"):
+            await trio.sleep(0.05)
+            job = await in_thread(client.responses.retrieve, job.id)
+    assert (job.status, job.output_text) == ("completed", "done")
+    with pytest.raises(openai.BadRequestError):  # an unknown id is refused before any job
+        await in_thread(
+            client.responses.create,
+            model="fake-model",
+            background=True,
+            input=[{"type": "item_reference", "id": "msg_unknown"}],
+        )
