@@ -64,6 +64,14 @@ def screen(params: ResponseParams, policy: ClientPolicy, info: ModelInfo) -> Res
                 param=f"tools[{index}].type",
                 code="unsupported_tool",
             )
+        if _names_hosted(params.tool_choice):
+            assert isinstance(params.tool_choice, dict)
+            raise UnsupportedFeature(
+                f"'tool_choice' names the hosted tool type {_type_name(params.tool_choice)!r}: "
+                f"{HOSTED_TOOLS_HINT}.",
+                param="tool_choice",
+                code="unsupported_tool",
+            )
         return params
     for _, tool in hosted:
         _log_ignored(_type_name(tool))

@@ -57,6 +57,19 @@ async def test_reject_names_the_flag_and_the_codex_setting(fake_server: FakeServ
     assert fake_server.engine.prompts == type(fake_server.engine.prompts)()  # nothing ran
 
 
+async def test_reject_names_the_flag_for_a_tool_choice_naming_a_hosted_type(
+    fake_server: FakeServer,
+) -> None:
+    async with httpx.AsyncClient(timeout=30) as http:
+        r = await http.post(
+            f"{fake_server.url}/v1/responses",
+            json={"model": "fake-model", "input": "x", "tool_choice": {"type": "web_search"}},
+        )
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == "tool_choice"
+    assert "--hosted-tools ignore" in r.json()["error"]["message"]
+
+
 @pytest.mark.parametrize("tool", HOSTED, ids=[t["type"] for t in HOSTED])
 async def test_reject_is_the_default_for_every_hosted_type(
     fake_server: FakeServer, tool: dict[str, Any]
