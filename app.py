@@ -24,6 +24,7 @@ from mlxcel.model.actor import ModelActor
 from mlxcel.model.engine import EngineFactory, LoadedModel
 from mlxcel.model.tool_parsers import PARSERS
 from mlxcel.prepare.intake import ModelNames
+from mlxcel.prepare.policy import ClientPolicy
 
 log = logging.getLogger(__name__)
 
@@ -124,6 +125,10 @@ async def _start_actors(
         names,
         background_enabled=settings.background_enabled,
         api_keys=settings.api_keys,
+        policy=ClientPolicy(
+            ignore_hosted_tools=settings.hosted_tools == "ignore",
+            image_placeholders=settings.images == "placeholder",
+        ),
         stopping=shutdown,
     )
 

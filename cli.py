@@ -236,6 +236,24 @@ FLAGS: tuple[Flag, ...] = (
         "without it (LRU); 0 disables",
     ),
     Flag(
+        ("--hosted-tools",),
+        "hosted_tools",
+        str,
+        _DEFAULTS.hosted_tools,
+        "MLXCEL_HOSTED_TOOLS",
+        "hosted tool types in a request (web_search, file_search, mcp, ...), which this "
+        "server cannot run: reject answers 400, ignore drops them from what the model sees",
+    ),
+    Flag(
+        ("--images",),
+        "images",
+        str,
+        _DEFAULTS.images,
+        "MLXCEL_IMAGES",
+        "input images for a model without vision: placeholder has the model read a short "
+        "note for each image, reject answers 400",
+    ),
+    Flag(
         ("--log-level",),
         "log_level",
         str,
@@ -314,6 +332,8 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         body_timeout_secs=args.body_timeout_secs,
         read_timeout_secs=args.read_timeout_secs,
         max_connections=args.max_connections,
+        hosted_tools=args.hosted_tools,
+        images=args.images,
     )
 
 

@@ -49,6 +49,12 @@ class Settings:
     """A connection that sends no byte of a request (headers) for this long is closed."""
     max_connections: int = 1024
     """Open HTTP connections at once; more wait in the listen backlog."""
+    hosted_tools: str = "reject"
+    """Hosted tool types in a request (web_search, ...): `reject` answers 400, `ignore`
+    drops them from what the model sees."""
+    images: str = "placeholder"
+    """Images for a model without vision: `placeholder` has it read a short note for
+    each, `reject` answers 400."""
 
     def __post_init__(self) -> None:
         checks: list[tuple[bool, str]] = [
@@ -76,6 +82,11 @@ class Settings:
             (self.read_timeout_secs > 0, "--read-timeout-secs must be positive"),
             (self.max_connections >= 1, "--max-connections must be at least 1"),
             (self.reasoning_echo_max_bytes >= 0, "--reasoning-echo-max-bytes must be >= 0"),
+            (
+                self.hosted_tools in ("reject", "ignore"),
+                "--hosted-tools must be reject or ignore",
+            ),
+            (self.images in ("reject", "placeholder"), "--images must be reject or placeholder"),
         ]
         for ok, message in checks:
             if not ok:

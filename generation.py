@@ -69,6 +69,8 @@ class ModelInfo:
     backend: str
     tool_parser: str = "hermes"
     """The tool-call format the model writes (picked from its chat template)."""
+    vision: bool = False
+    """Whether the model reads images; without it an image renders as a placeholder."""
 
 
 class PromptCodec(Protocol):

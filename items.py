@@ -46,7 +46,51 @@ class Refusal:
     refusal: str
 
 
-ContentPart: TypeAlias = InputText | OutputText | Refusal
+IMAGE_PLACEHOLDER = "[image omitted: this model cannot see images]"
+
+
+@dataclass(frozen=True, slots=True)
+class InputImage:
+    """An image part, kept as the client sent it (a URL, often a data URL, or a file
+    id). A model without vision reads `IMAGE_PLACEHOLDER` in its place."""
+
+    image_url: str | None = None
+    file_id: str | None = None
+    detail: str = "auto"
+
+
+ContentPart: TypeAlias = InputText | OutputText | Refusal | InputImage
+
+
+def parts_text(parts: Sequence[ContentPart]) -> str:
+    """The parts as a text-only model reads them: refusals as text, each image as
+    `IMAGE_PLACEHOLDER` on its own line."""
+    chunks: list[str] = []
+    for part in parts:
+        match part:
+            case InputImage():
+                before = "\n" if chunks and not chunks[-1].endswith("\n") else ""
+                chunks.append(f"{before}{IMAGE_PLACEHOLDER}\n")
+            case Refusal(refusal=refusal):
+                chunks.append(refusal)
+            case InputText(text=text) | OutputText(text=text):
+                chunks.append(text)
+    return "".join(chunks).removesuffix("\n") if chunks else ""
+
+
+def has_images(items: Sequence[Item]) -> bool:
+    """Whether any message or call output among `items` carries an image part."""
+    for item in items:
+        parts = (
+            item.content
+            if isinstance(item, Message)
+            else item.parts or ()
+            if isinstance(item, FunctionCallOutput)
+            else ()
+        )
+        if any(isinstance(p, InputImage) for p in parts):
+            return True
+    return False
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,8 +102,9 @@ class Message:
 
     @property
     def text(self) -> str:
-        """The message's text as a chat template sees it (refusals included)."""
-        return "".join(p.refusal if isinstance(p, Refusal) else p.text for p in self.content)
+        """The message's text as a text-only chat template sees it (refusals included,
+        images as placeholders)."""
+        return parts_text(self.content)
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,7 +136,10 @@ def flat_name(namespace: str | None, name: str) -> str:
 class FunctionCallOutput:
     call_id: str
     output: str
+    """The output as text (`parts_text` of `parts` when it was sent as parts)."""
     id: str | None = None
+    parts: tuple[ContentPart, ...] | None = None
+    """The output as sent when it was a list of parts (text and images)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,6 +163,16 @@ class Compaction:
 
 
 Item: TypeAlias = Message | FunctionCall | FunctionCallOutput | Reasoning | Compaction
+
+
+@dataclass(frozen=True, slots=True)
+class ItemReference:
+    """An input entry that names a stored item by id, resolved before the input is read."""
+
+    id: str
+    index: int
+    """Its place in the request's input (errors name `input[index].id`)."""
+
 
 SUMMARY_PREFIX = "Summary of the earlier conversation, which it replaces:\n\n"
 

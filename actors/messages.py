@@ -357,6 +357,14 @@ class Get:
 
 
 @dataclass(frozen=True, slots=True)
+class FindItems:
+    """The stored responses' input and output items with these ids (those found)."""
+
+    ids: frozenset[str]
+    reply: trio.MemorySendChannel[dict[str, Item]]
+
+
+@dataclass(frozen=True, slots=True)
 class Delete:
     table: Table
     key: str
@@ -425,7 +433,7 @@ class ReadStatistics:
     reply: trio.MemorySendChannel[StoreStatistics]
 
 
-StoreCommand = Put | Get | Delete | ChangeConversation | ReadStatistics
+StoreCommand = Put | Get | FindItems | Delete | ChangeConversation | ReadStatistics
 
 
 # --- reasoning echo ----------------------------------------------------------------

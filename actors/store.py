@@ -14,17 +14,19 @@ import json
 import logging
 import time
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import trio
-from cachetools import TTLCache
+from cachetools import Cache, TTLCache
 
+from mlxcel.actors.item_index import ItemIndex, item_at
 from mlxcel.actors.limits import StoreLimits
 from mlxcel.actors.messages import (
     AddItems,
     ChangeConversation,
     ConversationChange,
     Delete,
+    FindItems,
     Get,
     Put,
     ReadStatistics,
@@ -52,15 +54,44 @@ def approx_json_size(value: Stored) -> int:
     return len(json.dumps(dataclasses.asdict(value), default=str).encode())
 
 
+class _Cache(TTLCache[str, Stored]):
+    """cachetools' cache, telling `on_remove` each key it drops: deleted, evicted for
+    room or expired."""
+
+    def __init__(self, *args: Any, on_remove: Callable[[str], None], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._on_remove = on_remove
+
+    def __delitem__(self, key: str) -> None:  # deletes and evictions (`popitem`)
+        present = Cache.__contains__(self, key)
+        try:
+            super().__delitem__(key)
+        finally:
+            if present:  # an expired key is removed, then reported missing
+                self._on_remove(key)
+
+    def expire(self, time: float | None = None) -> list[tuple[str, Stored]]:
+        expired = list(super().expire(time))
+        for key, _ in expired:
+            self._on_remove(key)
+        return expired
+
+
 class BoundedTable:
     """One table: an entry cap on top of cachetools' TTL + LRU + size-budget cache."""
 
-    def __init__(self, limits: StoreLimits) -> None:
+    def __init__(self, limits: StoreLimits, *, index: ItemIndex | None = None) -> None:
         self.limits = limits
+        self.index = index
+        """The items of the table's records by id (the response table keeps one)."""
         ttl = limits.ttl_secs if limits.ttl_secs > 0 else _NO_EXPIRY
         self._sized: tuple[Stored, int] | None = None
-        self._cache: TTLCache[str, Stored] = TTLCache(
-            maxsize=limits.max_bytes, ttl=ttl, timer=trio.current_time, getsizeof=self._size
+        self._cache: TTLCache[str, Stored] = _Cache(
+            maxsize=limits.max_bytes,
+            ttl=ttl,
+            timer=trio.current_time,
+            getsizeof=self._size,
+            on_remove=index.remove if index is not None else lambda key: None,
         )
 
     def put(self, key: str, value: Stored) -> bool:
@@ -80,7 +111,23 @@ class BoundedTable:
             self._sized = None
         while len(self._cache) > self.limits.max_entries:
             self._cache.popitem()
+        if self.index is not None and isinstance(value, ResponseRecord):
+            self.index.add(value)
         return True
+
+    def find_items(self, ids: frozenset[str]) -> dict[str, Item]:
+        """The items with these ids among the table's live records (those found)."""
+        found: dict[str, Item] = {}
+        if self.index is None:
+            return found
+        for item_id in ids:
+            for response_id, place in self.index.places(item_id):
+                record = self._cache.get(response_id)
+                item = item_at(record, place) if isinstance(record, ResponseRecord) else None
+                if item is not None and item.id == item_id:
+                    found[item_id] = item
+                    break
+        return found
 
     def get(self, key: str) -> Stored | None:
         return self._cache.get(key)
@@ -144,6 +191,10 @@ class StoreHandle:
         """A response wherever it is: an unfinished job, stored, or an ephemeral result."""
         value: Stored | None = await self._ask(lambda reply: Get(tables, response_id, reply))
         return value if isinstance(value, ResponseRecord) else None
+
+    async def find_items(self, ids: frozenset[str]) -> dict[str, Item]:
+        """Stored responses' input and output items by id (those found)."""
+        return await self._ask(lambda reply: FindItems(ids, reply))
 
     async def delete(self, response_id: str, table: Table = Table.RESPONSES) -> bool:
         return await self._ask(lambda reply: Delete(table, response_id, reply))
@@ -219,7 +270,7 @@ class StoreActor:
     ) -> None:
         ephemeral = StoreLimits(responses.max_entries, responses.max_bytes, ephemeral_ttl_secs)
         self._tables: dict[Table, BoundedTable | PinnedTable] = {
-            Table.RESPONSES: BoundedTable(responses),
+            Table.RESPONSES: BoundedTable(responses, index=ItemIndex()),
             Table.CONVERSATIONS: BoundedTable(conversations),
             Table.EPHEMERAL: BoundedTable(ephemeral),
             Table.ACTIVE: PinnedTable(),
@@ -257,6 +308,10 @@ class StoreActor:
             case Get(tables, key, reply):
                 found = (self._tables[t].get(key) for t in tables)
                 answer(reply, next((v for v in found if v is not None), None))
+            case FindItems(ids, reply):
+                responses = self._tables[Table.RESPONSES]
+                assert isinstance(responses, BoundedTable)
+                answer(reply, responses.find_items(ids))
             case Delete(table, key, reply):
                 answer(reply, self._tables[table].delete(key))
             case ChangeConversation(conversation_id, change, create, reply):

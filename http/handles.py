@@ -18,6 +18,7 @@ from mlxcel.actors.scheduler import SchedulerHandle
 from mlxcel.actors.store import StoreHandle
 from mlxcel.generation import ModelView
 from mlxcel.prepare.intake import ModelNames
+from mlxcel.prepare.policy import ClientPolicy
 
 _KEY = "mlxcel"
 
@@ -34,6 +35,8 @@ class Handles:
     names: ModelNames
     background_enabled: bool = True
     api_keys: tuple[str, ...] = ()
+    policy: ClientPolicy = dataclasses.field(default_factory=ClientPolicy)
+    """What the server does with hosted tools and images it cannot serve."""
     stopping: trio.Event = dataclasses.field(default_factory=trio.Event)
     """Set on shutdown: no new generation starts."""
     started: int = dataclasses.field(default_factory=lambda: int(time.time()))

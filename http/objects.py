@@ -15,6 +15,7 @@ from mlxcel.items import (
     Conversation,
     FunctionCall,
     FunctionCallOutput,
+    InputImage,
     InputText,
     Item,
     Message,
@@ -71,6 +72,8 @@ def part_json(part: ContentPart) -> dict[str, Any]:
             return {"type": "input_text", "text": text}
         case Refusal(refusal=refusal):
             return {"type": "refusal", "refusal": refusal}
+        case InputImage(image_url=url, file_id=file_id, detail=detail):
+            return {"type": "input_image", "image_url": url, "file_id": file_id, "detail": detail}
     raise AssertionError(part)
 
 
@@ -99,7 +102,7 @@ def item_json(item: Item) -> dict[str, Any]:
                 "id": item.id,
                 "type": "function_call_output",
                 "call_id": item.call_id,
-                "output": item.output,
+                "output": item.output if item.parts is None else [part_json(p) for p in item.parts],
             }
         case Compaction():
             content = {"summary": item.summary, "preserved": [item_json(i) for i in item.preserved]}

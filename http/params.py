@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
-from mlxcel.http.schemas import CreateResponseBody, to_items
+from mlxcel.http.schemas import CreateResponseBody, to_entries
 from mlxcel.prepare.params import ResponseParams
 
 
 def response_params(body: CreateResponseBody, *, model: str | None = None) -> ResponseParams:
     """`body` as parameters (its input converted to items: run it off the event loop);
     `model` stands in for a body that names none (`input_tokens`)."""
+    items, references = to_entries(body.input)
     return ResponseParams(
         model=body.model or model or "",
-        input=to_items(body.input),
+        input=items,
+        references=references,
         instructions=body.instructions,
         max_output_tokens=body.max_output_tokens,
         temperature=body.temperature,

@@ -19,9 +19,17 @@ from mlxcel.http.params import response_params
 from mlxcel.http.schemas import CreateResponseBody, InputTokensBody
 from mlxcel.http.streaming import EventStreamBody, bind_to_exchange
 from mlxcel.prepare.context_management import build_managed
-from mlxcel.prepare.intake import build_request, intake_items, read_history, render
+from mlxcel.prepare.intake import (
+    build_request,
+    intake_items,
+    read_history,
+    render,
+    resolve_references,
+)
 from mlxcel.prepare.limits import check_item_count
 from mlxcel.prepare.offload import off_loop
+from mlxcel.prepare.params import ResponseParams
+from mlxcel.prepare.policy import screen
 
 responses = Blueprint("responses", __name__)
 
@@ -34,7 +42,7 @@ async def create_response() -> Response:
     check_item_count(body.input, info.context_length)
     if body.background:
         _check_background(h, body)
-    params = await off_loop(response_params, body)
+    params = await _params(h, body)
     history = await read_history(params, h.store)
     items = await intake_items(params, history, info.context_length, h.names.alias, h.echo)
     if params.compact_threshold is not None:  # compaction is the slot's first phase
@@ -66,11 +74,21 @@ async def count_input_tokens() -> Response:
         raise ModelNotFound(body.model, [h.names.alias])
     info, codec = h.model.info, h.model.codec
     check_item_count(body.input, info.context_length)
-    params = await off_loop(response_params, body, model=h.names.alias)
+    params = await _params(h, body, model=h.names.alias)
     history = await read_history(params, h.store)
     items = await intake_items(params, history, info.context_length, h.names.alias, h.echo)
     _, prompt = await off_loop(render, params, history, codec, items)
     return json_response({"object": "response.input_tokens", "input_tokens": len(prompt)})
+
+
+async def _params(
+    h: Handles, body: CreateResponseBody, *, model: str | None = None
+) -> ResponseParams:
+    """The request's parameters as the server serves them: hosted tools and images under
+    the server's policy, item references resolved."""
+    params = await off_loop(response_params, body, model=model)
+    params = await off_loop(screen, params, h.policy, h.model.info)
+    return await resolve_references(params, h.store)
 
 
 def _check_background(h: Handles, body: CreateResponseBody) -> None:

@@ -30,13 +30,16 @@ from mlxcel.items import (
     ContentPart,
     FunctionCall,
     FunctionCallOutput,
+    InputImage,
     InputText,
     Item,
+    ItemReference,
     Message,
     OutputText,
     Reasoning,
     Refusal,
     new_id,
+    parts_text,
 )
 
 
@@ -60,7 +63,25 @@ class RefusalPart(_Model):
     refusal: str
 
 
-ContentPartIn = Annotated[InputTextPart | OutputTextPart | RefusalPart, Field(discriminator="type")]
+class InputImagePart(_Model):
+    """An image by URL (a data URL too) or file id; kept as sent."""
+
+    type: Literal["input_image"]
+    image_url: str | None = None
+    file_id: str | None = None
+    detail: Literal["low", "high", "auto", "original"] | None = None
+
+    @model_validator(mode="after")
+    def _named(self) -> InputImagePart:
+        if self.image_url is None and self.file_id is None:
+            raise ValueError("an input_image needs an 'image_url' or a 'file_id'")
+        return self
+
+
+ContentPartIn = Annotated[
+    InputTextPart | OutputTextPart | RefusalPart | InputImagePart, Field(discriminator="type")
+]
+OutputPartIn = Annotated[InputTextPart | InputImagePart, Field(discriminator="type")]
 
 
 class MessageIn(_Model):
@@ -82,7 +103,7 @@ class FunctionCallIn(_Model):
 class FunctionCallOutputIn(_Model):
     type: Literal["function_call_output"]
     call_id: str
-    output: str | list[InputTextPart]
+    output: str | list[OutputPartIn]
     id: str | None = None
 
 
@@ -102,6 +123,22 @@ def _default_message_type(value: Any) -> Any:
     if isinstance(value, dict) and "type" not in value and "role" in value:
         return {**value, "type": "message"}
     return value
+
+
+class ItemReferenceIn(_Model):
+    """`{"type": "item_reference", "id": …}`: a stored item named by id."""
+
+    type: Literal["item_reference"]
+    id: str = Field(min_length=1, max_length=256)
+
+
+def _default_item_type(value: Any) -> Any:
+    """A message without `type`, or an item reference (whose `type` may be left out or
+    null)."""
+    reference = isinstance(value, dict) and "id" in value and "role" not in value
+    if reference and value.get("type") is None:
+        return {**value, "type": "item_reference"}
+    return _default_message_type(value)
 
 
 _PlainItem = Annotated[
@@ -173,6 +210,17 @@ _TaggedItem = Annotated[
     Field(discriminator="type"),
 ]
 InputItemIn = Annotated[_TaggedItem, BeforeValidator(_default_message_type)]
+_ResponseInputItem = Annotated[
+    MessageIn
+    | FunctionCallIn
+    | FunctionCallOutputIn
+    | ReasoningIn
+    | CompactionIn
+    | ItemReferenceIn,
+    Field(discriminator="type"),
+]
+ResponseInputItemIn = Annotated[_ResponseInputItem, BeforeValidator(_default_item_type)]
+"""A create request's input item: any item, or a reference to a stored one."""
 # The tags pydantic puts in error locations between field names.
 ITEM_TAGS = frozenset(
     {
@@ -185,6 +233,8 @@ ITEM_TAGS = frozenset(
         "output_text",
         "refusal",
         "reasoning_text",
+        "input_image",
+        "item_reference",
     }
 )
 
@@ -210,7 +260,7 @@ class _BoundedInput(_Model):
 
 class CreateResponseBody(_BoundedInput):
     model: str
-    input: str | list[InputItemIn]
+    input: str | list[ResponseInputItemIn]
     instructions: str | None = None
     max_output_tokens: int | None = Field(default=None, ge=1)
     temperature: float | None = Field(default=None, ge=0, le=2)
@@ -325,8 +375,10 @@ def list_page(items: Sequence[dict[str, Any]], args: Mapping[str, str]) -> dict[
     }
 
 
-def _part(part: InputTextPart | OutputTextPart | RefusalPart) -> ContentPart:
+def _part(part: InputTextPart | OutputTextPart | RefusalPart | InputImagePart) -> ContentPart:
     match part:
+        case InputImagePart(image_url=url, file_id=file_id, detail=detail):
+            return InputImage(url, file_id, detail or "auto")
         case InputTextPart(text=text):
             return InputText(text)
         case OutputTextPart(text=text):
@@ -337,6 +389,22 @@ def _part(part: InputTextPart | OutputTextPart | RefusalPart) -> ContentPart:
 
 
 InputItem = MessageIn | FunctionCallIn | FunctionCallOutputIn | ReasoningIn | CompactionIn
+
+
+def to_entries(
+    raw_input: str | Sequence[InputItem | ItemReferenceIn],
+) -> tuple[tuple[Item, ...], tuple[ItemReference, ...]]:
+    """A create request's input as items and, apart, the references among them (each
+    with its place in the input)."""
+    if isinstance(raw_input, str):
+        return to_items(raw_input), ()
+    references = tuple(
+        ItemReference(raw.id, index)
+        for index, raw in enumerate(raw_input)
+        if isinstance(raw, ItemReferenceIn)
+    )
+    items = [raw for raw in raw_input if not isinstance(raw, ItemReferenceIn)]
+    return to_items(items), references
 
 
 def to_items(raw_input: str | Sequence[InputItem]) -> tuple[Item, ...]:
@@ -356,9 +424,12 @@ def to_items(raw_input: str | Sequence[InputItem]) -> tuple[Item, ...]:
                 item_id = item_id or new_id("fc")
                 namespace = raw.namespace
                 items.append(FunctionCall(call_id, name, arguments, item_id, namespace=namespace))
-            case FunctionCallOutputIn(call_id=call_id, output=output, id=item_id):
-                text = output if isinstance(output, str) else "".join(p.text for p in output)
+            case FunctionCallOutputIn(call_id=call_id, output=str(text), id=item_id):
                 items.append(FunctionCallOutput(call_id, text, id=item_id or new_id("fco")))
+            case FunctionCallOutputIn(call_id=call_id, output=list(output), id=item_id):
+                sent = tuple(_part(p) for p in output)
+                item_id = item_id or new_id("fco")
+                items.append(FunctionCallOutput(call_id, parts_text(sent), item_id, sent))
             case ReasoningIn(id=item_id, content=content):
                 text = "".join(c.text for c in content or [])
                 items.append(Reasoning(text, id=item_id or new_id("rs")))

@@ -1,7 +1,9 @@
 """A deterministic scripted engine, for fast tests of everything above the model.
 
-Prompts are rendered to one token per character; the reply to a prompt is scripted by
-the last user message: `echo: TEXT` answers TEXT, anything else answers a fixed pangram.
+Prompts are rendered to one token per character (tool names, when there are tools,
+lead them); the reply to a prompt is scripted by the last user message: `echo: TEXT`
+answers TEXT, anything else answers a fixed pangram. The engine keeps the last prompts it
+was given (`prompts`), so tests can check what the model saw.
 Each step yields one word. `step_delay` (seconds of real time per step) lets tests hold
 sequences in flight; `prefill_chunk` makes prefill take several steps, as the MLX engine's
 chunked prefill does.
@@ -10,6 +12,7 @@ chunked prefill does.
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -41,6 +44,9 @@ class FakeCodec:
             f"\x01{m['role']}\x02{m.get('reasoning_content') or ''}{m.get('content') or ''}"
             for m in messages
         )
+        if tools:
+            names = (str(t.get("function", {}).get("name")) for t in tools)  # type: ignore[attr-defined]
+            text = f"\x01tools\x02{','.join(names)}{text}"
         text += _MARK
         return [ord(c) for c in text]
 
@@ -82,8 +88,11 @@ class FakeEngine:
     closed: bool = False
     steps: int = 0
     idled: int = 0
+    prompts: deque[str] = field(default_factory=lambda: deque(maxlen=16))
+    """The last prompts inserted, as text."""
 
     def insert(self, spec: SequenceSpec) -> None:
+        self.prompts.append("".join(chr(t) for t in spec.prompt))
         words = scripted_reply(spec.prompt)
         if self.fail_insert_on is not None and any(self.fail_insert_on in w for w in words):
             raise RuntimeError(f"scripted admission failure on {self.fail_insert_on!r}")

@@ -6,6 +6,7 @@ is a 400 before any slot is taken.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import time
 from collections.abc import Sequence
@@ -177,6 +178,28 @@ async def read_history(source: HistorySource, store: StoreHandle) -> tuple[Item,
     return ()
 
 
+async def resolve_references(params: ResponseParams, store: StoreHandle) -> ResponseParams:
+    """`params` with each `item_reference` replaced, in its place, by the stored input or
+    output item it names; an id no stored response holds is a 400."""
+    if not params.references:
+        return params
+    found = await store.find_items(frozenset(r.id for r in params.references))
+    for reference in params.references:
+        if reference.id not in found:
+            disabled = "" if store.responses_limits.enabled else " (response storage is off)"
+            raise InvalidRequest(
+                f"Item with id '{reference.id[:64]}' not found{disabled}.",
+                param=f"input[{reference.index}].id",
+                code="item_not_found",
+            )
+    named = {r.index: found[r.id] for r in params.references}
+    rest = iter(params.input)
+    merged = tuple(
+        named[i] if i in named else next(rest) for i in range(len(params.input) + len(named))
+    )
+    return dataclasses.replace(params, input=merged, references=())
+
+
 async def chain_items(store: StoreHandle, response_id: str) -> tuple[Item, ...]:
     """Every turn of a `previous_response_id` chain, oldest first (instructions excluded)."""
     hops: list[ResponseRecord] = []
@@ -231,7 +254,9 @@ def render(
             code="invalid_value",
         )
     if definitions is None:
-        definitions, _, _ = tool_use(params.tools, params.tool_choice, codec)
+        definitions, _, _ = tool_use(
+            params.tools, params.tool_choice, codec, skip=params.ignored_tools
+        )
     items = params.input if items is None else items
     prompt = codec.render(
         to_chat(params.instructions, history + items + tail),
@@ -266,6 +291,7 @@ def build_request(
         codec,
         parser=info.tool_parser,
         parallel=params.parallel_tool_calls,
+        skip=params.ignored_tools,
     )
     tail = (compaction,) if compaction is not None else ()
     items, prompt = render(params, history, codec, items, definitions, tail)

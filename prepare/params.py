@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from mlxcel.items import Item, JsonValue
+from mlxcel.items import Item, ItemReference, JsonValue
 
 
 @dataclass(frozen=True, slots=True)
@@ -18,6 +18,7 @@ class ResponseParams:
 
     model: str
     input: tuple[Item, ...]
+    """The input items sent in full; `references` name the others."""
     instructions: str | None = None
     max_output_tokens: int | None = None
     temperature: float | None = None
@@ -40,3 +41,7 @@ class ResponseParams:
     chat_template_kwargs: dict[str, JsonValue] | None = None
     compact_threshold: int | None = None
     """Compact first at this many rendered input tokens (`context_management`)."""
+    ignored_tools: frozenset[int] = frozenset()
+    """Places in `tools` of hosted tools the model does not see (`--hosted-tools ignore`)."""
+    references: tuple[ItemReference, ...] = ()
+    """`item_reference` entries, each with its place in the input, not yet resolved."""

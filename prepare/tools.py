@@ -20,15 +20,18 @@ HOSTED_TOOL_HINT = "this server runs no hosted tools; only `function` tools are 
 
 
 def function_tools(
-    tools: Sequence[dict[str, JsonValue]] | None,
+    tools: Sequence[dict[str, JsonValue]] | None, skip: frozenset[int] = frozenset()
 ) -> tuple[list[dict[str, Any]], dict[str, tuple[str, str]]]:
-    """Chat-template definitions of the request's functions (400 for hosted tools).
+    """Chat-template definitions of the request's functions (400 for hosted tools), but
+    for the tools at the places in `skip`.
 
     `namespace` tools are flattened into their functions under `flat_name`s; the second
     result maps those names back to (namespace, name)."""
     out: list[dict[str, Any]] = []
     namespaces: dict[str, tuple[str, str]] = {}
     for index, tool in enumerate(tools or []):
+        if index in skip:
+            continue
         if tool.get("type") != "namespace":
             out.append(_definition(tool, f"tools[{index}]"))
             continue
@@ -107,9 +110,11 @@ def tool_use(
     *,
     parser: str = "hermes",
     parallel: bool | None = None,
+    skip: frozenset[int] = frozenset(),
 ) -> tuple[list[dict[str, Any]], ToolUse | None, str | None]:
-    """The tools to render, how the reply may call them, and a forced call's grammar."""
-    definitions, namespaces = function_tools(tools)
+    """The tools to render (but those at the places in `skip`), how the reply may call
+    them, and a forced call's grammar."""
+    definitions, namespaces = function_tools(tools, skip)
     mode, name = chosen_tool(choice)
     if mode == "none" or not definitions:
         if mode == "required":

@@ -113,6 +113,15 @@ def test_reasoning_echo_budget_from_flag_or_environment() -> None:
         settings([], {"MLXCEL_REASONING_ECHO_MAX_BYTES": "lots"})
 
 
+def test_hosted_tools_and_images_from_flag_or_environment() -> None:
+    assert (Settings().hosted_tools, Settings().images) == ("reject", "placeholder")
+    assert settings(["--hosted-tools", "ignore"]).hosted_tools == "ignore"
+    assert settings([], {"MLXCEL_HOSTED_TOOLS": "ignore"}).hosted_tools == "ignore"
+    assert settings(["--images", "reject"]).images == "reject"
+    env = {"MLXCEL_IMAGES": "reject", "MLXCEL_HOSTED_TOOLS": "ignore"}
+    assert settings(["--images", "placeholder", "--hosted-tools", "reject"], env) == Settings()
+
+
 def test_an_unknown_tool_call_parser_stops_start_up() -> None:
     # Checked where the parser is picked, before the model is resolved or loaded.
     assert settings(["--tool-call-parser", "xml"]).tool_call_parser == "xml"
@@ -144,6 +153,8 @@ def test_zero_disables_background_mode() -> None:
         ["--responses-store-ttl-secs", "-1"],
         ["--conversation-store-ttl-secs", "nan"],
         ["--reasoning-echo-max-bytes", "-1"],
+        ["--hosted-tools", "allow"],
+        ["--images", "describe"],
     ],
 )
 def test_invalid_values_fail_start_up_with_a_clear_message(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import trio
 import trio.testing
@@ -9,6 +11,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
+from mlxcel.actors.item_index import ItemIndex
 from mlxcel.actors.messages import AddItems, Refused
 from mlxcel.actors.store import BoundedTable, StoreActor, StoreHandle, approx_json_size
 from mlxcel.config import Settings, StoreLimits
@@ -284,3 +287,43 @@ async def test_a_minted_conversation_that_is_gone_is_not_created_again(
         await store.get_conversation(minted)
     assert await store.get_conversation("my-chat") is None  # free-form: created on first use
     assert await store.append("my-chat", (said("hi"),)) is not None
+
+
+def with_items(rid: str, *item_ids: str) -> ResponseRecord:
+    inputs = tuple(Message("user", (InputText(i),), id=i) for i in item_ids[:-1])
+    output = (Message("assistant", (InputText("out"),), id=item_ids[-1]),)
+    return dataclasses.replace(record(rid), input_items=inputs, output=output)
+
+
+async def test_items_are_found_by_id_until_their_response_goes(
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
+    store = await start(nursery, StoreLimits(2, 1 << 20, 100))
+    await store.put(with_items("a", "msg_in", "msg_out"))
+    found = await store.find_items(frozenset({"msg_in", "msg_out", "msg_other"}))
+    assert {k: v.id for k, v in found.items()} == {"msg_in": "msg_in", "msg_out": "msg_out"}
+    await store.delete("a")
+    assert await store.find_items(frozenset({"msg_in"})) == {}
+    await store.put(with_items("b", "msg_b"))
+    await trio.sleep(101)  # expired
+    assert await store.find_items(frozenset({"msg_b"})) == {}
+    await store.put(with_items("c", "msg_c"))
+    await store.put(with_items("d", "msg_d"))
+    await store.put(with_items("e", "msg_e"))  # the entry cap evicts c
+    assert set(await store.find_items(frozenset({"msg_c", "msg_d", "msg_e"}))) == {
+        "msg_d",
+        "msg_e",
+    }
+
+
+async def test_the_item_index_holds_no_more_than_the_table() -> None:
+    table = BoundedTable(StoreLimits(3, 1 << 20, 0), index=ItemIndex())
+    for n in range(50):
+        table.put(f"r{n}", with_items(f"r{n}", f"msg_{n}_a", f"msg_{n}_b", "msg_shared"))
+    assert table.index is not None
+    assert len(table.index) == 3 * 2 + 1  # three records' own items and the shared one
+    found = table.find_items(frozenset({"msg_shared", "msg_49_a", "msg_0_a"}))
+    assert set(found) == {"msg_shared", "msg_49_a"}
+    for n in (47, 48, 49):
+        table.delete(f"r{n}")
+    assert len(table.index) == 0

@@ -23,3 +23,10 @@ def one_slot_server(
     """The default model with one slot and no waiting queue."""
     log = tmp_path_factory.mktemp("server") / "one-slot.log"
     yield from start_server(log, "--parallel", "1", "--max-queue-depth", "0")
+
+
+@pytest.fixture(scope="session")
+def lenient_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealServer]:
+    """The default model as a Codex-style client needs it: hosted tools ignored."""
+    log = tmp_path_factory.mktemp("server") / "lenient.log"
+    yield from start_server(log, "--parallel", "2", "--hosted-tools", "ignore")
