@@ -18,6 +18,8 @@ from mlxcel.actors.messages import (
     CompactionStarted,
     ContentPartAdded,
     ContentPartDone,
+    CustomToolCallInputDelta,
+    CustomToolCallInputDone,
     FunctionCallArgumentsDelta,
     FunctionCallArgumentsDone,
     OutputItemAdded,
@@ -41,6 +43,7 @@ from mlxcel.items import (
     ResponseRecord,
     TokenLogprob,
     Usage,
+    custom_input,
     new_id,
 )
 from mlxcel.model.reasoning import AnswerPiece, Piece, ReasoningPiece, ReasoningSplitter
@@ -315,11 +318,7 @@ class ResponseBuilder:
             elif event.index in self._ignored or event.index not in self._calls:
                 continue  # not a call this response shows (or one that already ended)
             elif isinstance(event, CallArguments):
-                call = self._calls[event.index]
-                call.sent += event.delta
-                assert call.item.id is not None
-                delta = FunctionCallArgumentsDelta(self._id, call.item.id, call.index, event.delta)
-                events.append(delta)
+                events += self._arguments(event.index, event.delta)
             elif isinstance(event, CallClosed):
                 events += self._close_call(event.index, event.arguments, "completed")
             elif isinstance(event, CallDropped):
@@ -335,8 +334,10 @@ class ResponseBuilder:
             self._ignored.add(index)  # not offered, or parallel_tool_calls is off
             return []
         events = self._close_message("completed")
+        custom = name in self._tools.custom
         namespace, name = self._tools.namespaces.get(name, (None, name))
-        item = FunctionCall(new_id("call"), name, "", new_id("fc"), "in_progress", namespace)
+        item_id = new_id("ctc" if custom else "fc")
+        item = FunctionCall(new_id("call"), name, "", item_id, "in_progress", namespace, custom)
         self._calls[index] = _OpenCall(item, len(self._output))
         self._output.append(None)
         events.append(OutputItemAdded(self._id, self._calls[index].index, item))
@@ -348,9 +349,19 @@ class ResponseBuilder:
             return False
         return bool(self._calls) or any(isinstance(i, FunctionCall) for i in self._output)
 
+    def _arguments(self, index: int, delta: str) -> list[ResponseEvent]:
+        call = self._calls[index]
+        call.sent += delta
+        assert call.item.id is not None
+        if call.item.custom:
+            return []  # a custom tool's input is sent whole once its arguments are
+        return [FunctionCallArgumentsDelta(self._id, call.item.id, call.index, delta)]
+
     def _close_call(self, index: int, arguments: str, status: Status) -> list[ResponseEvent]:
         call = self._calls.pop(index)
         assert call.item.id is not None
+        if call.item.custom:
+            return self._close_custom(call, custom_input(arguments), status)
         events: list[ResponseEvent] = []
         if arguments.startswith(call.sent) and len(arguments) > len(call.sent):
             rest = arguments[len(call.sent) :]
@@ -359,6 +370,19 @@ class ResponseBuilder:
         if status == "completed":
             self._output[call.index] = item
         events.append(FunctionCallArgumentsDone(self._id, call.item.id, call.index, arguments))
+        events.append(OutputItemDone(self._id, call.index, item))
+        return events
+
+    def _close_custom(self, call: _OpenCall, text: str, status: Status) -> list[ResponseEvent]:
+        """A `custom_tool_call`: its input is the string the model wrote as `input`."""
+        assert call.item.id is not None
+        item = dataclasses.replace(call.item, arguments=text, status=status)
+        if status == "completed":
+            self._output[call.index] = item
+        events: list[ResponseEvent] = []
+        if text:
+            events.append(CustomToolCallInputDelta(self._id, call.item.id, call.index, text))
+        events.append(CustomToolCallInputDone(self._id, call.item.id, call.index, text))
         events.append(OutputItemDone(self._id, call.index, item))
         return events
 

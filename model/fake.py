@@ -9,6 +9,7 @@ chunked prefill does.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -23,7 +24,8 @@ _MARK = "\x00ASSISTANT\x00"
 
 
 class FakeCodec:
-    """One token per character; the rendered prompt keeps the last user message findable."""
+    """One token per character; the rendered prompt keeps the last user message findable,
+    and shows the tools and an assistant turn's calls as JSON."""
 
     def __init__(self, *, opens_reasoning: bool = False) -> None:
         self._opens_reasoning = opens_reasoning
@@ -37,8 +39,10 @@ class FakeCodec:
         tools: Sequence[dict[str, object]] | None,
         template_kwargs: Mapping[str, Any] | None = None,
     ) -> list[int]:
-        text = "".join(
+        text = f"\x01tools\x02{json.dumps(tools)}" if tools else ""
+        text += "".join(
             f"\x01{m['role']}\x02{m.get('reasoning_content') or ''}{m.get('content') or ''}"
+            + (f"\x03{json.dumps(m['tool_calls'])}" if m.get("tool_calls") else "")
             for m in messages
         )
         text += _MARK
@@ -82,8 +86,11 @@ class FakeEngine:
     closed: bool = False
     steps: int = 0
     idled: int = 0
+    last_prompt: str = ""
+    """The text of the last prompt inserted, for tests of rendering."""
 
     def insert(self, spec: SequenceSpec) -> None:
+        self.last_prompt = "".join(chr(t) for t in spec.prompt)
         words = scripted_reply(spec.prompt)
         if self.fail_insert_on is not None and any(self.fail_insert_on in w for w in words):
             raise RuntimeError(f"scripted admission failure on {self.fail_insert_on!r}")

@@ -15,6 +15,7 @@ from typing import Any
 from mlxcel.errors import InvalidRequest, UnsupportedFeature
 from mlxcel.generation import PromptCodec, ToolUse
 from mlxcel.items import JsonValue, flat_name
+from mlxcel.prepare.custom_tools import custom_definition, custom_names
 
 HOSTED_TOOL_HINT = "this server runs no hosted tools; only `function` tools are supported"
 
@@ -63,6 +64,8 @@ def function_tools(
 
 def _definition(tool: dict[str, JsonValue], where: str) -> dict[str, Any]:
     kind = tool.get("type")
+    if kind == "custom":
+        return custom_definition(tool, where)
     if kind != "function":
         raise UnsupportedFeature(
             f"Tool type {kind!r} is not supported: {HOSTED_TOOL_HINT}.",
@@ -83,18 +86,33 @@ def _definition(tool: dict[str, JsonValue], where: str) -> dict[str, Any]:
     return {"type": "function", "function": function}
 
 
+def _check_unique(definitions: Sequence[dict[str, Any]]) -> None:
+    """400 for two tools the model would see under one name (a call could not be told
+    apart)."""
+    seen: set[str] = set()
+    for definition in definitions:
+        name = definition["function"]["name"]
+        if name in seen:
+            raise InvalidRequest(
+                f"Invalid 'tools': more than one tool is named {name[:64]!r}.",
+                param="tools",
+                code="invalid_value",
+            )
+        seen.add(name)
+
+
 def chosen_tool(choice: str | dict[str, JsonValue] | None) -> tuple[str, str | None]:
     """`tool_choice` as (mode, function name): mode is auto, none or required."""
     if choice is None or choice in ("auto", "none", "required"):
         return (choice or "auto"), None
-    if isinstance(choice, dict) and choice.get("type") == "function":
+    if isinstance(choice, dict) and choice.get("type") in ("function", "custom"):
         nested = choice.get("function")
         name = nested.get("name") if isinstance(nested, dict) else choice.get("name")
         if isinstance(name, str) and name:
             return "required", name
     raise InvalidRequest(
-        "Invalid 'tool_choice': expected 'auto', 'none', 'required' or "
-        '{"type": "function", "name": ...}.',
+        "Invalid 'tool_choice': expected 'auto', 'none', 'required', "
+        '{"type": "function", "name": ...} or {"type": "custom", "name": ...}.',
         param="tool_choice",
         code="invalid_value",
     )
@@ -110,6 +128,7 @@ def tool_use(
 ) -> tuple[list[dict[str, Any]], ToolUse | None, str | None]:
     """The tools to render, how the reply may call them, and a forced call's grammar."""
     definitions, namespaces = function_tools(tools)
+    _check_unique(definitions)
     mode, name = chosen_tool(choice)
     if mode == "none" or not definitions:
         if mode == "required":
@@ -136,6 +155,7 @@ def tool_use(
         parallel=parallel is not False,
         parameters=parameters,
         namespaces=namespaces,
+        custom=custom_names(tools),
     )
     if not use.required:
         return definitions, use, None
