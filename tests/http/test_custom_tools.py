@@ -299,3 +299,54 @@ async def test_bad_custom_items_are_400(fake_server: FakeServer, item: dict[str,
     error = r.json()["error"]
     assert set(error) == {"message", "type", "param", "code"}
     assert error["param"].startswith("input[1]")
+
+
+async def test_a_namespaced_custom_tool(fake_server: FakeServer) -> None:
+    client = fake_server.client()
+    edit = {"type": "namespace", "name": "edit", "description": "Editing.", "tools": [APPLY_PATCH]}
+    call = json.dumps({"name": "edit__apply_patch", "arguments": {"input": PATCH}})
+    resp = await in_thread(
+        client.responses.create,
+        model="fake-model",
+        input=f"echo: <tool_call>{call}</tool_call>",
+        tools=[edit],
+    )
+    (item,) = resp.output
+    assert isinstance(item, ResponseCustomToolCall)
+    assert (item.namespace, item.name, item.input) == ("edit", "apply_patch", PATCH)
+    follow = await in_thread(
+        client.responses.create,
+        model="fake-model",
+        tools=[edit],
+        tool_choice="none",
+        input=[
+            {"role": "user", "content": "patch it"},
+            item.model_dump(exclude_none=True),
+            {"type": "custom_tool_call_output", "call_id": item.call_id, "output": "ok"},
+        ],
+    )
+    assert follow.status == "completed"
+    (rendered,) = rendered_calls(fake_server.engine.last_prompt)
+    assert rendered["function"] == {"name": "edit__apply_patch", "arguments": {"input": PATCH}}
+
+
+async def test_a_cut_off_custom_call_is_not_kept(fake_server: FakeServer) -> None:
+    client = fake_server.client()
+
+    def stream() -> list[Any]:
+        with client.responses.stream(
+            model="fake-model",
+            input=f"echo: <tool_call>{CALL}</tool_call>",
+            tools=[APPLY_PATCH],
+            max_output_tokens=4,
+        ) as s:
+            return list(s)
+
+    events = await in_thread(stream)
+    final = events[-1].response
+    assert final.status == "incomplete"
+    assert [item.type for item in final.output] == ["message"]  # the call is not kept
+    done = next(e for e in events if e.type == "response.output_item.done")
+    assert done.item.type == "custom_tool_call"
+    assert done.item.status == "incomplete"
+    assert events[-1].type == "response.incomplete"
