@@ -46,6 +46,7 @@ from mlxcel.items import (
     custom_input,
     new_id,
 )
+from mlxcel.model.custom_input import InputDecoder
 from mlxcel.model.reasoning import AnswerPiece, Piece, ReasoningPiece, ReasoningSplitter
 from mlxcel.model.tool_parsers import (
     CallArguments,
@@ -74,6 +75,8 @@ class _OpenCall:
     item: FunctionCall
     index: int
     sent: str = ""
+    decoder: InputDecoder | None = None  # a custom tool's input, decoded as it streams
+    streamed: str = ""  # the input sent so far
 
 
 class ResponseBuilder:
@@ -338,7 +341,9 @@ class ResponseBuilder:
         namespace, name = self._tools.namespaces.get(name, (None, name))
         item_id = new_id("ctc" if custom else "fc")
         item = FunctionCall(new_id("call"), name, "", item_id, "in_progress", namespace, custom)
-        self._calls[index] = _OpenCall(item, len(self._output))
+        self._calls[index] = _OpenCall(
+            item, len(self._output), decoder=InputDecoder() if custom else None
+        )
         self._output.append(None)
         events.append(OutputItemAdded(self._id, self._calls[index].index, item))
         return events
@@ -353,15 +358,20 @@ class ResponseBuilder:
         call = self._calls[index]
         call.sent += delta
         assert call.item.id is not None
-        if call.item.custom:
-            return []  # a custom tool's input is sent whole once its arguments are
-        return [FunctionCallArgumentsDelta(self._id, call.item.id, call.index, delta)]
+        if call.decoder is None:
+            return [FunctionCallArgumentsDelta(self._id, call.item.id, call.index, delta)]
+        piece = call.decoder.feed(delta)
+        call.streamed += piece
+        return (
+            [CustomToolCallInputDelta(self._id, call.item.id, call.index, piece)] if piece else []
+        )
 
     def _close_call(self, index: int, arguments: str, status: Status) -> list[ResponseEvent]:
         call = self._calls.pop(index)
         assert call.item.id is not None
-        if call.item.custom:
-            return self._close_custom(call, custom_input(arguments), status)
+        if call.decoder is not None:
+            text = custom_input(arguments) if status == "completed" else call.streamed
+            return self._close_custom(call, text, status)
         events: list[ResponseEvent] = []
         if arguments.startswith(call.sent) and len(arguments) > len(call.sent):
             rest = arguments[len(call.sent) :]
@@ -380,8 +390,9 @@ class ResponseBuilder:
         if status == "completed":
             self._output[call.index] = item
         events: list[ResponseEvent] = []
-        if text:
-            events.append(CustomToolCallInputDelta(self._id, call.item.id, call.index, text))
+        rest = text[len(call.streamed) :] if text.startswith(call.streamed) else ""
+        if rest:  # what the decoder could not stream (the end's parse is authoritative)
+            events.append(CustomToolCallInputDelta(self._id, call.item.id, call.index, rest))
         events.append(CustomToolCallInputDone(self._id, call.item.id, call.index, text))
         events.append(OutputItemDone(self._id, call.index, item))
         return events

@@ -86,6 +86,7 @@ async def test_a_streamed_custom_call(fake_server: FakeServer) -> None:
     (call,) = final.output
     assert isinstance(call, ResponseCustomToolCall)
     assert deltas == done.input == call.input == PATCH
+    assert types.count("response.custom_tool_call_input.delta") > 1  # streamed as written
     assert done.item_id == call.id
     added = next(e for e in events if e.type == "response.output_item.added")
     item_done = next(e for e in events if e.type == "response.output_item.done")
