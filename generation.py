@@ -142,6 +142,8 @@ class ToolUse:
     """Each function's JSON-schema parameters, by flat name."""
     namespaces: Mapping[str, tuple[str, str]] = field(default_factory=dict)
     """Flat names of namespaced functions, to (namespace, name)."""
+    custom: frozenset[str] = frozenset()
+    """Flat names of `custom` tools: their calls are `custom_tool_call`s."""
 
 
 @dataclass(frozen=True, slots=True)

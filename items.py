@@ -8,6 +8,7 @@ dataclasses serves all three. Validation happens at the HTTP edge; these are pla
 from __future__ import annotations
 
 import hashlib
+import json
 import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -116,6 +117,9 @@ class FunctionCall:
     status: ItemStatus = "completed"
     namespace: str | None = None
     """The namespace tool the function belongs to (the model sees `flat_name`)."""
+    custom: bool = False
+    """A `custom` tool's call (`custom_tool_call`): `arguments` is its free-form input,
+    which the model sees and writes as the one string argument `input`."""
 
     @property
     def flat_name(self) -> str:
@@ -132,6 +136,22 @@ def flat_name(namespace: str | None, name: str) -> str:
     return f"{namespace}{name}" if namespace.endswith("__") else f"{namespace}__{name}"
 
 
+def custom_input(arguments: str) -> str:
+    """A `custom` tool's input from the arguments the model wrote for it: the string
+    `input`, else a lone string value, else the arguments text as it stands."""
+    try:
+        value = json.loads(arguments)
+    except ValueError:
+        return arguments
+    if isinstance(value, dict):
+        if isinstance(value.get("input"), str):
+            return str(value["input"])
+        strings = [v for v in value.values() if isinstance(v, str)]
+        if len(value) == 1 and len(strings) == 1:
+            return strings[0]
+    return value if isinstance(value, str) else arguments
+
+
 @dataclass(frozen=True, slots=True)
 class FunctionCallOutput:
     call_id: str
@@ -140,6 +160,8 @@ class FunctionCallOutput:
     id: str | None = None
     parts: tuple[ContentPart, ...] | None = None
     """The output as sent when it was a list of parts (text and images)."""
+    custom: bool = False
+    """The output of a `custom` tool's call (`custom_tool_call_output`)."""
 
 
 @dataclass(frozen=True, slots=True)

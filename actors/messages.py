@@ -268,6 +268,22 @@ class FunctionCallArgumentsDone:
 
 
 @dataclass(frozen=True, slots=True)
+class CustomToolCallInputDelta:
+    response_id: str
+    item_id: str
+    output_index: int
+    delta: str
+
+
+@dataclass(frozen=True, slots=True)
+class CustomToolCallInputDone:
+    response_id: str
+    item_id: str
+    output_index: int
+    input: str
+
+
+@dataclass(frozen=True, slots=True)
 class OutputItemDone:
     response_id: str
     output_index: int
@@ -316,6 +332,8 @@ ResponseEvent = (
     | ReasoningTextDone
     | FunctionCallArgumentsDelta
     | FunctionCallArgumentsDone
+    | CustomToolCallInputDelta
+    | CustomToolCallInputDone
     | OutputItemDone
     | ResponseFinished
     | StreamError

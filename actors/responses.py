@@ -18,6 +18,8 @@ from mlxcel.actors.messages import (
     CompactionStarted,
     ContentPartAdded,
     ContentPartDone,
+    CustomToolCallInputDelta,
+    CustomToolCallInputDone,
     FunctionCallArgumentsDelta,
     FunctionCallArgumentsDone,
     OutputItemAdded,
@@ -41,8 +43,10 @@ from mlxcel.items import (
     ResponseRecord,
     TokenLogprob,
     Usage,
+    custom_input,
     new_id,
 )
+from mlxcel.model.custom_input import InputDecoder
 from mlxcel.model.reasoning import AnswerPiece, Piece, ReasoningPiece, ReasoningSplitter
 from mlxcel.model.tool_parsers import (
     CallArguments,
@@ -71,6 +75,8 @@ class _OpenCall:
     item: FunctionCall
     index: int
     sent: str = ""
+    decoder: InputDecoder | None = None  # a custom tool's input, decoded as it streams
+    streamed: str = ""  # the input sent so far
 
 
 class ResponseBuilder:
@@ -317,11 +323,7 @@ class ResponseBuilder:
             elif event.index in self._ignored or event.index not in self._calls:
                 continue  # not a call this response shows (or one that already ended)
             elif isinstance(event, CallArguments):
-                call = self._calls[event.index]
-                call.sent += event.delta
-                assert call.item.id is not None
-                delta = FunctionCallArgumentsDelta(self._id, call.item.id, call.index, event.delta)
-                events.append(delta)
+                events += self._arguments(event.index, event.delta)
             elif isinstance(event, CallClosed):
                 events += self._close_call(event.index, event.arguments, "completed")
             elif isinstance(event, CallDropped):
@@ -337,9 +339,13 @@ class ResponseBuilder:
             self._ignored.add(index)  # not offered, or parallel_tool_calls is off
             return []
         events = self._close_message("completed")
+        custom = name in self._tools.custom
         namespace, name = self._tools.namespaces.get(name, (None, name))
-        item = FunctionCall(new_id("call"), name, "", new_id("fc"), "in_progress", namespace)
-        self._calls[index] = _OpenCall(item, len(self._output))
+        item_id = new_id("ctc" if custom else "fc")
+        item = FunctionCall(new_id("call"), name, "", item_id, "in_progress", namespace, custom)
+        self._calls[index] = _OpenCall(
+            item, len(self._output), decoder=InputDecoder() if custom else None
+        )
         self._output.append(None)
         events.append(OutputItemAdded(self._id, self._calls[index].index, item))
         return events
@@ -350,9 +356,24 @@ class ResponseBuilder:
             return False
         return bool(self._calls) or any(isinstance(i, FunctionCall) for i in self._output)
 
+    def _arguments(self, index: int, delta: str) -> list[ResponseEvent]:
+        call = self._calls[index]
+        call.sent += delta
+        assert call.item.id is not None
+        if call.decoder is None:
+            return [FunctionCallArgumentsDelta(self._id, call.item.id, call.index, delta)]
+        piece = call.decoder.feed(delta)
+        call.streamed += piece
+        return (
+            [CustomToolCallInputDelta(self._id, call.item.id, call.index, piece)] if piece else []
+        )
+
     def _close_call(self, index: int, arguments: str, status: Status) -> list[ResponseEvent]:
         call = self._calls.pop(index)
         assert call.item.id is not None
+        if call.decoder is not None:
+            text = custom_input(arguments) if status == "completed" else call.streamed
+            return self._close_custom(call, text, status)
         events: list[ResponseEvent] = []
         if arguments.startswith(call.sent) and len(arguments) > len(call.sent):
             rest = arguments[len(call.sent) :]
@@ -361,6 +382,20 @@ class ResponseBuilder:
         if status == "completed":
             self._output[call.index] = item
         events.append(FunctionCallArgumentsDone(self._id, call.item.id, call.index, arguments))
+        events.append(OutputItemDone(self._id, call.index, item))
+        return events
+
+    def _close_custom(self, call: _OpenCall, text: str, status: Status) -> list[ResponseEvent]:
+        """A `custom_tool_call`: its input is the string the model wrote as `input`."""
+        assert call.item.id is not None
+        item = dataclasses.replace(call.item, arguments=text, status=status)
+        if status == "completed":
+            self._output[call.index] = item
+        events: list[ResponseEvent] = []
+        rest = text[len(call.streamed) :] if text.startswith(call.streamed) else ""
+        if rest:  # what the decoder could not stream (the end's parse is authoritative)
+            events.append(CustomToolCallInputDelta(self._id, call.item.id, call.index, rest))
+        events.append(CustomToolCallInputDone(self._id, call.item.id, call.index, text))
         events.append(OutputItemDone(self._id, call.index, item))
         return events
 

@@ -87,6 +87,23 @@ def item_json(item: Item) -> dict[str, Any]:
                 "status": item.status,
                 "content": [part_json(p) for p in item.content],
             }
+        case FunctionCall(custom=True):
+            call = {
+                "id": item.id,
+                "type": "custom_tool_call",
+                "call_id": item.call_id,
+                "name": item.name,
+                "input": item.arguments,
+                "status": item.status,
+            }
+            return call | ({"namespace": item.namespace} if item.namespace else {})
+        case FunctionCallOutput(custom=True):
+            return {
+                "id": item.id,
+                "type": "custom_tool_call_output",
+                "call_id": item.call_id,
+                "output": item.output,
+            }
         case FunctionCall():
             call = {
                 "id": item.id,

@@ -107,6 +107,22 @@ class FunctionCallOutputIn(_Model):
     id: str | None = None
 
 
+class CustomToolCallIn(_Model):
+    type: Literal["custom_tool_call"]
+    call_id: str
+    name: str
+    input: str
+    id: str | None = None
+    namespace: str | None = None
+
+
+class CustomToolCallOutputIn(_Model):
+    type: Literal["custom_tool_call_output"]
+    call_id: str
+    output: str | list[OutputPartIn]
+    id: str | None = None
+
+
 class ReasoningContentIn(_Model):
     type: Literal["reasoning_text"]
     text: str
@@ -142,7 +158,13 @@ def _default_item_type(value: Any) -> Any:
 
 
 _PlainItem = Annotated[
-    MessageIn | FunctionCallIn | FunctionCallOutputIn | ReasoningIn, Field(discriminator="type")
+    MessageIn
+    | FunctionCallIn
+    | FunctionCallOutputIn
+    | CustomToolCallIn
+    | CustomToolCallOutputIn
+    | ReasoningIn,
+    Field(discriminator="type"),
 ]
 
 
@@ -206,7 +228,13 @@ class CompactionIn(_Model):
 
 
 _TaggedItem = Annotated[
-    MessageIn | FunctionCallIn | FunctionCallOutputIn | ReasoningIn | CompactionIn,
+    MessageIn
+    | FunctionCallIn
+    | FunctionCallOutputIn
+    | CustomToolCallIn
+    | CustomToolCallOutputIn
+    | ReasoningIn
+    | CompactionIn,
     Field(discriminator="type"),
 ]
 InputItemIn = Annotated[_TaggedItem, BeforeValidator(_default_message_type)]
@@ -214,6 +242,8 @@ _ResponseInputItem = Annotated[
     MessageIn
     | FunctionCallIn
     | FunctionCallOutputIn
+    | CustomToolCallIn
+    | CustomToolCallOutputIn
     | ReasoningIn
     | CompactionIn
     | ItemReferenceIn,
@@ -227,6 +257,8 @@ ITEM_TAGS = frozenset(
         "message",
         "function_call",
         "function_call_output",
+        "custom_tool_call",
+        "custom_tool_call_output",
         "reasoning",
         "compaction",
         "input_text",
@@ -388,7 +420,15 @@ def _part(part: InputTextPart | OutputTextPart | RefusalPart | InputImagePart) -
     raise AssertionError(part)
 
 
-InputItem = MessageIn | FunctionCallIn | FunctionCallOutputIn | ReasoningIn | CompactionIn
+InputItem = (
+    MessageIn
+    | FunctionCallIn
+    | FunctionCallOutputIn
+    | CustomToolCallIn
+    | CustomToolCallOutputIn
+    | ReasoningIn
+    | CompactionIn
+)
 
 
 def to_entries(
@@ -430,6 +470,21 @@ def to_items(raw_input: str | Sequence[InputItem]) -> tuple[Item, ...]:
                 sent = tuple(_part(p) for p in output)
                 item_id = item_id or new_id("fco")
                 items.append(FunctionCallOutput(call_id, parts_text(sent), item_id, sent))
+            case CustomToolCallIn(call_id=call_id, name=name, input=text, id=item_id):
+                item_id = item_id or new_id("ctc")
+                namespace = raw.namespace
+                items.append(
+                    FunctionCall(call_id, name, text, item_id, namespace=namespace, custom=True)
+                )
+            case CustomToolCallOutputIn(call_id=call_id, output=str(text), id=item_id):
+                item_id = item_id or new_id("ctco")
+                items.append(FunctionCallOutput(call_id, text, item_id, custom=True))
+            case CustomToolCallOutputIn(call_id=call_id, output=list(output), id=item_id):
+                sent = tuple(_part(p) for p in output)
+                item_id = item_id or new_id("ctco")
+                items.append(
+                    FunctionCallOutput(call_id, parts_text(sent), item_id, sent, custom=True)
+                )
             case ReasoningIn(id=item_id, content=content):
                 text = "".join(c.text for c in content or [])
                 items.append(Reasoning(text, id=item_id or new_id("rs")))

@@ -16,6 +16,8 @@ from mlxcel.actors.messages import (
     CompactionStarted,
     ContentPartAdded,
     ContentPartDone,
+    CustomToolCallInputDelta,
+    CustomToolCallInputDone,
     FunctionCallArgumentsDelta,
     FunctionCallArgumentsDone,
     KeepAlive,
@@ -87,6 +89,9 @@ def event_json(event: ResponseEvent) -> dict[str, Any]:
         case FunctionCallArgumentsDelta() | FunctionCallArgumentsDone():
             kind = "delta" if isinstance(event, FunctionCallArgumentsDelta) else "done"
             return {"type": f"response.function_call_arguments.{kind}", **_fields(event)}
+        case CustomToolCallInputDelta() | CustomToolCallInputDone():
+            kind = "delta" if isinstance(event, CustomToolCallInputDelta) else "done"
+            return {"type": f"response.custom_tool_call_input.{kind}", **_fields(event)}
         case ResponseFinished(record):
             return {"type": _FINISHED[record.status], "response": response_json(record)}
         case StreamError(code=code, message=message):
@@ -99,7 +104,9 @@ def _fields(
     | ReasoningTextDelta
     | ReasoningTextDone
     | FunctionCallArgumentsDelta
-    | FunctionCallArgumentsDone,
+    | FunctionCallArgumentsDone
+    | CustomToolCallInputDelta
+    | CustomToolCallInputDone,
 ) -> dict[str, Any]:
     """The event's own fields, in order, less `response_id`: every event names its
     response inside the server, but the OpenAI events have no such field."""

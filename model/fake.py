@@ -11,6 +11,7 @@ chunked prefill does.
 
 from __future__ import annotations
 
+import json
 import time
 from collections import deque
 from collections.abc import Mapping, Sequence
@@ -26,7 +27,8 @@ _MARK = "\x00ASSISTANT\x00"
 
 
 class FakeCodec:
-    """One token per character; the rendered prompt keeps the last user message findable."""
+    """One token per character; the rendered prompt keeps the last user message findable,
+    and shows the tools and an assistant turn's calls as JSON."""
 
     def __init__(self, *, opens_reasoning: bool = False) -> None:
         self._opens_reasoning = opens_reasoning
@@ -40,13 +42,12 @@ class FakeCodec:
         tools: Sequence[dict[str, object]] | None,
         template_kwargs: Mapping[str, Any] | None = None,
     ) -> list[int]:
-        text = "".join(
+        text = f"\x01tools\x02{json.dumps(tools)}" if tools else ""
+        text += "".join(
             f"\x01{m['role']}\x02{m.get('reasoning_content') or ''}{m.get('content') or ''}"
+            + (f"\x03{json.dumps(m['tool_calls'])}" if m.get("tool_calls") else "")
             for m in messages
         )
-        if tools:
-            names = (str(t.get("function", {}).get("name")) for t in tools)  # type: ignore[attr-defined]
-            text = f"\x01tools\x02{','.join(names)}{text}"
         text += _MARK
         return [ord(c) for c in text]
 
@@ -90,6 +91,11 @@ class FakeEngine:
     idled: int = 0
     prompts: deque[str] = field(default_factory=lambda: deque(maxlen=16))
     """The last prompts inserted, as text."""
+
+    @property
+    def last_prompt(self) -> str:
+        """The text of the last prompt inserted ("" before any)."""
+        return self.prompts[-1] if self.prompts else ""
 
     def insert(self, spec: SequenceSpec) -> None:
         self.prompts.append("".join(chr(t) for t in spec.prompt))

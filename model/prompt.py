@@ -43,10 +43,12 @@ def to_chat(instructions: str | None, items: Sequence[Item]) -> list[ChatMessage
                     messages[-1]["reasoning_content"] = pending_reasoning
                 pending_reasoning = ""
             case FunctionCall(call_id=call_id, arguments=arguments):
+                # A custom tool's input goes back as the one argument the model wrote it as.
+                parsed = {"input": arguments} if item.custom else _arguments(arguments)
                 call = {
                     "id": call_id,
                     "type": "function",
-                    "function": {"name": item.flat_name, "arguments": _arguments(arguments)},
+                    "function": {"name": item.flat_name, "arguments": parsed},
                 }
                 last = messages[-1] if messages else None
                 if last is not None and last["role"] == "assistant":

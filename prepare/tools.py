@@ -1,7 +1,8 @@
 """Function tools at the edge: validation, `tool_choice`, and the grammar of a forced call.
 
-Only `function` tools run here, and `namespace` tools (groups of functions, as Codex
-CLI sends) are flattened into them; every hosted tool type answers 400. With `tool_choice`
+Only `function` and `custom` tools run here, and `namespace` tools (groups of functions, as
+Codex CLI sends) are flattened into them; hosted tool types were screened out before
+(`prepare/policy.py`), and one met here anyway answers 400. With `tool_choice`
 "required" or a named function, the reply is constrained to one call to an allowed tool
 (`{"name": …, "arguments": …}`, inside `<tool_call>` tokens for models that write the Hermes
 form), so the model cannot answer without it.
@@ -15,8 +16,8 @@ from typing import Any
 from mlxcel.errors import InvalidRequest, UnsupportedFeature
 from mlxcel.generation import PromptCodec, ToolUse
 from mlxcel.items import JsonValue, flat_name
-
-HOSTED_TOOL_HINT = "this server runs no hosted tools; only `function` tools are supported"
+from mlxcel.prepare.custom_tools import custom_definition, custom_names
+from mlxcel.prepare.policy import HOSTED_TOOLS_HINT
 
 
 def function_tools(
@@ -66,9 +67,11 @@ def function_tools(
 
 def _definition(tool: dict[str, JsonValue], where: str) -> dict[str, Any]:
     kind = tool.get("type")
+    if kind == "custom":
+        return custom_definition(tool, where)
     if kind != "function":
         raise UnsupportedFeature(
-            f"Tool type {kind!r} is not supported: {HOSTED_TOOL_HINT}.",
+            f"Tool type {kind!r} is not supported: {HOSTED_TOOLS_HINT}.",
             param=f"{where}.type",
             code="unsupported_tool",
         )
@@ -86,18 +89,33 @@ def _definition(tool: dict[str, JsonValue], where: str) -> dict[str, Any]:
     return {"type": "function", "function": function}
 
 
+def _check_unique(definitions: Sequence[dict[str, Any]]) -> None:
+    """400 for two tools the model would see under one name (a call could not be told
+    apart)."""
+    seen: set[str] = set()
+    for definition in definitions:
+        name = definition["function"]["name"]
+        if name in seen:
+            raise InvalidRequest(
+                f"Invalid 'tools': more than one tool is named {name[:64]!r}.",
+                param="tools",
+                code="invalid_value",
+            )
+        seen.add(name)
+
+
 def chosen_tool(choice: str | dict[str, JsonValue] | None) -> tuple[str, str | None]:
     """`tool_choice` as (mode, function name): mode is auto, none or required."""
     if choice is None or choice in ("auto", "none", "required"):
         return (choice or "auto"), None
-    if isinstance(choice, dict) and choice.get("type") == "function":
+    if isinstance(choice, dict) and choice.get("type") in ("function", "custom"):
         nested = choice.get("function")
         name = nested.get("name") if isinstance(nested, dict) else choice.get("name")
         if isinstance(name, str) and name:
             return "required", name
     raise InvalidRequest(
-        "Invalid 'tool_choice': expected 'auto', 'none', 'required' or "
-        '{"type": "function", "name": ...}.',
+        "Invalid 'tool_choice': expected 'auto', 'none', 'required', "
+        '{"type": "function", "name": ...} or {"type": "custom", "name": ...}.',
         param="tool_choice",
         code="invalid_value",
     )
@@ -115,6 +133,7 @@ def tool_use(
     """The tools to render (but those at the places in `skip`), how the reply may call
     them, and a forced call's grammar."""
     definitions, namespaces = function_tools(tools, skip)
+    _check_unique(definitions)
     mode, name = chosen_tool(choice)
     if mode == "none" or not definitions:
         if mode == "required":
@@ -141,6 +160,7 @@ def tool_use(
         parallel=parallel is not False,
         parameters=parameters,
         namespaces=namespaces,
+        custom=custom_names(tools),
     )
     if not use.required:
         return definitions, use, None

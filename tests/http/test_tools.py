@@ -222,7 +222,7 @@ async def test_a_namespaced_function_can_be_forced_by_its_own_name(
         ({"type": "namespace", "name": "x"}, "tools[0].tools"),
         (
             {"type": "namespace", "name": "x", "tools": [{"type": "custom"}]},
-            "tools[0].tools[0].type",
+            "tools[0].tools[0].name",
         ),
         (
             {"type": "namespace", "name": "x", "tools": [{"type": "function"}]},
