@@ -49,6 +49,8 @@ class Settings:
     """A connection that sends no byte of a request (headers) for this long is closed."""
     max_connections: int = 1024
     """Open HTTP connections at once; more wait in the listen backlog."""
+    metrics_public: bool = False
+    """`/metrics` answers without an API key (for a scraper inside a trusted network)."""
 
     def __post_init__(self) -> None:
         checks: list[tuple[bool, str]] = [
