@@ -29,7 +29,7 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 # A `_created` twin of every counter and histogram doubles the series for a start time
 # nothing here needs (prometheus-client's switch is process-wide).
-disable_created_metrics()
+disable_created_metrics()  # type: ignore[no-untyped-call]
 
 ROUTE_UNMATCHED = "unmatched"
 """The route label of a request no route matched (the raw path would be unbounded)."""
