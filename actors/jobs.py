@@ -84,6 +84,7 @@ class _Job:
     shutdown: bool = False
     """Ended by a shutdown (failed), not by a cancel."""
     status: str = "queued"
+    """Where the metrics count it: `queued`, `in_progress`, then how it ended."""
     waiters: list[trio.MemorySendChannel[ResponseRecord | None]] = field(default_factory=list)
 
 
