@@ -20,6 +20,7 @@ from mlxcel.config import Settings
 from mlxcel.errors import ConfigError
 from mlxcel.http.routes import Handles, create_app
 from mlxcel.http.serve import serve_http
+from mlxcel.metrics import Metrics
 from mlxcel.model.actor import ModelActor
 from mlxcel.model.engine import EngineFactory, LoadedModel
 from mlxcel.model.tool_parsers import PARSERS
@@ -93,12 +94,13 @@ async def _start_actors(
 ) -> Handles:
     """Start store → echo → model → scheduler → jobs in `nursery`, each once the one
     before is ready; the handles the HTTP edge talks to."""
+    metrics = Metrics()
     store_actor = StoreActor(
         settings.responses, settings.conversations, settings.background_ephemeral_ttl_secs
     )
     store = await nursery.start(store_actor.run)
     echo = await nursery.start(EchoActor(settings.reasoning_echo_max_bytes).run)
-    model = await nursery.start(ModelActor(factory, settings.parallel).run)
+    model = await nursery.start(ModelActor(factory, settings.parallel, metrics).run)
     scheduler_actor = Scheduler(
         model,
         store,
@@ -107,6 +109,7 @@ async def _start_actors(
         max_queue_depth=settings.max_queue_depth,
         keepalive_secs=settings.sse_keepalive_secs,
         send_timeout_secs=settings.send_timeout_secs,
+        metrics=metrics,
     )
     scheduler = await nursery.start(scheduler_actor.run)
     supervisor = JobSupervisor(
@@ -114,6 +117,7 @@ async def _start_actors(
         store,
         max_jobs=settings.background_max_jobs,
         max_bytes=settings.responses.max_bytes,
+        metrics=metrics,
     )
     jobs = await nursery.start(supervisor.run)
     return Handles(
@@ -130,6 +134,8 @@ async def _start_actors(
             image_placeholders=settings.images == "placeholder",
         ),
         stopping=shutdown,
+        metrics=metrics,
+        metrics_public=settings.metrics_public,
     )
 
 

@@ -29,6 +29,18 @@ class Flag:
     default: Any
     env: str | None
     help: str
+    switch: bool = False
+    """Takes no value on the command line (on when given); its variable is a boolean."""
+
+
+def _boolean(raw: str) -> bool:
+    """A switch's environment variable: 1/true/yes/on or 0/false/no/off."""
+    value = raw.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError(raw)
 
 
 _DEFAULTS = Settings()
@@ -163,6 +175,15 @@ FLAGS: tuple[Flag, ...] = (
         "require `Authorization: Bearer KEY` (comma-separate several keys)",
     ),
     Flag(
+        ("--metrics-public",),
+        "metrics_public",
+        _boolean,
+        _DEFAULTS.metrics_public,
+        "MLXCEL_METRICS_PUBLIC",
+        "serve /metrics without the API key (for a Prometheus scraper)",
+        switch=True,
+    ),
+    Flag(
         ("--responses-store-max-entries",),
         "responses_store_max_entries",
         int,
@@ -289,6 +310,15 @@ def add_serve_flags(parser: argparse.ArgumentParser, environ: dict[str, str]) ->
     for flag in FLAGS:
         env_note = f" [env {flag.env}]" if flag.env else ""
         default_note = "" if flag.default is None else f" (default: {flag.default})"
+        if flag.switch:
+            parser.add_argument(
+                *flag.names,
+                dest=flag.dest,
+                action="store_true",
+                default=_env_default(flag, environ),
+                help=f"{flag.help}{env_note}",
+            )
+            continue
         parser.add_argument(
             *flag.names,
             dest=flag.dest,
@@ -334,6 +364,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         max_connections=args.max_connections,
         hosted_tools=args.hosted_tools,
         images=args.images,
+        metrics_public=args.metrics_public,
     )
 
 

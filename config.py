@@ -55,6 +55,8 @@ class Settings:
     images: str = "placeholder"
     """Images for a model without vision: `placeholder` has it read a short note for
     each, `reject` answers 400."""
+    metrics_public: bool = False
+    """`/metrics` answers without an API key (for a scraper inside a trusted network)."""
 
     def __post_init__(self) -> None:
         checks: list[tuple[bool, str]] = [

@@ -36,6 +36,7 @@ from mlxcel.actors.store import StoreHandle, approx_json_size
 from mlxcel.errors import RateLimited
 from mlxcel.generation import GenerationRequest
 from mlxcel.items import ResponseError, ResponseRecord, Usage
+from mlxcel.metrics import Metrics
 
 log = logging.getLogger(__name__)
 
@@ -82,15 +83,24 @@ class _Job:
     scope: trio.CancelScope = field(default_factory=trio.CancelScope)
     shutdown: bool = False
     """Ended by a shutdown (failed), not by a cancel."""
+    status: str = "queued"
+    """Where the metrics count it: `queued`, `in_progress`, then how it ended."""
     waiters: list[trio.MemorySendChannel[ResponseRecord | None]] = field(default_factory=list)
 
 
 class JobSupervisor:
     def __init__(
-        self, scheduler: SchedulerHandle, store: StoreHandle, *, max_jobs: int, max_bytes: int
+        self,
+        scheduler: SchedulerHandle,
+        store: StoreHandle,
+        *,
+        max_jobs: int,
+        max_bytes: int,
+        metrics: Metrics | None = None,
     ) -> None:
         self._scheduler = scheduler
         self._store = store
+        self._metrics = metrics or Metrics()
         self._max_jobs = max_jobs
         self._max_bytes = max_bytes
         self._jobs: dict[str, _Job] = {}
@@ -155,6 +165,7 @@ class JobSupervisor:
         job = _Job(dataclasses.replace(request, record=queued), size)
         self._jobs[queued.id] = job
         self._active_bytes += size
+        self._metrics.job_moved(None, job.status)
         await self._store.put(queued, Table.ACTIVE)
         nursery.start_soon(self._run_job, job)
         return JobAdmitted(queued)
@@ -188,6 +199,7 @@ class JobSupervisor:
         finally:
             del self._jobs[record_id]
             self._active_bytes -= job.bytes
+            self._move(job, "failed" if final is None else final.status)
             for waiter in job.waiters:
                 answer(waiter, final)
             self._answer_drained()
@@ -204,11 +216,17 @@ class JobSupervisor:
             await events.submit()
             async for event in events:
                 if isinstance(event, ResponseInProgress):
+                    self._move(job, "in_progress")
                     started = dataclasses.replace(event.record, usage=Usage(), output=())
                     await self._store.put(started, Table.ACTIVE)
                 elif isinstance(event, ResponseFinished):
                     return event.record
         return self._failed(job, "server_error", "the generation worker stopped")
+
+    def _move(self, job: _Job, status: str) -> None:
+        if status != job.status:
+            self._metrics.job_moved(job.status, status)
+            job.status = status
 
     @staticmethod
     def _failed(job: _Job, code: str, message: str) -> ResponseRecord:

@@ -8,7 +8,7 @@ brings; the producer closes it when done.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import trio
 
@@ -29,6 +29,8 @@ from mlxcel.items import (
 class Generate:
     request: GenerationRequest
     reply: trio.MemorySendChannel[ResponseEvent]
+    submitted: float = field(default_factory=trio.current_time)
+    """When the requester submitted it (Trio's clock): its latencies count from here."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -34,6 +34,7 @@ from mlxcel.actors.response_stream import SchedulerHandle
 from mlxcel.actors.slot import ClientGone, ResponsePath, Running
 from mlxcel.actors.store import StoreHandle
 from mlxcel.items import ResponseRecord
+from mlxcel.metrics import Metrics
 from mlxcel.model.actor import ModelHandle
 
 __all__ = ["ClientGone", "Scheduler", "SchedulerHandle"]
@@ -58,6 +59,7 @@ class Scheduler:
         max_queue_depth: int,
         keepalive_secs: float,
         send_timeout_secs: float,
+        metrics: Metrics | None = None,
     ) -> None:
         self._path = ResponsePath(
             model,
@@ -65,6 +67,7 @@ class Scheduler:
             echo,
             keepalive_secs=keepalive_secs,
             send_timeout_secs=send_timeout_secs,
+            metrics=metrics or Metrics(),
         )
         self._parallel = parallel
         self._depth = max_queue_depth

@@ -34,6 +34,7 @@ from mlxcel.actors.store import StoreHandle
 from mlxcel.errors import InvalidRequest
 from mlxcel.generation import GenerationRequest, SequenceFailed
 from mlxcel.items import Message, Reasoning, ResponseError, ResponseRecord, Usage
+from mlxcel.metrics import Metrics, TokenTimer
 from mlxcel.model.actor import ModelHandle
 
 log = logging.getLogger(__name__)
@@ -78,18 +79,22 @@ class ResponsePath:
         *,
         keepalive_secs: float,
         send_timeout_secs: float,
+        metrics: Metrics,
     ) -> None:
         self._model = model
         self._store = store
         self._echo = echo
         self._keepalive = keepalive_secs
         self._send_timeout = send_timeout_secs
+        self._metrics = metrics
 
     async def run(self, command: Generate, running: Running) -> None:
         """Run the response to its end, stored before its requester sees it."""
         request = command.request
         events, record = await self._outcome(command, running)
+        self._count(record)
         running.ended = record = await self.end(request, record)
+        self._metrics.response_seconds.observe(trio.current_time() - command.submitted)
         for waiter in running.waiters:
             answer(waiter, record)
         running.waiters.clear()
@@ -132,7 +137,8 @@ class ResponsePath:
                     compaction=request.compaction,
                 )
                 await self._send(command.reply, builder.start(announced=announced))
-                return await self._drive(command.reply, request, builder)
+                timer = TokenTimer(self._metrics, command.submitted)
+                return await self._drive(command.reply, request, builder, timer=timer)
             assert running.ending is not None  # only `stop` cancels the scope
             ending = running.ending
         except ClientGone:
@@ -174,6 +180,7 @@ class ResponsePath:
         keep-alives reach the requester."""
         builder = ResponseBuilder(request.record, len(request.prompt))
         _, record = await self._drive(reply, request, builder, owner=owner, forward=False)
+        self._count(record)
         return record
 
     async def _drive(
@@ -184,9 +191,10 @@ class ResponsePath:
         *,
         owner: str | None = None,
         forward: bool = True,
+        timer: TokenTimer | None = None,
     ) -> tuple[list[ResponseEvent], ResponseRecord]:
         """Generate `request`'s tokens through `builder`, sending its events (or, when not
-        `forward`, only keep-alives for `owner`) to the requester."""
+        `forward`, only keep-alives for `owner`) to the requester; `timer` times them."""
         alive = KeepAlive(owner or request.record.id)
         async with self._model.open_sequence(list(request.prompt), request.sampling) as tokens:
             while True:
@@ -200,6 +208,8 @@ class ResponsePath:
                     continue
                 if isinstance(step, SequenceFailed):
                     return builder.fail("server_error", step.message)
+                if timer is not None:
+                    timer.tick(trio.current_time())
                 events = builder.feed(step)
                 if forward:
                     await self._send(reply, events)
@@ -207,6 +217,12 @@ class ResponsePath:
                     return builder.finish(step.finish)
         # The channel ended without a finishing step: the engine dropped the sequence.
         return builder.fail("server_error", "the sequence was dropped")
+
+    def _count(self, record: ResponseRecord) -> None:
+        """The tokens of a generation a slot ran (a summary too)."""
+        if record.usage is not None:
+            usage = record.usage
+            self._metrics.count_tokens(usage.input_tokens, usage.output_tokens, usage.cached_tokens)
 
     async def _send(
         self, reply: trio.MemorySendChannel[ResponseEvent], events: list[ResponseEvent]

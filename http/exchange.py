@@ -12,6 +12,10 @@ and the client's next request on it waited forever.
 So `send` is shielded (hypercorn shields its socket writes already; the rest is quick),
 and an answer sent before the request body has been received says `Connection: close`,
 because hypercorn ends that connection after it.
+
+Every exchange is counted here, once it is over (a stream's whole body sent): by the URL
+rule it matched (put in its scope by a hook of the app), its method and its status, so
+any route, whenever it was added, is counted.
 """
 
 from __future__ import annotations
@@ -28,9 +32,16 @@ from hypercorn.typing import (
 )
 from quart_trio import QuartTrio
 
+from mlxcel.metrics import Metrics
+
+ROUTE_KEY = "mlxcel.route"
+"""The scope key of the URL rule an exchange matched."""
+
 
 class App(QuartTrio):
-    """The Quart-Trio app, with each HTTP exchange's sends kept whole."""
+    """The Quart-Trio app, with each HTTP exchange's sends kept whole and counted."""
+
+    metrics: Metrics | None = None
 
     async def asgi_app(
         self, scope: Scope, receive: ASGIReceiveCallable, send: ASGISendCallable
@@ -39,7 +50,18 @@ class App(QuartTrio):
             await super().asgi_app(scope, receive, send)
             return
         exchange = _Exchange(receive, send)
-        await super().asgi_app(scope, exchange.receive, exchange.send)
+        started = trio.current_time()
+        try:
+            await super().asgi_app(scope, exchange.receive, exchange.send)
+        finally:
+            if self.metrics is not None:
+                route = cast(dict[str, object], scope).get(ROUTE_KEY)
+                self.metrics.observe_request(
+                    route if isinstance(route, str) else None,
+                    scope["method"],
+                    exchange.status,
+                    trio.current_time() - started,
+                )
 
 
 class _Exchange:
@@ -47,6 +69,8 @@ class _Exchange:
         self._receive = receive
         self._send = send
         self._request_received = False
+        self.status: int | None = None
+        """The answer's status, once it has started."""
 
     async def receive(self) -> ASGIReceiveEvent:
         message = await self._receive()
@@ -55,6 +79,8 @@ class _Exchange:
         return message
 
     async def send(self, message: ASGISendEvent) -> None:
+        if message["type"] == "http.response.start":
+            self.status = message["status"]
         if message["type"] == "http.response.start" and not self._request_received:
             headers = [*message.get("headers", ()), (b"connection", b"close")]
             message = cast(ASGISendEvent, {**message, "headers": headers})

@@ -14,15 +14,19 @@ from quart import request
 from mlxcel.errors import ShuttingDown, Unauthenticated, UnsupportedMediaType
 
 _OPEN_PATHS = frozenset({"/health"})
+_METRICS_PATHS = frozenset({"/metrics", "/v1/metrics"})
 _GENERATING = ("/responses", "/responses/compact")
 
 
-def check_api_key(api_keys: tuple[str, ...]) -> None:
-    """401 unless the request carries `Authorization: Bearer <one of api_keys>`.
+def check_api_key(api_keys: tuple[str, ...], *, metrics_public: bool = False) -> None:
+    """401 unless the request carries `Authorization: Bearer <one of api_keys>`;
+    `/health` is open, and `/metrics` too when `metrics_public`.
 
     Keys are compared as bytes in constant time: a header is any Latin-1 text, and
     `hmac.compare_digest` refuses strings that are not ASCII."""
     if not api_keys or request.path in _OPEN_PATHS:
+        return
+    if metrics_public and request.path in _METRICS_PATHS:
         return
     scheme, _, given = request.headers.get("Authorization", "").strip().partition(" ")
     presented = given.strip().encode()

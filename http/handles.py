@@ -17,6 +17,7 @@ from mlxcel.actors.jobs import JobsHandle
 from mlxcel.actors.scheduler import SchedulerHandle
 from mlxcel.actors.store import StoreHandle
 from mlxcel.generation import ModelView
+from mlxcel.metrics import Metrics
 from mlxcel.prepare.intake import ModelNames
 from mlxcel.prepare.policy import ClientPolicy
 
@@ -41,6 +42,9 @@ class Handles:
     """Set on shutdown: no new generation starts."""
     started: int = dataclasses.field(default_factory=lambda: int(time.time()))
     """When the server started (the model's `created`)."""
+    metrics: Metrics = dataclasses.field(default_factory=Metrics)
+    metrics_public: bool = False
+    """`/metrics` answers without an API key."""
 
 
 def install(app: Quart, handles: Handles) -> None:

@@ -48,6 +48,8 @@ class Operation:
     streams: bool = False
     public: bool = False
     """Answers without an API key."""
+    content: str = "application/json"
+    """The media type of a 200."""
 
 
 OPERATIONS: dict[str, Operation] = {
@@ -57,6 +59,13 @@ OPERATIONS: dict[str, Operation] = {
         '`{"status": "ok", "slots": {"total", "busy", "queued"}}` once the model is loaded.',
         refusals=("503",),
         public=True,
+    ),
+    "metrics": Operation(
+        "Metrics in the Prometheus text format",
+        "server",
+        "Requests, slots, the waiting line, jobs, the store's tables, tokens and latencies; "
+        "without an API key only when the server runs with `--metrics-public`.",
+        content="text/plain",
     ),
     "openapi_document": Operation("This OpenAPI document", "server", "The OpenAPI 3.1 document."),
     "models": Operation("List the loaded model", "models", "A list with the one loaded model."),
@@ -264,7 +273,8 @@ def _operation(endpoint: str, arguments: list[str]) -> dict[str, Any]:
     ]
     if op.pages:
         parameters += _PAGE_PARAMETERS
-    ok: dict[str, Any] = {"application/json": {"schema": {"type": "object"}}}
+    json = op.content == "application/json"
+    ok: dict[str, Any] = {op.content: {"schema": {"type": "object" if json else "string"}}}
     if op.streams:
         ok["text/event-stream"] = {"schema": {"type": "string"}}
     responses: dict[str, Any] = {"200": {"description": op.returns, "content": ok}}

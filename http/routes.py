@@ -2,13 +2,15 @@
 guards every request passes first.
 
 The blueprints (`responses`, `compact`, `stored`, `conversations`, `conversation_items`,
-`service`) are thin: body → prepare → one actor command → JSON or SSE. They read the
+`service`, `prometheus`) are thin: body → prepare → one actor command → JSON or SSE. They read the
 actors' handles from the app (`http/handles.py`).
 """
 
 from __future__ import annotations
 
-from quart import Blueprint, Response
+from typing import cast
+
+from quart import Blueprint, Response, request
 from quart_trio import QuartTrio
 
 from mlxcel.http.body import MAX_BODY_BYTES
@@ -16,9 +18,10 @@ from mlxcel.http.compact import compact
 from mlxcel.http.conversation_items import conversation_items
 from mlxcel.http.conversations import conversations
 from mlxcel.http.errors import map_error
-from mlxcel.http.exchange import App
+from mlxcel.http.exchange import ROUTE_KEY, App
 from mlxcel.http.guards import check_api_key, check_json_body, check_not_stopping
 from mlxcel.http.handles import Handles, handles, install, json_response
+from mlxcel.http.prometheus import prometheus
 from mlxcel.http.responses import responses
 from mlxcel.http.service import health_routes, service
 from mlxcel.http.stored import stored
@@ -32,6 +35,7 @@ API: tuple[Blueprint, ...] = (
     conversations,
     conversation_items,
     service,
+    prometheus,
 )
 """Mounted twice: under `/v1`, as the SDKs call them, and at the root."""
 
@@ -43,7 +47,9 @@ def create_app(handles_: Handles, *, body_timeout_secs: float) -> QuartTrio:
     app.config["BODY_TIMEOUT"] = body_timeout_secs
     app.config["MAX_CONTENT_LENGTH"] = MAX_BODY_BYTES
     install(app, handles_)
+    app.metrics = handles_.metrics
     app.register_error_handler(Exception, _answer_error)
+    app.before_request(_name_route)  # first: a request the guards refuse is counted too
     app.before_request(_guard)
     app.register_blueprint(health_routes)
     for blueprint in API:
@@ -60,8 +66,15 @@ async def _answer_error(exc: Exception) -> Response:
     return response
 
 
+async def _name_route() -> None:
+    """The URL rule the request matched, for the exchange's metrics (not the raw path:
+    the label's values stay bounded)."""
+    if request.url_rule is not None:
+        cast(dict[str, object], request.scope)[ROUTE_KEY] = request.url_rule.rule
+
+
 async def _guard() -> None:
     h = handles()
-    check_api_key(h.api_keys)
+    check_api_key(h.api_keys, metrics_public=h.metrics_public)
     check_json_body()
     check_not_stopping(h.stopping)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import time
 from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
@@ -25,6 +26,7 @@ from mlxcel.generation import (
     SequenceFailed,
     SequenceSpec,
 )
+from mlxcel.metrics import Metrics
 from mlxcel.model.engine import Engine, EngineFactory, LoadedModel
 
 log = logging.getLogger(__name__)
@@ -67,9 +69,12 @@ class ModelHandle:
 
 
 class ModelActor:
-    def __init__(self, factory: EngineFactory, max_sequences: int) -> None:
+    def __init__(
+        self, factory: EngineFactory, max_sequences: int, metrics: Metrics | None = None
+    ) -> None:
         self._factory = factory
         self._max_sequences = max_sequences
+        self._metrics = metrics or Metrics()
         self._ids = itertools.count(1)
         # Per-sequence event channels; touched only on the Trio thread.
         self._routes: dict[int, trio.MemorySendChannel[ModelEvent]] = {}
@@ -192,7 +197,7 @@ class ModelActor:
                         self._remove(engine, seq_id)
                 for spec in exchange.new:
                     failed += self._insert(engine, spec, active)
-                events = self._step(engine, active) if engine.has_work() else []
+                events = self._timed_step(engine, active) if engine.has_work() else []
                 events = failed + events
         finally:
             engine.close()
@@ -215,6 +220,12 @@ class ModelActor:
             engine.remove(seq_id)
         except Exception:
             log.exception("engine could not drop sequence %d", seq_id)
+
+    def _timed_step(self, engine: Engine, active: set[int]) -> list[ModelEvent]:
+        started = time.perf_counter()
+        events = self._step(engine, active)
+        self._metrics.step_seconds.observe(time.perf_counter() - started)
+        return events
 
     @staticmethod
     def _step(engine: Engine, active: set[int]) -> list[ModelEvent]:

@@ -189,3 +189,12 @@ def test_mlxcel_without_a_known_command(capsys: pytest.CaptureFixture[str]) -> N
     assert main(["frobnicate"]) == 2
     assert "unknown command" in capsys.readouterr().err
     assert main([]) == 2
+
+
+def test_metrics_public_from_flag_or_environment() -> None:
+    assert settings([]).metrics_public is False
+    assert settings(["--metrics-public"]).metrics_public is True
+    assert settings([], {"MLXCEL_METRICS_PUBLIC": "1"}).metrics_public is True
+    assert settings([], {"MLXCEL_METRICS_PUBLIC": "false"}).metrics_public is False
+    with pytest.raises(ConfigError, match="MLXCEL_METRICS_PUBLIC"):
+        settings([], {"MLXCEL_METRICS_PUBLIC": "maybe"})
