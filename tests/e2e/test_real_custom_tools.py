@@ -29,7 +29,7 @@ def test_a_forced_custom_tool_streams_a_call_and_takes_its_output(
         temperature=0,
         max_output_tokens=48,
     ) as stream:
-        types = [event.type for event in stream]
+        events = list(stream)
         final = stream.get_final_response()
     assert final.status == "completed"
     (call,) = final.output
@@ -37,7 +37,9 @@ def test_a_forced_custom_tool_streams_a_call_and_takes_its_output(
     assert call.name == "shout"
     assert isinstance(call.input, str)
     assert call.input.strip()
-    assert "response.custom_tool_call_input.done" in types
+    deltas = [e.delta for e in events if e.type == "response.custom_tool_call_input.delta"]
+    (done,) = [e for e in events if e.type == "response.custom_tool_call_input.done"]
+    assert "".join(deltas) == done.input == call.input
 
     answer = client.responses.create(
         model=real_server.alias,
