@@ -97,13 +97,6 @@ def item_json(item: Item) -> dict[str, Any]:
                 "status": item.status,
             }
             return call | ({"namespace": item.namespace} if item.namespace else {})
-        case FunctionCallOutput(custom=True):
-            return {
-                "id": item.id,
-                "type": "custom_tool_call_output",
-                "call_id": item.call_id,
-                "output": item.output,
-            }
         case FunctionCall():
             call = {
                 "id": item.id,
@@ -117,7 +110,7 @@ def item_json(item: Item) -> dict[str, Any]:
         case FunctionCallOutput():
             return {
                 "id": item.id,
-                "type": "function_call_output",
+                "type": "custom_tool_call_output" if item.custom else "function_call_output",
                 "call_id": item.call_id,
                 "output": item.output if item.parts is None else [part_json(p) for p in item.parts],
             }

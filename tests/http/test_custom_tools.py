@@ -131,7 +131,8 @@ async def test_calls_and_outputs_go_back_as_input(fake_server: FakeServer) -> No
     echoed = items.data[1]
     assert isinstance(echoed, ResponseCustomToolCall)
     assert (echoed.call_id, echoed.input) == ("call_7", PATCH)
-    assert items.data[2].output == "Done!"  # type: ignore[union-attr]
+    sent = items.data[2].output  # type: ignore[union-attr]
+    assert [p.text for p in sent] == ["Done", "!"]  # kept as sent: a list of parts
 
 
 async def test_a_chain_replays_the_call_and_its_output(fake_server: FakeServer) -> None:

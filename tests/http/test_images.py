@@ -83,10 +83,17 @@ async def test_reject_answers_400_naming_the_flag(start_fake_server: StartServer
     assert plain.output_text == "words"
 
 
-async def test_an_image_in_a_function_call_output(fake_server: FakeServer) -> None:
-    """Codex's view_image answers a call with an image."""
+@pytest.mark.parametrize("kind", ["function", "custom"])
+async def test_an_image_in_a_call_output(fake_server: FakeServer, kind: str) -> None:
+    """Codex's view_image answers a call with an image; a custom tool's output may too."""
     client = fake_server.client()
-    tool = {"type": "function", "name": "view_image", "parameters": {"type": "object"}}
+    tool: dict[str, Any] = {"type": kind, "name": "view_image"}
+    call: dict[str, Any] = {"type": f"{kind}_call", "call_id": "c1", "name": "view_image"}
+    if kind == "function":
+        tool["parameters"] = {"type": "object"}
+        call["arguments"] = "{}"
+    else:
+        call = {**call, "type": "custom_tool_call", "input": "screen"}
     output = [
         {"type": "input_text", "text": "the screenshot:"},
         {"type": "input_image", "image_url": PNG},
@@ -94,18 +101,18 @@ async def test_an_image_in_a_function_call_output(fake_server: FakeServer) -> No
     resp = await in_thread(
         client.responses.create,
         model="fake-model",
-        tools=[tool],  # type: ignore[list-item]
+        tools=[tool],
         input=[
             {"role": "user", "content": "show me"},
-            {"type": "function_call", "call_id": "c1", "name": "view_image", "arguments": "{}"},
-            {"type": "function_call_output", "call_id": "c1", "output": output},
+            call,
+            {"type": f"{call['type']}_output", "call_id": "c1", "output": output},
         ],
     )
     assert resp.status == "completed"
     assert f"\x01tool\x02the screenshot:\n{IMAGE_PLACEHOLDER}" in fake_server.engine.prompts[-1]
     items = await in_thread(client.responses.input_items.list, resp.id, order="asc")
     sent = items.data[2]
-    assert sent.type == "function_call_output"
+    assert sent.type == f"{call['type']}_output"
     assert [p.type for p in sent.output] == ["input_text", "input_image"]  # type: ignore[union-attr]
     assert sent.output[1].image_url == PNG  # type: ignore[union-attr]
 
