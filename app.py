@@ -124,6 +124,8 @@ async def _start_actors(
         names,
         background_enabled=settings.background_enabled,
         api_keys=settings.api_keys,
+        keepalive_secs=settings.sse_keepalive_secs,
+        progress_events=settings.progress_events,
         stopping=shutdown,
     )
 

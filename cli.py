@@ -31,6 +31,16 @@ class Flag:
     help: str
 
 
+def switch(raw: str) -> bool:
+    """An on/off flag's environment value."""
+    value = raw.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("", "0", "false", "no", "off"):
+        return False
+    raise ValueError(raw)
+
+
 _DEFAULTS = Settings()
 """Each flag's default is its setting's, so defaults are written once, in config.py."""
 
@@ -110,7 +120,16 @@ FLAGS: tuple[Flag, ...] = (
         float,
         _DEFAULTS.sse_keepalive_secs,
         "MLXCEL_SSE_KEEPALIVE_SECS",
-        "idle seconds before a stream sends a keep-alive comment",
+        "idle seconds before a stream sends a keep-alive (an `mlx.progress` event)",
+    ),
+    Flag(
+        ("--no-progress-events",),
+        "no_progress_events",
+        switch,
+        not _DEFAULTS.progress_events,
+        "MLXCEL_NO_PROGRESS_EVENTS",
+        "send keep-alives as SSE comments, not as `mlx.progress` events (queue place and "
+        "prompt tokens read, which clients that give up on a silent stream count)",
     ),
     Flag(
         ("--send-timeout-secs",),
@@ -271,6 +290,16 @@ def add_serve_flags(parser: argparse.ArgumentParser, environ: dict[str, str]) ->
     for flag in FLAGS:
         env_note = f" [env {flag.env}]" if flag.env else ""
         default_note = "" if flag.default is None else f" (default: {flag.default})"
+        if flag.kind is switch:
+            default = _env_default(flag, environ)
+            parser.add_argument(
+                *flag.names,
+                dest=flag.dest,
+                action="store_true",
+                default=default,
+                help=f"{flag.help}{env_note}",
+            )
+            continue
         parser.add_argument(
             *flag.names,
             dest=flag.dest,
@@ -295,6 +324,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         prompt_cache_bytes=args.prompt_cache_bytes,
         tool_call_parser=args.tool_call_parser,
         sse_keepalive_secs=args.sse_keepalive_secs,
+        progress_events=not args.no_progress_events,
         api_keys=keys,
         responses=StoreLimits(
             args.responses_store_max_entries,

@@ -34,6 +34,10 @@ class Handles:
     names: ModelNames
     background_enabled: bool = True
     api_keys: tuple[str, ...] = ()
+    keepalive_secs: float = 10.0
+    """A stream that sent nothing for this long sends a keep-alive (or `mlx.progress`)."""
+    progress_events: bool = True
+    """Keep-alives are `mlx.progress` data events rather than SSE comments."""
     stopping: trio.Event = dataclasses.field(default_factory=trio.Event)
     """Set on shutdown: no new generation starts."""
     started: int = dataclasses.field(default_factory=lambda: int(time.time()))

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mlxcel.generation import ModelInfo, Sampling, SequenceSpec, TokenStep
+from mlxcel.generation import ModelInfo, PrefillProgress, Sampling, SequenceSpec, TokenStep
 from mlxcel.items import TokenLogprob
 from mlxcel.model.constrained import GrammarCompiler
 from mlxcel.model.engine import LoadedModel
@@ -52,6 +52,8 @@ class _Live:
     """Prompt tokens taken from the prefix cache."""
     started: bool = False
     """The first token was reported."""
+    read: tuple[int, int] | None = None
+    """Prompt tokens read and their total while the prompt is being read (cache included)."""
 
 
 @dataclass
@@ -108,6 +110,7 @@ class MlxEngine:
         self._suspect = False
         if self.prefix_cache is not None:
             self._keep_read_prompts(prompts)
+        self._note_progress(prompts)
         steps: list[TokenStep] = []
         for response in generated:
             live = self._by_uid.get(response.uid)
@@ -128,6 +131,20 @@ class MlxEngine:
             live.started = True
             steps.append(TokenStep(live.seq_id, response.token, text, finish, logprob, cached))
         return steps
+
+    def _note_progress(self, prompts: list[Any]) -> None:
+        for response in prompts:
+            live = self._by_uid.get(response.uid)
+            if live is not None and isinstance(response.progress, tuple):
+                done, total = response.progress  # of the part not taken from the cache
+                live.read = (live.cached + done, live.cached + total)
+
+    def prefilling(self) -> list[PrefillProgress]:
+        return [
+            PrefillProgress(live.seq_id, *live.read)
+            for live in self._by_uid.values()
+            if live.read is not None and not live.started and live.read[0] < live.read[1]
+        ]
 
     def _keep_read_prompts(self, prompts: list[Any]) -> None:
         """Keep the KV state of prompts whose reading just ended (all but the last token,
