@@ -380,12 +380,14 @@ def server_main(argv: Sequence[str] | None = None) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """`mlxcel serve [flags]` and `mlxcel fetch-model [...]`."""
     args = list(sys.argv[1:] if argv is None else argv)
-    commands = "serve, fetch-model"
+    commands = "serve, fetch-model, codex-config"
     if not args or args[0] in ("-h", "--help"):
         print(
-            "usage: mlxcel {serve,fetch-model} ...\n\n"
-            "  serve        serve the Responses API (same flags as mlxcel-server)\n"
-            "  fetch-model  obtain and convert the embedded default model once\n"
+            "usage: mlxcel {serve,fetch-model,codex-config} ...\n\n"
+            "  serve         serve the Responses API (same flags as mlxcel-server)\n"
+            "  fetch-model   obtain and convert the embedded default model once\n"
+            "  codex-config  the Codex CLI config for a server with the same flags "
+            "(--write merges it)\n"
         )
         return 0 if args else 2
     if args[0] == "--version":
@@ -397,5 +399,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         from mlxcel.model.provision.fetch import main as fetch_main
 
         return int(fetch_main(args[1:]))
+    if args[0] == "codex-config":
+        from mlxcel.codex_config import main as codex_config_main
+
+        return codex_config_main(args[1:])
     print(f"mlxcel: unknown command {args[0]!r} (commands: {commands})", file=sys.stderr)
     return 2

@@ -25,6 +25,7 @@ from mlxcel.generation import ModelInfo, PrefillProgress, Sampling, SequenceSpec
 from mlxcel.items import TokenLogprob
 from mlxcel.model.constrained import GrammarCompiler
 from mlxcel.model.engine import LoadedModel
+from mlxcel.model.folder import context_length
 from mlxcel.model.prompt import TemplateCodec
 from mlxcel.model.provision.blas import BlasInfo
 from mlxcel.model.tool_parsers import detect_parser
@@ -205,11 +206,6 @@ class MlxEngine:
         for seq_id in list(self._uid_of):
             self.remove(seq_id)
         self.generator.close()
-
-
-def context_length(path: Path) -> int:
-    config = json.loads((path / "config.json").read_text())
-    return int(config.get("max_position_embeddings") or 32768)
 
 
 def load_mlx_model(
