@@ -133,6 +133,8 @@ async def _start_actors(
             ignore_hosted_tools=settings.hosted_tools == "ignore",
             image_placeholders=settings.images == "placeholder",
         ),
+        keepalive_secs=settings.sse_keepalive_secs,
+        progress_events=settings.progress_events,
         stopping=shutdown,
         metrics=metrics,
         metrics_public=settings.metrics_public,

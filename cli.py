@@ -29,16 +29,15 @@ class Flag:
     default: Any
     env: str | None
     help: str
-    switch: bool = False
-    """Takes no value on the command line (on when given); its variable is a boolean."""
 
 
-def _boolean(raw: str) -> bool:
-    """A switch's environment variable: 1/true/yes/on or 0/false/no/off."""
+def switch(raw: str) -> bool:
+    """An on/off flag's environment value. A flag of this kind takes no value on the
+    command line (on when given)."""
     value = raw.strip().lower()
     if value in ("1", "true", "yes", "on"):
         return True
-    if value in ("0", "false", "no", "off", ""):
+    if value in ("", "0", "false", "no", "off"):
         return False
     raise ValueError(raw)
 
@@ -122,7 +121,16 @@ FLAGS: tuple[Flag, ...] = (
         float,
         _DEFAULTS.sse_keepalive_secs,
         "MLXCEL_SSE_KEEPALIVE_SECS",
-        "idle seconds before a stream sends a keep-alive comment",
+        "idle seconds before a stream sends a keep-alive (an `mlx.progress` event)",
+    ),
+    Flag(
+        ("--no-progress-events",),
+        "no_progress_events",
+        switch,
+        not _DEFAULTS.progress_events,
+        "MLXCEL_NO_PROGRESS_EVENTS",
+        "send keep-alives as SSE comments, not as `mlx.progress` events (queue place and "
+        "prompt tokens read, which clients that give up on a silent stream count)",
     ),
     Flag(
         ("--send-timeout-secs",),
@@ -177,11 +185,10 @@ FLAGS: tuple[Flag, ...] = (
     Flag(
         ("--metrics-public",),
         "metrics_public",
-        _boolean,
+        switch,
         _DEFAULTS.metrics_public,
         "MLXCEL_METRICS_PUBLIC",
         "serve /metrics without the API key (for a Prometheus scraper)",
-        switch=True,
     ),
     Flag(
         ("--responses-store-max-entries",),
@@ -310,12 +317,13 @@ def add_serve_flags(parser: argparse.ArgumentParser, environ: dict[str, str]) ->
     for flag in FLAGS:
         env_note = f" [env {flag.env}]" if flag.env else ""
         default_note = "" if flag.default is None else f" (default: {flag.default})"
-        if flag.switch:
+        if flag.kind is switch:
+            default = _env_default(flag, environ)
             parser.add_argument(
                 *flag.names,
                 dest=flag.dest,
                 action="store_true",
-                default=_env_default(flag, environ),
+                default=default,
                 help=f"{flag.help}{env_note}",
             )
             continue
@@ -343,6 +351,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         prompt_cache_bytes=args.prompt_cache_bytes,
         tool_call_parser=args.tool_call_parser,
         sse_keepalive_secs=args.sse_keepalive_secs,
+        progress_events=not args.no_progress_events,
         api_keys=keys,
         responses=StoreLimits(
             args.responses_store_max_entries,
@@ -401,12 +410,14 @@ def server_main(argv: Sequence[str] | None = None) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """`mlxcel serve [flags]` and `mlxcel fetch-model [...]`."""
     args = list(sys.argv[1:] if argv is None else argv)
-    commands = "serve, fetch-model"
+    commands = "serve, fetch-model, codex-config"
     if not args or args[0] in ("-h", "--help"):
         print(
-            "usage: mlxcel {serve,fetch-model} ...\n\n"
-            "  serve        serve the Responses API (same flags as mlxcel-server)\n"
-            "  fetch-model  obtain and convert the embedded default model once\n"
+            "usage: mlxcel {serve,fetch-model,codex-config} ...\n\n"
+            "  serve         serve the Responses API (same flags as mlxcel-server)\n"
+            "  fetch-model   obtain and convert the embedded default model once\n"
+            "  codex-config  the Codex CLI config for a server with the same flags "
+            "(--write merges it)\n"
         )
         return 0 if args else 2
     if args[0] == "--version":
@@ -418,5 +429,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         from mlxcel.model.provision.fetch import main as fetch_main
 
         return int(fetch_main(args[1:]))
+    if args[0] == "codex-config":
+        from mlxcel.codex_config import main as codex_config_main
+
+        return codex_config_main(args[1:])
     print(f"mlxcel: unknown command {args[0]!r} (commands: {commands})", file=sys.stderr)
     return 2

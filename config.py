@@ -33,6 +33,9 @@ class Settings:
     """The model's tool-call format; None picks it from the chat template. The name is
     checked where the parser is picked (`mlxcel.app`), so settings need no parser import."""
     sse_keepalive_secs: float = 10.0
+    progress_events: bool = True
+    """A stream's keep-alives are `mlx.progress` data events (queue place, prompt read),
+    which clients that give up on a silent stream count; off, they are SSE comments."""
     api_keys: tuple[str, ...] = ()
     responses: StoreLimits = StoreLimits(1024, 268_435_456, 3600)
     conversations: StoreLimits = StoreLimits(256, 67_108_864, 3600)

@@ -105,7 +105,17 @@ class SequenceFailed:
     message: str
 
 
-ModelEvent = TokenStep | SequenceFailed
+@dataclass(frozen=True, slots=True)
+class PrefillProgress:
+    """A sequence is still reading its prompt: `read` of its `total` prompt tokens are
+    in its KV state (those taken from the prompt cache count as read)."""
+
+    seq_id: int
+    read: int
+    total: int
+
+
+ModelEvent = TokenStep | SequenceFailed | PrefillProgress
 """What the model actor reports for a sequence."""
 
 

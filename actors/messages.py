@@ -85,6 +85,15 @@ class WaitIdle:
 
 
 @dataclass(frozen=True, slots=True)
+class ReadQueuePosition:
+    """The response's place in the waiting line (1 = next), or None when it is not there
+    (running, or ended)."""
+
+    response_id: str
+    reply: trio.MemorySendChannel[int | None]
+
+
+@dataclass(frozen=True, slots=True)
 class SchedulerStatistics:
     slots: int
     busy: int
@@ -97,7 +106,14 @@ class ReadSchedulerStatistics:
 
 
 SchedulerCommand = (
-    Submit | CancelResponse | SlotIdle | Withdraw | EndAll | WaitIdle | ReadSchedulerStatistics
+    Submit
+    | CancelResponse
+    | SlotIdle
+    | Withdraw
+    | EndAll
+    | WaitIdle
+    | ReadSchedulerStatistics
+    | ReadQueuePosition
 )
 
 
@@ -315,9 +331,15 @@ class StreamError:
 
 @dataclass(frozen=True, slots=True)
 class KeepAlive:
-    """Nothing happened for a while (a long prefill); keeps proxies and clients patient."""
+    """Nothing was sent for a while (the response waits for a slot, or its prompt is long):
+    keeps proxies and clients patient, and says how far the response got (`mlx.progress`)."""
 
     response_id: str
+    queue_position: int | None = None
+    """While the response waits for a slot: its place in the line, 1 being next."""
+    prompt_tokens_read: int = 0
+    """Prompt tokens in the sequence's KV state so far (those from the prompt cache too)."""
+    prompt_tokens_total: int = 0
 
 
 ResponseEvent = (

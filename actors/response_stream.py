@@ -22,6 +22,7 @@ from mlxcel.actors.messages import (
     CancelResponse,
     EndAll,
     Generate,
+    ReadQueuePosition,
     ReadSchedulerStatistics,
     ResponseEvent,
     ResponseFinished,
@@ -90,6 +91,19 @@ class ResponseStream:
                 f"queue is full ({self._depth}). Retry shortly.",
                 code="server_overloaded",
             )
+
+    @property
+    def prompt_tokens(self) -> int:
+        return len(self._request.prompt)
+
+    async def queue_position(self) -> int | None:
+        """The response's place in the waiting line (1 = next); None once a slot has it."""
+        reply, position = trio.open_memory_channel[int | None](1)
+        try:
+            await self._control.send(ReadQueuePosition(self.response_id, reply))
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            return None  # a stopped scheduler holds nothing
+        return await position.receive()
 
     async def aclose(self) -> None:
         """Leave: close our end and withdraw the response if it has not finished."""

@@ -21,6 +21,7 @@ from mlxcel.actors.messages import (
     CancelResponse,
     EndAll,
     Generate,
+    ReadQueuePosition,
     ReadSchedulerStatistics,
     SchedulerCommand,
     SchedulerStatistics,
@@ -130,6 +131,8 @@ class Scheduler:
                     case ReadSchedulerStatistics(reply):
                         busy = self._parallel - len(self._idle)
                         answer(reply, SchedulerStatistics(self._parallel, busy, len(self._line)))
+                    case ReadQueuePosition(response_id, reply):
+                        answer(reply, self._position(response_id))
                 self._wake_idle_waiters()
 
     def _admit(self, command: Generate, waits: bool) -> bool:
@@ -153,6 +156,12 @@ class Scheduler:
                 self._line.remove(waiting)
                 self._waiting_requests -= not waiting.waits
                 return waiting
+        return None
+
+    def _position(self, response_id: str) -> int | None:
+        for place, waiting in enumerate(self._line, start=1):
+            if waiting.command.request.record.id == response_id:
+                return place
         return None
 
     def _cancel(

@@ -32,7 +32,7 @@ from mlxcel.actors.replies import answer
 from mlxcel.actors.responses import ResponseBuilder
 from mlxcel.actors.store import StoreHandle
 from mlxcel.errors import InvalidRequest
-from mlxcel.generation import GenerationRequest, SequenceFailed
+from mlxcel.generation import GenerationRequest, PrefillProgress, SequenceFailed
 from mlxcel.items import Message, Reasoning, ResponseError, ResponseRecord, Usage
 from mlxcel.metrics import Metrics, TokenTimer
 from mlxcel.model.actor import ModelHandle
@@ -194,25 +194,32 @@ class ResponsePath:
         timer: TokenTimer | None = None,
     ) -> tuple[list[ResponseEvent], ResponseRecord]:
         """Generate `request`'s tokens through `builder`, sending its events (or, when not
-        `forward`, only keep-alives for `owner`) to the requester; `timer` times them."""
-        alive = KeepAlive(owner or request.record.id)
+        `forward`, only keep-alives for `owner`) to the requester; `timer` times them.
+        When nothing was sent for the keep-alive interval, a keep-alive says how much of
+        the prompt is read."""
+        quiet = _Quiet(owner or request.record.id, len(request.prompt), self._keepalive)
         async with self._model.open_sequence(list(request.prompt), request.sampling) as tokens:
             while True:
-                with trio.move_on_after(self._keepalive) as idle:
+                with trio.move_on_at(quiet.until) as idle:
                     try:
                         step = await tokens.receive()
                     except trio.EndOfChannel:
                         break
                 if idle.cancelled_caught:
-                    await self._send(reply, [alive])
+                    await self._send(reply, [quiet.keepalive()])
+                    continue
+                if isinstance(step, PrefillProgress):
+                    quiet.read = step.read
                     continue
                 if isinstance(step, SequenceFailed):
                     return builder.fail("server_error", step.message)
                 if timer is not None:
                     timer.tick(trio.current_time())
+                quiet.read = quiet.total
                 events = builder.feed(step)
-                if forward:
+                if forward and events:
                     await self._send(reply, events)
+                    quiet.sent()
                 if step.finish is not None:
                     return builder.finish(step.finish)
         # The channel ended without a finishing step: the engine dropped the sequence.
@@ -268,6 +275,27 @@ class ResponsePath:
         match record.output:
             case (Reasoning(text=trace), Message() as message) if trace.strip():
                 await self._echo.remember(turn_key(request.echo_prefix, message.text), trace)
+
+
+@dataclass
+class _Quiet:
+    """When the requester last heard from a running response, and how far its prompt got."""
+
+    response_id: str
+    total: int
+    interval: float
+    read: int = 0
+    until: float = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.sent()
+
+    def sent(self) -> None:
+        self.until = trio.current_time() + self.interval
+
+    def keepalive(self) -> KeepAlive:
+        self.sent()
+        return KeepAlive(self.response_id, None, self.read, self.total)
 
 
 def _stopped(

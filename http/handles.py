@@ -38,6 +38,10 @@ class Handles:
     api_keys: tuple[str, ...] = ()
     policy: ClientPolicy = dataclasses.field(default_factory=ClientPolicy)
     """What the server does with hosted tools and images it cannot serve."""
+    keepalive_secs: float = 10.0
+    """A stream that sent nothing for this long sends a keep-alive (or `mlx.progress`)."""
+    progress_events: bool = True
+    """Keep-alives are `mlx.progress` data events rather than SSE comments."""
     stopping: trio.Event = dataclasses.field(default_factory=trio.Event)
     """Set on shutdown: no new generation starts."""
     started: int = dataclasses.field(default_factory=lambda: int(time.time()))

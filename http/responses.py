@@ -60,7 +60,12 @@ async def create_response() -> Response:
     bind_to_exchange(stream)
     await stream.submit()  # 503 when full
     return Response(
-        EventStreamBody(ResponseCreated(generation.record), stream),
+        EventStreamBody(
+            ResponseCreated(generation.record),
+            stream,
+            keepalive_secs=h.keepalive_secs,
+            progress=h.progress_events,
+        ),
         content_type="text/event-stream",
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
     )

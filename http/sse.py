@@ -1,7 +1,8 @@
 """Server-sent events: Responses stream events as typed SSE frames.
 
 Each frame is `event: <type>` plus `data: <json>` whose `type` matches, numbered by
-`sequence_number` from 0 in the order sent. Keep-alives are SSE comments, which the
+`sequence_number` from 0 in the order sent. Keep-alives are `mlx.progress` events
+(numbered like the others) or, with progress events off, SSE comments, which the
 `openai` SDK skips.
 """
 
@@ -52,7 +53,7 @@ def event_json(event: ResponseEvent) -> dict[str, Any]:
             return {"type": "response.created", "response": response_json(record)}
         case ResponseInProgress(record):
             return {"type": "response.in_progress", "response": response_json(record)}
-        case CompactionStarted():  # the `mlx.` events have always named their response
+        case CompactionStarted():  # the `mlx.` events name their response
             return {"type": "mlx.compaction.started", **dataclasses.asdict(event)}
         case CompactionCompleted():
             return {"type": "mlx.compaction.completed", **dataclasses.asdict(event)}
@@ -94,6 +95,8 @@ def event_json(event: ResponseEvent) -> dict[str, Any]:
             return {"type": f"response.custom_tool_call_input.{kind}", **_fields(event)}
         case ResponseFinished(record):
             return {"type": _FINISHED[record.status], "response": response_json(record)}
+        case KeepAlive():
+            return {"type": "mlx.progress", **dataclasses.asdict(event)}
         case StreamError(code=code, message=message):
             return {"type": "error", "code": code, "message": message, "param": None}
     raise AssertionError(event)
@@ -118,11 +121,12 @@ def _fields(
 class SseEncoder:
     """Numbers and encodes one stream's events."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, progress: bool = True) -> None:
         self._sequence = 0
+        self._progress = progress
 
     def encode(self, event: ResponseEvent) -> bytes:
-        if isinstance(event, KeepAlive):
+        if isinstance(event, KeepAlive) and not self._progress:
             return KEEPALIVE_FRAME
         body = event_json(event)
         body["sequence_number"] = self._sequence

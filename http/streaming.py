@@ -13,7 +13,7 @@ import logging
 
 import trio
 
-from mlxcel.actors.messages import ResponseCreated, ResponseEvent
+from mlxcel.actors.messages import KeepAlive, ResponseCreated, ResponseEvent
 from mlxcel.actors.response_stream import ResponseStream
 from mlxcel.http.sse import SseEncoder
 
@@ -21,12 +21,22 @@ log = logging.getLogger(__name__)
 
 
 class EventStreamBody:
-    """`response.created` at once (even while queued), then the slot's events."""
+    """`response.created` at once (even while queued), then the slot's events; while the
+    response waits in the line, a keep-alive with its place for each quiet interval (a
+    running one gets its keep-alives from its slot)."""
 
-    def __init__(self, created: ResponseCreated, events: ResponseStream) -> None:
+    def __init__(
+        self,
+        created: ResponseCreated,
+        events: ResponseStream,
+        *,
+        keepalive_secs: float,
+        progress: bool,
+    ) -> None:
         self._created: ResponseCreated | None = created
         self._events = events
-        self._encoder = SseEncoder()
+        self._keepalive = keepalive_secs
+        self._encoder = SseEncoder(progress=progress)
 
     def __aiter__(self) -> EventStreamBody:
         return self
@@ -35,7 +45,13 @@ class EventStreamBody:
         if self._created is not None:
             event, self._created = self._created, None
             return self._encode(event)
-        return self._encode(await self._events.__anext__())
+        while True:
+            with trio.move_on_after(self._keepalive):
+                return self._encode(await self._events.__anext__())
+            position = await self._events.queue_position()
+            if position is not None:
+                tokens = self._events.prompt_tokens
+                return self._encode(KeepAlive(self._events.response_id, position, 0, tokens))
 
     def _encode(self, event: ResponseEvent) -> bytes:
         try:

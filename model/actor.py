@@ -8,6 +8,7 @@ new sequences and the aborted ones in the same round trip.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import time
@@ -21,10 +22,12 @@ from mlxcel.errors import ModelNotReady
 from mlxcel.generation import (
     ModelEvent,
     ModelInfo,
+    PrefillProgress,
     PromptCodec,
     Sampling,
     SequenceFailed,
     SequenceSpec,
+    TokenStep,
 )
 from mlxcel.metrics import Metrics
 from mlxcel.model.engine import Engine, EngineFactory, LoadedModel
@@ -116,9 +119,10 @@ class ModelActor:
         if self.loaded is None or self._inbox_send is None:
             raise ModelNotReady("The model is still loading; retry shortly.")
         seq_id = next(self._ids)
-        # A sequence emits at most max_tokens steps (or one failure), so this buffer can
-        # never fill: the model thread never waits on a slow consumer.
-        send, recv = trio.open_memory_channel[ModelEvent](sampling.max_tokens + 1)
+        # A sequence emits at most max_tokens steps (or one failure) and holds at most one
+        # prefill report at a time, so this buffer can never fill: the model thread never
+        # waits on a slow consumer.
+        send, recv = trio.open_memory_channel[ModelEvent](sampling.max_tokens + 2)
         self._routes[seq_id] = send
         try:
             await self._inbox_send.send(SequenceSpec(seq_id, tuple(prompt), sampling))
@@ -156,6 +160,12 @@ class ModelActor:
         for event in events:
             route = self._routes.get(event.seq_id)
             if route is None:
+                continue
+            if isinstance(event, PrefillProgress):
+                # Only into an empty buffer: a reader behind on reports needs no more.
+                if route.statistics().current_buffer_used == 0:
+                    with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+                        route.send_nowait(event)
                 continue
             finished = isinstance(event, SequenceFailed) or event.finish is not None
             try:
@@ -230,7 +240,7 @@ class ModelActor:
     @staticmethod
     def _step(engine: Engine, active: set[int]) -> list[ModelEvent]:
         try:
-            steps = engine.step()
+            steps: list[ModelEvent] = [*engine.step(), *engine.prefilling()]
         except Exception as exc:
             log.exception("engine step failed; failing %d sequence(s)", len(active))
             failed: list[ModelEvent] = []
@@ -240,6 +250,6 @@ class ModelActor:
             active.clear()
             return failed
         for step in steps:
-            if step.finish is not None:
+            if isinstance(step, TokenStep) and step.finish is not None:
                 active.discard(step.seq_id)
-        return list(steps)
+        return steps

@@ -2,7 +2,8 @@
 
 An engine holds sequences. `insert` queues one (its prompt is prefilled in chunks by
 later steps), `step` advances every sequence by at most one token (plus one prefill
-chunk) and reports what happened, `remove` drops one at any stage, `close` frees all.
+chunk) and reports what happened, `prefilling` says how far
+the prompts still being read got, `remove` drops one at any stage, `close` frees all.
 The MLX engine and the deterministic fake both implement it.
 """
 
@@ -11,13 +12,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from mlxcel.generation import ModelInfo, PromptCodec, SequenceSpec, TokenStep
+from mlxcel.generation import ModelInfo, PrefillProgress, PromptCodec, SequenceSpec, TokenStep
 
 
 class Engine(Protocol):
     def insert(self, spec: SequenceSpec) -> None: ...
 
     def step(self) -> list[TokenStep]: ...
+
+    def prefilling(self) -> list[PrefillProgress]:
+        """How far each sequence still reading its prompt got, as of the last step."""
+        ...
 
     def remove(self, seq_id: int) -> None: ...
 

@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from mlxcel.generation import FinishReason, ModelInfo, SequenceSpec, TokenStep
+from mlxcel.generation import FinishReason, ModelInfo, PrefillProgress, SequenceSpec, TokenStep
 from mlxcel.model.constrained import compile_schema
 from mlxcel.model.engine import LoadedModel
 
@@ -103,6 +103,14 @@ class FakeEngine:
         if self.fail_insert_on is not None and any(self.fail_insert_on in w for w in words):
             raise RuntimeError(f"scripted admission failure on {self.fail_insert_on!r}")
         self._seqs[spec.seq_id] = _Seq(spec, words, len(spec.prompt))
+
+    def prefilling(self) -> list[PrefillProgress]:
+        progress: list[PrefillProgress] = []
+        for seq in self._seqs.values():
+            total = len(seq.spec.prompt)
+            if 0 < seq.prefill_left < total:
+                progress.append(PrefillProgress(seq.spec.seq_id, total - seq.prefill_left, total))
+        return progress
 
     def remove(self, seq_id: int) -> None:
         self._seqs.pop(seq_id, None)

@@ -21,10 +21,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mlxcel.generation import ModelInfo, Sampling, SequenceSpec, TokenStep
+from mlxcel.generation import ModelInfo, PrefillProgress, Sampling, SequenceSpec, TokenStep
 from mlxcel.items import TokenLogprob
 from mlxcel.model.constrained import GrammarCompiler
 from mlxcel.model.engine import LoadedModel
+from mlxcel.model.folder import context_length
 from mlxcel.model.prompt import TemplateCodec
 from mlxcel.model.provision.blas import BlasInfo
 from mlxcel.model.tool_parsers import detect_parser
@@ -54,6 +55,8 @@ class _Live:
     """Prompt tokens prefilled now and kept by the prefix cache."""
     started: bool = False
     """The first token was reported."""
+    read: tuple[int, int] | None = None
+    """Prompt tokens read and their total while the prompt is being read (cache included)."""
 
 
 @dataclass
@@ -112,6 +115,7 @@ class MlxEngine:
         self._suspect = False
         if self.prefix_cache is not None:
             self._keep_read_prompts(prompts)
+        self._note_progress(prompts)
         steps: list[TokenStep] = []
         for response in generated:
             live = self._by_uid.get(response.uid)
@@ -134,6 +138,20 @@ class MlxEngine:
                 TokenStep(live.seq_id, response.token, text, finish, logprob, cached, written)
             )
         return steps
+
+    def _note_progress(self, prompts: list[Any]) -> None:
+        for response in prompts:
+            live = self._by_uid.get(response.uid)
+            if live is not None and isinstance(response.progress, tuple):
+                done, total = response.progress  # of the part not taken from the cache
+                live.read = (live.cached + done, live.cached + total)
+
+    def prefilling(self) -> list[PrefillProgress]:
+        return [
+            PrefillProgress(live.seq_id, *live.read)
+            for live in self._by_uid.values()
+            if live.read is not None and not live.started and live.read[0] < live.read[1]
+        ]
 
     def _keep_read_prompts(self, prompts: list[Any]) -> None:
         """Keep the KV state of prompts whose reading just ended (all but the last token,
@@ -194,11 +212,6 @@ class MlxEngine:
         for seq_id in list(self._uid_of):
             self.remove(seq_id)
         self.generator.close()
-
-
-def context_length(path: Path) -> int:
-    config = json.loads((path / "config.json").read_text())
-    return int(config.get("max_position_embeddings") or 32768)
 
 
 def load_mlx_model(

@@ -122,6 +122,15 @@ def test_hosted_tools_and_images_from_flag_or_environment() -> None:
     assert settings(["--images", "placeholder", "--hosted-tools", "reject"], env) == Settings()
 
 
+def test_progress_events_are_on_unless_turned_off() -> None:
+    assert settings([]).progress_events is True
+    assert settings(["--no-progress-events"]).progress_events is False
+    assert settings([], {"MLXCEL_NO_PROGRESS_EVENTS": "1"}).progress_events is False
+    assert settings([], {"MLXCEL_NO_PROGRESS_EVENTS": "false"}).progress_events is True
+    with pytest.raises(ConfigError, match="MLXCEL_NO_PROGRESS_EVENTS"):
+        build_parser("t", {"MLXCEL_NO_PROGRESS_EVENTS": "maybe"})
+
+
 def test_an_unknown_tool_call_parser_stops_start_up() -> None:
     # Checked where the parser is picked, before the model is resolved or loaded.
     assert settings(["--tool-call-parser", "xml"]).tool_call_parser == "xml"

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
+from codex_cli import codex_executable
 
 from support import RealServer, start_server
 
@@ -30,3 +32,16 @@ def lenient_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealSer
     """The default model as a Codex-style client needs it: hosted tools ignored."""
     log = tmp_path_factory.mktemp("server") / "lenient.log"
     yield from start_server(log, "--parallel", "2", "--hosted-tools", "ignore")
+
+
+@pytest.fixture(scope="session")
+def progress_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealServer]:
+    """The default model with one slot and a progress event every quiet second."""
+    log = tmp_path_factory.mktemp("server") / "progress.log"
+    yield from start_server(log, "--parallel", "1", "--sse-keepalive-secs", "1")
+
+
+@pytest.fixture(scope="session")
+def codex() -> Path:
+    """The pinned Codex CLI, installed from the npm registry the first time."""
+    return codex_executable()

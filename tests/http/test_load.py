@@ -133,9 +133,10 @@ async def test_sixteen_concurrent_streams_get_their_own_text(
 
 async def test_keepalive_comments_during_a_long_prefill(start_fake_server: StartServer) -> None:
     engine = FakeEngine(step_delay=0.02, prefill_chunk=2)
-    server = await start_fake_server(engine, sse_keepalive_secs=0.05)
+    server = await start_fake_server(engine, sse_keepalive_secs=0.05, progress_events=False)
     async with httpx.AsyncClient(base_url=server.url, timeout=30) as http:
         body = {"model": "fake-model", "input": "echo: done", "stream": True}
         text = (await http.post("/v1/responses", json=body)).text
     assert ": keep-alive\n\n" in text
     assert "event: response.completed" in text
+    assert "mlx.progress" not in text

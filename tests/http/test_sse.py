@@ -233,7 +233,7 @@ def _no_constant(name: str) -> Any:
 
 
 def encode_all(events: list[ResponseEvent]) -> bytes:
-    encoder = SseEncoder()
+    encoder = SseEncoder(progress=False)
     return b"".join(encoder.encode(e) for e in events)
 
 
@@ -378,11 +378,11 @@ def test_usage_has_every_field_the_sdk_requires() -> None:
 # --- numbering and keep-alives -----------------------------------------------------
 
 
-def test_sequence_numbers_count_from_zero_and_keep_alives_take_none() -> None:
+def test_sequence_numbers_count_from_zero_and_keep_alive_comments_take_none() -> None:
     stream: list[ResponseEvent] = [KeepAlive("resp_1")]
     for _, event, _, _ in EVENTS:
         stream += [event, KeepAlive("resp_1")] if len(stream) % 3 == 0 else [event]
-    encoder = SseEncoder()
+    encoder = SseEncoder(progress=False)
     encoded = [encoder.encode(e) for e in stream]
     keepalives = [f for e, f in zip(stream, encoded, strict=True) if isinstance(e, KeepAlive)]
     assert len(keepalives) > 2
@@ -390,6 +390,31 @@ def test_sequence_numbers_count_from_zero_and_keep_alives_take_none() -> None:
     assert KEEPALIVE_FRAME.startswith(b":")  # an SSE comment: no event for a client
     numbers = [body["sequence_number"] for _, body in frames(b"".join(encoded))]
     assert numbers == list(range(len(EVENTS)))
+
+
+def test_progress_events_are_numbered_with_the_others() -> None:
+    stream: list[ResponseEvent] = [KeepAlive("resp_1", 2, 0, 40)]
+    for _, event, _, _ in EVENTS:
+        stream += [event, KeepAlive("resp_1", None, 7, 40)] if len(stream) % 3 == 0 else [event]
+    parsed = frames(encode_all_with_progress(stream))
+    assert [body["sequence_number"] for _, body in parsed] == list(range(len(stream)))
+    progress = [body for name, body in parsed if name == "mlx.progress"]
+    assert len(progress) > 2
+    assert progress[0] == {
+        "type": "mlx.progress",
+        "response_id": "resp_1",
+        "queue_position": 2,
+        "prompt_tokens_read": 0,
+        "prompt_tokens_total": 40,
+        "sequence_number": 0,
+    }
+    assert {p["queue_position"] for p in progress[1:]} == {None}
+    assert {p["prompt_tokens_read"] for p in progress[1:]} == {7}
+
+
+def encode_all_with_progress(events: list[ResponseEvent]) -> bytes:
+    encoder = SseEncoder()
+    return b"".join(encoder.encode(e) for e in events)
 
 
 def test_each_stream_numbers_its_own_events() -> None:
@@ -479,7 +504,7 @@ def test_text_stays_utf8_and_never_breaks_a_frame() -> None:
 
 
 def test_a_keep_alive_between_frames_is_skipped_by_the_sdk() -> None:
-    encoder = SseEncoder()
+    encoder = SseEncoder(progress=False)
     data = b"".join(
         [
             encoder.encode(ResponseInProgress(RECORD)),
