@@ -130,6 +130,7 @@ class ResponsePath:
                     request.tools,
                     reasoning_opened=request.reasoning_opened,
                     compaction=request.compaction,
+                    stop=request.sampling.stop,
                 )
                 await self._send(command.reply, builder.start(announced=announced))
                 return await self._drive(command.reply, request, builder)
@@ -203,6 +204,8 @@ class ResponsePath:
                 events = builder.feed(step)
                 if forward:
                     await self._send(reply, events)
+                if builder.stopped:  # a stop string: leaving removes the sequence
+                    return builder.finish("stop")
                 if step.finish is not None:
                     return builder.finish(step.finish)
         # The channel ended without a finishing step: the engine dropped the sequence.

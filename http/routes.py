@@ -1,7 +1,7 @@
 """The app: every blueprint mounted with and without `/v1`, one error handler, and the
 guards every request passes first.
 
-The blueprints (`responses`, `compact`, `stored`, `conversations`, `conversation_items`,
+The blueprints (`responses`, `chat`, `compact`, `stored`, `conversations`, `conversation_items`,
 `service`) are thin: body → prepare → one actor command → JSON or SSE. They read the
 actors' handles from the app (`http/handles.py`).
 """
@@ -12,6 +12,7 @@ from quart import Blueprint, Response
 from quart_trio import QuartTrio
 
 from mlxcel.http.body import MAX_BODY_BYTES
+from mlxcel.http.chat import chat
 from mlxcel.http.compact import compact
 from mlxcel.http.conversation_items import conversation_items
 from mlxcel.http.conversations import conversations
@@ -27,6 +28,7 @@ __all__ = ["Handles", "create_app"]
 
 API: tuple[Blueprint, ...] = (
     responses,
+    chat,
     compact,
     stored,
     conversations,

@@ -2,7 +2,8 @@
 
 Prompts are rendered to one token per character; the reply to a prompt is scripted by
 the last user message: `echo: TEXT` answers TEXT, anything else answers a fixed pangram.
-Each step yields one word. `step_delay` (seconds of real time per step) lets tests hold
+Each step yields one word; asked for log-probabilities, each word has -0.5 and its
+alternatives `alt1`, `alt2`, … one less each. `step_delay` (seconds of real time per step) lets tests hold
 sequences in flight; `prefill_chunk` makes prefill take several steps, as the MLX engine's
 chunked prefill does.
 """
@@ -14,7 +15,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from mlxcel.generation import FinishReason, ModelInfo, SequenceSpec, TokenStep
+from mlxcel.generation import FinishReason, ModelInfo, Sampling, SequenceSpec, TokenStep
+from mlxcel.items import TokenLogprob
 from mlxcel.model.constrained import compile_schema
 from mlxcel.model.engine import LoadedModel
 
@@ -42,6 +44,9 @@ class FakeCodec:
             for m in messages
         )
         text += _MARK
+        return [ord(c) for c in text]
+
+    def encode(self, text: str) -> list[int]:
         return [ord(c) for c in text]
 
     def compile_schema(self, schema: Mapping[str, Any]) -> str:
@@ -124,10 +129,16 @@ class FakeEngine:
                 finish = "length"
             elif seq.emitted >= len(seq.words):
                 finish = "stop"
-            out.append(TokenStep(seq.spec.seq_id, seq.emitted, word, finish))
+            logprob = _logprob(word, seq.spec.sampling) if seq.spec.sampling.logprobs else None
+            out.append(TokenStep(seq.spec.seq_id, seq.emitted, word, finish, logprob))
             if finish is not None:
                 del self._seqs[seq.spec.seq_id]
         return out
+
+
+def _logprob(word: str, sampling: Sampling) -> TokenLogprob:
+    top = tuple((f"alt{i}", -0.5 - i) for i in range(1, sampling.top_logprobs))
+    return TokenLogprob(word, -0.5, ((word, -0.5), *top) if sampling.top_logprobs else ())
 
 
 def fake_factory(
