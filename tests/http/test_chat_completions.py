@@ -7,6 +7,7 @@ import json
 from typing import Any
 
 import httpx
+import openai
 import pytest
 import trio
 from pydantic import BaseModel
@@ -310,3 +311,26 @@ async def test_hanging_up_mid_stream_frees_the_slot(start_fake_server: StartServ
         with trio.fail_after(10):
             while (await http.get("/health")).json()["slots"]["busy"]:  # noqa: ASYNC110 - polled over HTTP
                 await trio.sleep(0.01)
+
+
+async def test_an_engine_failure_is_a_server_error_sync_and_streamed(
+    start_fake_server: StartServer,
+) -> None:
+    server = await start_fake_server(FakeEngine(fail_on="poison"))
+    client = server.client()
+    with pytest.raises(openai.InternalServerError) as sync_error:
+        await in_thread(
+            client.chat.completions.create, model="fake-model", messages=user("echo: a poison")
+        )
+    assert sync_error.value.status_code == 500
+
+    def run() -> list[Any]:
+        stream = client.chat.completions.create(
+            model="fake-model", messages=user("echo: a poison"), stream=True
+        )
+        return list(stream)
+
+    with pytest.raises(openai.APIError) as streamed:
+        await in_thread(run)
+    assert streamed.value.code == "server_error"
+    await an_ordinary_request_completes(server)
