@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 
+import openai
 import pytest
 from pydantic import BaseModel
 
@@ -99,3 +101,37 @@ def test_a_raw_completion(real_server: RealServer) -> None:
         model=real_server.alias, prompt="def add(a, b):\n    return", temperature=0, max_tokens=6
     )
     assert "a + b" in completion.choices[0].text
+
+
+def test_agents_sdk_chat_completions_model_runs_a_tool_loop(real_server: RealServer) -> None:
+    from agents import Agent, ModelSettings, Runner, function_tool, set_tracing_disabled
+    from agents.models.openai_chatcompletions import OpenAIChatCompletionsModel
+
+    set_tracing_disabled(True)
+    calls: list[str] = []
+
+    @function_tool
+    def get_weather(city: str) -> str:
+        """Get the current weather for a city."""
+        calls.append(city)
+        return f"The weather in {city} is 22 C and sunny."
+
+    async def scenario() -> str:
+        client = openai.AsyncOpenAI(base_url=f"{real_server.url}/v1", api_key="sk-no-auth")
+        agent = Agent(
+            name="weather",
+            instructions="Use the get_weather tool, then answer in one sentence.",
+            tools=[get_weather],
+            model=OpenAIChatCompletionsModel(model=real_server.alias, openai_client=client),
+            model_settings=ModelSettings(temperature=0, max_tokens=64, tool_choice="required"),
+            reset_tool_choice=True,
+        )
+        try:
+            result = await Runner.run(agent, "What is the weather in Paris?", max_turns=4)
+        finally:
+            await client.close()
+        return str(result.final_output)
+
+    final = asyncio.run(scenario())
+    assert calls, "the agent never called its tool"
+    assert final.strip()  # the model answered after the tool's output

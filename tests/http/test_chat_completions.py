@@ -334,3 +334,30 @@ async def test_an_engine_failure_is_a_server_error_sync_and_streamed(
         await in_thread(run)
     assert streamed.value.code == "server_error"
     await an_ordinary_request_completes(server)
+
+
+async def test_a_reasoning_trace_is_reasoning_content(start_fake_server: StartServer) -> None:
+    server = await start_fake_server(opens_reasoning=True)
+    client = server.client()
+    reply = "echo: plan it</think> the answer"
+    completion = await in_thread(
+        client.chat.completions.create, model="fake-model", messages=user(reply)
+    )
+    message = completion.choices[0].message
+    assert message.content is not None
+    assert message.content.strip() == "the answer"
+    assert message.model_extra is not None
+    assert message.model_extra["reasoning_content"] == "plan it"
+    assert completion.usage is not None
+    assert completion.usage.completion_tokens_details is not None
+    assert completion.usage.completion_tokens_details.reasoning_tokens == 2
+
+    def run() -> list[Any]:
+        return list(
+            client.chat.completions.create(model="fake-model", messages=user(reply), stream=True)
+        )
+
+    deltas = [c.choices[0].delta for c in await in_thread(run) if c.choices]
+    traced = "".join((d.model_extra or {}).get("reasoning_content") or "" for d in deltas)
+    assert traced == "plan it"
+    assert "".join(d.content or "" for d in deltas).strip() == "the answer"
