@@ -68,6 +68,7 @@ class DataStreamBody:
     def __init__(
         self, first: list[dict[str, Any]], events: ResponseStream, translate: Translate
     ) -> None:
+        # Bounded by what one event makes (a chunk or two), taken before the next is read.
         self._frames = deque(_frame(chunk) for chunk in first)
         self._events = events
         self._translate = translate
