@@ -32,6 +32,9 @@ class Sampling:
     """Report each token's log-probability ..."""
     top_logprobs: int = 0
     """... and this many most likely alternatives."""
+    stop: tuple[str, ...] = ()
+    """The reply ends before the first of these strings (the builder finds them in the
+    answer text and stops the sequence; the engine never sees them)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +85,11 @@ class PromptCodec(Protocol):
         tools: Sequence[dict[str, object]] | None,
         template_kwargs: Mapping[str, Any] | None = None,
     ) -> list[int]: ...
+
+    def encode(self, text: str) -> list[int]:
+        """`text` as prompt tokens, with no chat template (a raw completion prompt, whose
+        control-token text is the control token: the client writes the whole prompt)."""
+        ...
 
     def opens_reasoning(self, template_kwargs: Mapping[str, Any] | None = None) -> bool:
         """The template's generation prompt already opens a `<think>` block."""

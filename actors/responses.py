@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Sequence
 from typing import Literal
 
 from mlxcel.actors.messages import (
@@ -48,6 +49,7 @@ from mlxcel.items import (
 )
 from mlxcel.model.custom_input import InputDecoder
 from mlxcel.model.reasoning import AnswerPiece, Piece, ReasoningPiece, ReasoningSplitter
+from mlxcel.model.stops import StopScanner
 from mlxcel.model.tool_parsers import (
     CallArguments,
     CallClosed,
@@ -88,6 +90,7 @@ class ResponseBuilder:
         *,
         reasoning_opened: bool = False,
         compaction: CompactionReport | None = None,
+        stop: Sequence[str] = (),
     ) -> None:
         self._record = dataclasses.replace(record, status="in_progress", output=(), usage=None)
         self._id = record.id  # every event names its response
@@ -110,6 +113,7 @@ class ResponseBuilder:
         self._undecided_tokens = 0  # tokens before the reply shows whether it reasons
         # Log-probabilities of tokens whose text the detokenizer has not released yet.
         self._pending_logprobs: list[TokenLogprob] = []
+        self._stops = StopScanner(stop)
         self._compaction = compaction
         if compaction is not None:  # it leads the output, at index 0
             self._output.append(compaction.item)
@@ -117,6 +121,11 @@ class ResponseBuilder:
     @property
     def record(self) -> ResponseRecord:
         return self._record
+
+    @property
+    def stopped(self) -> bool:
+        """The answer reached a stop string: the reply ends here (`finish("stop")`)."""
+        return self._stops.found
 
     def start(self, *, announced: bool = False) -> list[ResponseEvent]:
         """A slot took the response (the HTTP edge already announced it as created).
@@ -162,12 +171,16 @@ class ResponseBuilder:
                 events += self._reason(piece.text)
                 continue
             events += self._close_reasoning()
-            if self._parser is None:
-                logprobs, self._pending_logprobs = tuple(self._pending_logprobs), []
-                events += self._text(piece.text, logprobs)
-            else:
-                events += self._parsed(self._parser.feed(piece.text))
+            events += self._answer(self._stops.feed(piece.text))
         return events
+
+    def _answer(self, text: str) -> list[ResponseEvent]:
+        if not text:
+            return []  # held back (a stop string may begin), or nothing at all
+        if self._parser is None:
+            logprobs, self._pending_logprobs = tuple(self._pending_logprobs), []
+            return self._text(text, logprobs)
+        return self._parsed(self._parser.feed(text))
 
     def _reason(self, text: str) -> list[ResponseEvent]:
         events: list[ResponseEvent] = []
@@ -197,6 +210,7 @@ class ResponseBuilder:
         """The closing item events and the final record (not yet stored)."""
         status: Status = "completed" if reason == "stop" else "incomplete"
         events = self._pieces(self._splitter.finish())
+        events += self._answer(self._stops.finish())
         events += self._close_reasoning()
         if self._parser is not None:
             events += self._parsed(self._parser.finish())

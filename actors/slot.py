@@ -135,6 +135,7 @@ class ResponsePath:
                     request.tools,
                     reasoning_opened=request.reasoning_opened,
                     compaction=request.compaction,
+                    stop=request.sampling.stop,
                 )
                 await self._send(command.reply, builder.start(announced=announced))
                 timer = TokenTimer(self._metrics, command.submitted)
@@ -220,6 +221,8 @@ class ResponsePath:
                 if forward and events:
                     await self._send(reply, events)
                     quiet.sent()
+                if builder.stopped:  # a stop string: leaving removes the sequence
+                    return builder.finish("stop")
                 if step.finish is not None:
                     return builder.finish(step.finish)
         # The channel ended without a finishing step: the engine dropped the sequence.

@@ -17,6 +17,7 @@ from pydantic.json_schema import models_json_schema
 from quart import Quart
 
 from mlxcel import __version__
+from mlxcel.http.chat_schemas import ChatCompletionBody, CompletionBody
 from mlxcel.http.schemas import (
     CompactBody,
     ConversationCreateBody,
@@ -75,6 +76,24 @@ OPERATIONS: dict[str, Operation] = {
         "The `response` object, or with `stream: true` its server-sent events.",
         body=CreateResponseBody,
         refusals=("404", "429", "503"),
+        streams=True,
+    ),
+    "create_chat_completion": Operation(
+        "Create a chat completion",
+        "chat",
+        "The `chat.completion` object, or with `stream: true` its `chat.completion.chunk`s "
+        "ending with `data: [DONE]`.",
+        body=ChatCompletionBody,
+        refusals=("404", "503"),
+        streams=True,
+    ),
+    "create_completion": Operation(
+        "Create a completion of a raw prompt",
+        "completions",
+        "The `text_completion` object, or with `stream: true` its chunks ending with "
+        "`data: [DONE]`.",
+        body=CompletionBody,
+        refusals=("404", "503"),
         streams=True,
     ),
     "count_input_tokens": Operation(
@@ -230,8 +249,8 @@ def openapi_document_for(app: Quart) -> dict[str, Any]:
         "info": {
             "title": "mlxcel",
             "version": __version__,
-            "description": "Local MLX language models behind the OpenAI Responses API. "
-            "Every route is also mounted without the `/v1` prefix.",
+            "description": "Local MLX language models behind the OpenAI Responses, Chat "
+            "Completions and Completions APIs. Every route is also mounted without the `/v1` prefix.",
         },
         "paths": dict(sorted(paths.items())),
         "components": {

@@ -1,9 +1,9 @@
 """The app: every blueprint mounted with and without `/v1`, one error handler, and the
 guards every request passes first.
 
-The blueprints (`responses`, `compact`, `stored`, `conversations`, `conversation_items`,
-`service`, `prometheus`) are thin: body → prepare → one actor command → JSON or SSE. They read the
-actors' handles from the app (`http/handles.py`).
+The blueprints (`responses`, `chat`, `compact`, `stored`, `conversations`,
+`conversation_items`, `service`, `prometheus`) are thin: body → prepare → one actor command
+→ JSON or SSE. They read the actors' handles from the app (`http/handles.py`).
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from quart import Blueprint, Response, request
 from quart_trio import QuartTrio
 
 from mlxcel.http.body import MAX_BODY_BYTES
+from mlxcel.http.chat import chat
 from mlxcel.http.compact import compact
 from mlxcel.http.conversation_items import conversation_items
 from mlxcel.http.conversations import conversations
@@ -30,6 +31,7 @@ __all__ = ["Handles", "create_app"]
 
 API: tuple[Blueprint, ...] = (
     responses,
+    chat,
     compact,
     stored,
     conversations,

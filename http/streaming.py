@@ -1,4 +1,6 @@
-"""The body of a streamed response: a pipe from one response's events to SSE frames.
+"""The body of a streamed response: a pipe from one response's events to SSE frames,
+as Responses events (`EventStreamBody`) or as Chat Completions' bare `data:` chunks
+ending with `data: [DONE]` (`DataStreamBody`).
 
 The response stream must be closed however the exchange ends, or its slot would wait
 on a reader that will never come. Quart closes a body it has entered; but a client
@@ -9,7 +11,11 @@ group: a guard task there closes it when the exchange ends, whichever way.
 
 from __future__ import annotations
 
+import json
 import logging
+from collections import deque
+from collections.abc import Callable
+from typing import Any
 
 import trio
 
@@ -63,6 +69,59 @@ class EventStreamBody:
 
     async def aclose(self) -> None:
         await self._events.aclose()
+
+
+Translate = Callable[[ResponseEvent], list[dict[str, Any]]]
+
+KEEP_ALIVE = b": keep-alive\n\n"
+DONE = b"data: [DONE]\n\n"
+
+
+class DataStreamBody:
+    """`first` at once (even while queued), then each event as the chunks `translate`
+    makes of it, one `data:` frame each, and `data: [DONE]` at the end."""
+
+    def __init__(
+        self, first: list[dict[str, Any]], events: ResponseStream, translate: Translate
+    ) -> None:
+        # Bounded by what one event makes (a chunk or two), taken before the next is read.
+        self._frames = deque(_frame(chunk) for chunk in first)
+        self._events = events
+        self._translate = translate
+        self._done = False
+
+    def __aiter__(self) -> DataStreamBody:
+        return self
+
+    async def __anext__(self) -> bytes:
+        while not self._frames:
+            if self._done:
+                raise StopAsyncIteration
+            try:
+                event = await self._events.__anext__()
+            except StopAsyncIteration:
+                self._done = True
+                self._frames.append(DONE)
+                continue
+            if isinstance(event, KeepAlive):
+                return KEEP_ALIVE
+            self._frames.extend(self._encode(event))
+        return self._frames.popleft()
+
+    def _encode(self, event: ResponseEvent) -> list[bytes]:
+        try:
+            return [_frame(chunk) for chunk in self._translate(event)]
+        except Exception:
+            # An event that cannot be encoded ends this stream alone.
+            log.exception("stream %s: an event could not be encoded", self._events.response_id)
+            raise StopAsyncIteration from None
+
+    async def aclose(self) -> None:
+        await self._events.aclose()
+
+
+def _frame(chunk: dict[str, Any]) -> bytes:
+    return b"data: " + json.dumps(chunk, allow_nan=False).encode() + b"\n\n"
 
 
 def bind_to_exchange(events: ResponseStream) -> None:

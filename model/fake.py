@@ -1,10 +1,11 @@
 """A deterministic scripted engine, for fast tests of everything above the model.
 
-Prompts are rendered to one token per character (tool names, when there are tools,
-lead them); the reply to a prompt is scripted by the last user message: `echo: TEXT`
+Prompts are rendered to one token per character (the tools, when there are any, lead
+them as JSON); the reply to a prompt is scripted by the last user message: `echo: TEXT`
 answers TEXT, anything else answers a fixed pangram. The engine keeps the last prompts it
 was given (`prompts`), so tests can check what the model saw.
-Each step yields one word. `step_delay` (seconds of real time per step) lets tests hold
+Each step yields one word; asked for log-probabilities, each word has -0.5 and its
+alternatives `alt1`, `alt2`, … one less each. `step_delay` (seconds of real time per step) lets tests hold
 sequences in flight; `prefill_chunk` makes prefill take several steps, as the MLX engine's
 chunked prefill does.
 """
@@ -18,7 +19,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from mlxcel.generation import FinishReason, ModelInfo, PrefillProgress, SequenceSpec, TokenStep
+from mlxcel.generation import (
+    FinishReason,
+    ModelInfo,
+    PrefillProgress,
+    Sampling,
+    SequenceSpec,
+    TokenStep,
+)
+from mlxcel.items import TokenLogprob
 from mlxcel.model.constrained import compile_schema
 from mlxcel.model.engine import LoadedModel
 
@@ -49,6 +58,9 @@ class FakeCodec:
             for m in messages
         )
         text += _MARK
+        return [ord(c) for c in text]
+
+    def encode(self, text: str) -> list[int]:
         return [ord(c) for c in text]
 
     def compile_schema(self, schema: Mapping[str, Any]) -> str:
@@ -147,10 +159,16 @@ class FakeEngine:
                 finish = "length"
             elif seq.emitted >= len(seq.words):
                 finish = "stop"
-            out.append(TokenStep(seq.spec.seq_id, seq.emitted, word, finish))
+            logprob = _logprob(word, seq.spec.sampling) if seq.spec.sampling.logprobs else None
+            out.append(TokenStep(seq.spec.seq_id, seq.emitted, word, finish, logprob))
             if finish is not None:
                 del self._seqs[seq.spec.seq_id]
         return out
+
+
+def _logprob(word: str, sampling: Sampling) -> TokenLogprob:
+    top = tuple((f"alt{i}", -0.5 - i) for i in range(1, sampling.top_logprobs))
+    return TokenLogprob(word, -0.5, ((word, -0.5), *top) if sampling.top_logprobs else ())
 
 
 def fake_factory(

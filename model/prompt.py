@@ -134,6 +134,10 @@ class TemplateCodec:
         text = self._template(messages, tools, template_kwargs)
         return list(self._tokenizer.encode(text, add_special_tokens=False))
 
+    def encode(self, text: str) -> list[int]:
+        # The client writes the whole prompt, so its control-token text is no forgery.
+        return list(self._tokenizer.encode(text, add_special_tokens=False))
+
     def _template(
         self,
         messages: Sequence[ChatMessage],

@@ -18,7 +18,15 @@ from mlxcel.actors.messages import Table
 from mlxcel.actors.store import StoreHandle
 from mlxcel.errors import ContextLengthExceeded, InvalidRequest, ModelNotFound, UnsupportedFeature
 from mlxcel.generation import GenerationRequest, ModelInfo, PromptCodec, Sampling
-from mlxcel.items import Compaction, Item, JsonValue, RequestEcho, ResponseRecord, new_id
+from mlxcel.items import (
+    Compaction,
+    Item,
+    JsonValue,
+    Message,
+    RequestEcho,
+    ResponseRecord,
+    new_id,
+)
 from mlxcel.model.prompt import to_chat
 from mlxcel.prepare.echoing import echo_prefix, restore_reasoning
 from mlxcel.prepare.limits import check_input_size
@@ -258,6 +266,9 @@ def render(
             params.tools, params.tool_choice, codec, skip=params.ignored_tools
         )
     items = params.input if items is None else items
+    if params.raw:
+        text = "".join(item.text for item in items if isinstance(item, Message))
+        return items, codec.encode(text)
     prompt = codec.render(
         to_chat(params.instructions, history + items + tail),
         definitions or None,
@@ -313,13 +324,15 @@ def build_request(
         logprobs="message.output_text.logprobs" in (params.include or [])
         or bool(params.top_logprobs),
         top_logprobs=params.top_logprobs or 0,
+        seed=params.seed,
+        stop=params.stop,
     )
     return GenerationRequest(
         record=record,
         prompt=tuple(prompt),
         sampling=sampling,
         tools=tools,
-        reasoning_opened=codec.opens_reasoning(params.chat_template_kwargs),
+        reasoning_opened=not params.raw and codec.opens_reasoning(params.chat_template_kwargs),
         echo_prefix=echo_prefix(params, names.alias, items),
     )
 

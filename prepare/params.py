@@ -1,6 +1,6 @@
 """What a request asks, as plain values: the one shape preparation reads.
 
-Each wire format (the Responses API today) turns its validated body into these, so
+Each wire format (the Responses API, Chat Completions, legacy Completions) turns its validated body into these, so
 nothing under `prepare/` knows a schema library or an HTTP route.
 """
 
@@ -45,3 +45,9 @@ class ResponseParams:
     """Places in `tools` of hosted tools the model does not see (`--hosted-tools ignore`)."""
     references: tuple[ItemReference, ...] = ()
     """`item_reference` entries, each with its place in the input, not yet resolved."""
+    stop: tuple[str, ...] = ()
+    """The reply ends before the first of these strings."""
+    seed: int | None = None
+    raw: bool = False
+    """The input is one prompt text, tokenised as it stands: no chat template (legacy
+    completions)."""

@@ -128,13 +128,14 @@ async def count(server: FakeServer, body: dict[str, Any]) -> int:
 
 
 async def raw_request(
-    url: str, body: dict[str, Any], *, rcvbuf: int | None = None
+    url: str, body: dict[str, Any], *, rcvbuf: int | None = None, path: str = "/v1/responses"
 ) -> trio.SocketStream:
-    """A whole POST /v1/responses sent on a raw connection that is then left to the caller."""
+    """A whole POST (to /v1/responses unless `path` says) sent on a raw connection that is
+    then left to the caller."""
     host, port = url.removeprefix("http://").split(":")
     payload = json.dumps(body).encode()
     head = (
-        f"POST /v1/responses HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+        f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
         f"Content-Length: {len(payload)}\r\n\r\n"
     ).encode()
     sock = trio.socket.socket()

@@ -1,0 +1,94 @@
+"""`POST /v1/chat/completions` and `/v1/completions`: the Responses pipeline under
+OpenAI's older wire formats.
+
+A body becomes `ResponseParams` (no storage), is prepared exactly as a response is, and
+runs as one response on the scheduler; its record or its events are translated into
+chat completions, chunks or text completions at the edge.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from quart import Blueprint, Response
+
+from mlxcel.errors import InvalidRequest
+from mlxcel.generation import GenerationRequest
+from mlxcel.http.body import read_model
+from mlxcel.http.chat_objects import (
+    ChatChunks,
+    TextChunks,
+    chat_completion,
+    finished,
+    text_completion,
+)
+from mlxcel.http.chat_schemas import (
+    ChatCompletionBody,
+    CompletionBody,
+    chat_params,
+    completion_params,
+)
+from mlxcel.http.handles import Handles, handles, json_response
+from mlxcel.http.streaming import DataStreamBody, Translate, bind_to_exchange
+from mlxcel.prepare.intake import build_request, intake_items
+from mlxcel.prepare.limits import check_item_count
+from mlxcel.prepare.offload import off_loop
+from mlxcel.prepare.params import ResponseParams
+
+chat = Blueprint("chat", __name__)
+
+
+@chat.post("/chat/completions")
+async def create_chat_completion() -> Response:
+    body = await read_model(ChatCompletionBody)
+    h = handles()
+    check_item_count(body.messages, h.model.info.context_length)
+    generation = await _prepare(h, await off_loop(chat_params, body))
+    logprobs = bool(body.logprobs)
+    if not body.stream:
+        record = finished(await h.scheduler.generate(generation))
+        return json_response(chat_completion(record, logprobs=logprobs))
+    chunks = ChatChunks(generation.record, body.include_usage, logprobs)
+    return await _stream(h, generation, [chunks.first()], chunks.translate)
+
+
+@chat.post("/completions")
+async def create_completion() -> Response:
+    body = await read_model(CompletionBody)
+    h = handles()
+    generation = await _prepare(h, completion_params(body))
+    prefix = body.text if body.echo else ""
+    logprobs = body.logprobs is not None
+    if not body.stream:
+        record = finished(await h.scheduler.generate(generation))
+        return json_response(text_completion(record, prefix=prefix, logprobs=logprobs))
+    chunks = TextChunks(generation.record, body.include_usage, logprobs, prefix)
+    first = chunks.first()
+    return await _stream(h, generation, [first] if first else [], chunks.translate)
+
+
+async def _prepare(h: Handles, params: ResponseParams) -> GenerationRequest:
+    """What `/responses` does with a request that names no history."""
+    info, codec = h.model.info, h.model.codec
+    items = await intake_items(params, (), info.context_length, h.names.alias, h.echo)
+    build = functools.partial(build_request, params, h.names, info, codec, (), items)
+    try:
+        return await off_loop(build)
+    except InvalidRequest as exc:  # named as this wire format names the field
+        if exc.param is not None and exc.param.startswith("text.format"):
+            exc.param = "response_format" + exc.param.removeprefix("text.format")
+        raise
+
+
+async def _stream(
+    h: Handles, generation: GenerationRequest, first: list[dict[str, Any]], translate: Translate
+) -> Response:
+    stream = h.scheduler.stream(generation)
+    bind_to_exchange(stream)
+    await stream.submit()  # 503 when full
+    return Response(
+        DataStreamBody(first, stream, translate),
+        content_type="text/event-stream",
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+    )

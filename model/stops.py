@@ -1,0 +1,46 @@
+"""Stop strings found in a reply while it streams.
+
+Text that may still turn into a stop string is held back, so no byte of a stop string
+is ever released; once one is found, the text before it is the last the reply shows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+class StopScanner:
+    def __init__(self, stops: Sequence[str]) -> None:
+        self._stops = tuple(s for s in stops if s)
+        self._held = ""
+        self.found = False
+
+    def feed(self, text: str) -> str:
+        """The text that may be shown now (empty once a stop string was found)."""
+        if not self._stops:
+            return text
+        if self.found:
+            return ""
+        held = self._held + text
+        ends = [i for i in (held.find(s) for s in self._stops) if i >= 0]
+        if ends:
+            self.found, self._held = True, ""
+            return held[: min(ends)]
+        keep = self._partial(held)
+        self._held = held[len(held) - keep :] if keep else ""
+        return held[: len(held) - keep]
+
+    def finish(self) -> str:
+        """The held text, released when the reply ends without a stop string."""
+        held, self._held = self._held, ""
+        return held
+
+    def _partial(self, text: str) -> int:
+        """How many characters at the end of `text` begin some stop string."""
+        longest = 0
+        for stop in self._stops:
+            for size in range(min(len(stop) - 1, len(text)), longest, -1):
+                if text.endswith(stop[:size]):
+                    longest = size
+                    break
+        return longest
