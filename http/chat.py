@@ -88,7 +88,7 @@ async def _stream(
     bind_to_exchange(stream)
     await stream.submit()  # 503 when full
     return Response(
-        DataStreamBody(first, stream, translate),
+        DataStreamBody(first, stream, translate, keepalive_secs=h.keepalive_secs),
         content_type="text/event-stream",
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
     )

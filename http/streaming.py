@@ -79,15 +79,23 @@ DONE = b"data: [DONE]\n\n"
 
 class DataStreamBody:
     """`first` at once (even while queued), then each event as the chunks `translate`
-    makes of it, one `data:` frame each, and `data: [DONE]` at the end."""
+    makes of it, one `data:` frame each, and `data: [DONE]` at the end. Keep-alives are
+    SSE comments (Chat Completions clients know no progress event), also while the
+    response waits in the line."""
 
     def __init__(
-        self, first: list[dict[str, Any]], events: ResponseStream, translate: Translate
+        self,
+        first: list[dict[str, Any]],
+        events: ResponseStream,
+        translate: Translate,
+        *,
+        keepalive_secs: float,
     ) -> None:
         # Bounded by what one event makes (a chunk or two), taken before the next is read.
         self._frames = deque(_frame(chunk) for chunk in first)
         self._events = events
         self._translate = translate
+        self._keepalive = keepalive_secs
         self._done = False
 
     def __aiter__(self) -> DataStreamBody:
@@ -97,13 +105,14 @@ class DataStreamBody:
         while not self._frames:
             if self._done:
                 raise StopAsyncIteration
-            try:
-                event = await self._events.__anext__()
-            except StopAsyncIteration:
-                self._done = True
-                self._frames.append(DONE)
-                continue
-            if isinstance(event, KeepAlive):
+            with trio.move_on_after(self._keepalive) as quiet:
+                try:
+                    event = await self._events.__anext__()
+                except StopAsyncIteration:
+                    self._done = True
+                    self._frames.append(DONE)
+                    continue
+            if quiet.cancelled_caught or isinstance(event, KeepAlive):
                 return KEEP_ALIVE
             self._frames.extend(self._encode(event))
         return self._frames.popleft()
