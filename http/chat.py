@@ -35,6 +35,7 @@ from mlxcel.prepare.intake import build_request, intake_items
 from mlxcel.prepare.limits import check_item_count
 from mlxcel.prepare.offload import off_loop
 from mlxcel.prepare.params import ResponseParams
+from mlxcel.prepare.policy import screen
 
 chat = Blueprint("chat", __name__)
 
@@ -44,7 +45,8 @@ async def create_chat_completion() -> Response:
     body = await read_model(ChatCompletionBody)
     h = handles()
     check_item_count(body.messages, h.model.info.context_length)
-    generation = await _prepare(h, await off_loop(chat_params, body))
+    params = await off_loop(chat_params, body)
+    generation = await _prepare(h, await off_loop(screen, params, h.policy, h.model.info))
     logprobs = bool(body.logprobs)
     if not body.stream:
         record = finished(await h.scheduler.generate(generation))

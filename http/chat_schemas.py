@@ -18,6 +18,7 @@ from mlxcel.items import (
     ContentPart,
     FunctionCall,
     FunctionCallOutput,
+    InputImage,
     InputText,
     Item,
     Message,
@@ -46,6 +47,22 @@ class RefusalPart(_Model):
 Text = str | list[TextPart]
 
 
+class ImageUrl(_Model):
+    url: str = Field(min_length=1)
+    detail: Literal["low", "high", "auto"] | None = None
+
+
+class ImagePart(_Model):
+    """An image in a user message: a URL (a data URL too), kept as sent; a model without
+    vision reads a placeholder (or the request answers 400 under `--images reject`)."""
+
+    type: Literal["image_url"]
+    image_url: ImageUrl
+
+
+UserContent = str | list[Annotated[TextPart | ImagePart, Field(discriminator="type")]]
+
+
 class SystemMessage(_Model):
     role: Literal["system", "developer"]
     content: Text
@@ -54,7 +71,7 @@ class SystemMessage(_Model):
 
 class UserMessage(_Model):
     role: Literal["user"]
-    content: Text
+    content: UserContent
     name: str | None = None
 
 
@@ -283,8 +300,12 @@ def _items(
     message: SystemMessage | UserMessage | AssistantMessage | ToolMessage, index: int
 ) -> list[Item]:
     match message:
-        case SystemMessage(role=role, content=content) | UserMessage(role=role, content=content):
+        case SystemMessage(role=role, content=content):
             return [Message(role, (InputText(_joined(content)),), id=new_id("msg"))]
+        case UserMessage(content=str(text)):
+            return [Message("user", (InputText(text),), id=new_id("msg"))]
+        case UserMessage(content=list(parts)):
+            return [Message("user", tuple(_user_part(p) for p in parts), id=new_id("msg"))]
         case ToolMessage(tool_call_id=call_id, content=content):
             return [FunctionCallOutput(call_id, _joined(content), id=new_id("fco"))]
         case AssistantMessage():
@@ -315,6 +336,12 @@ def _assistant(message: AssistantMessage, index: int) -> list[Item]:
             code="missing_required_parameter",
         )
     return items
+
+
+def _user_part(part: TextPart | ImagePart) -> ContentPart:
+    if isinstance(part, TextPart):
+        return InputText(part.text)
+    return InputImage(part.image_url.url, detail=part.image_url.detail or "auto")
 
 
 def _joined(content: Text) -> str:

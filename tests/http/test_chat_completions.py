@@ -13,6 +13,7 @@ import pytest
 import trio
 from pydantic import BaseModel
 
+from mlxcel.items import IMAGE_PLACEHOLDER
 from mlxcel.model.fake import FakeEngine
 
 from support import (
@@ -383,3 +384,30 @@ async def test_a_queued_stream_is_kept_alive_with_comments(start_fake_server: St
     assert before_reply.count(": keep-alive\n\n") >= 8
     assert "mlx.progress" not in text
     assert text.endswith("data: [DONE]\n\n")
+
+
+PNG = "data:image/png;base64,iVBORw0KGgo="
+LOOK = [
+    {"type": "text", "text": "echo: seen"},
+    {"type": "image_url", "image_url": {"url": PNG, "detail": "low"}},
+]
+
+
+async def test_an_image_reads_as_a_placeholder(fake_server: FakeServer) -> None:
+    client = fake_server.client()
+    messages: Any = [{"role": "user", "content": LOOK}]
+    done = await in_thread(client.chat.completions.create, model="fake-model", messages=messages)
+    assert (done.choices[0].message.content or "").startswith("seen")
+    prompt = fake_server.engine.prompts[-1]
+    assert f"echo: seen\n{IMAGE_PLACEHOLDER}" in prompt
+    assert PNG not in prompt
+
+
+async def test_under_images_reject_an_image_is_a_400(start_fake_server: StartServer) -> None:
+    server = await start_fake_server(images="reject")
+    body = {"model": "fake-model", "messages": [{"role": "user", "content": LOOK}]}
+    async with httpx.AsyncClient(base_url=server.url, timeout=30) as http:
+        r = await http.post("/v1/chat/completions", json=body)
+    assert r.status_code == 400, r.text
+    assert "--images placeholder" in r.json()["error"]["message"]
+    assert not server.engine.prompts  # nothing reached the model
