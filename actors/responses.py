@@ -14,7 +14,7 @@ import time
 from collections.abc import Sequence
 from typing import Literal
 
-from mlxcel.actors.messages import (
+from mlxcel.actors.events import (
     CompactionCompleted,
     CompactionStarted,
     ContentPartAdded,

@@ -21,7 +21,7 @@ from builder_stream import (
     statuses,
 )
 
-from mlxcel.actors.messages import (
+from mlxcel.actors.events import (
     ContentPartDone,
     FunctionCallArgumentsDone,
     OutputItemDone,

@@ -41,7 +41,7 @@ from openai.types.responses import (
 )
 from pydantic import BaseModel, TypeAdapter
 
-from mlxcel.actors.messages import (
+from mlxcel.actors.events import (
     CompactionCompleted,
     CompactionStarted,
     ContentPartAdded,
