@@ -30,6 +30,7 @@ from mlxcel.actors.events import (
     ResponseInProgress,
     StreamError,
 )
+from mlxcel.actors.logprobs import TokenTrail
 from mlxcel.actors.tool_calls import ToolCalls
 from mlxcel.generation import CompactionReport, FinishReason, TokenStep, ToolUse
 from mlxcel.items import (
@@ -86,6 +87,7 @@ class ResponseBuilder:
         self._message: _OpenMessage | None = None
         self._calls = ToolCalls(record.id, tools, self._output) if tools else None
         self._held: list[str] = []  # text that may still turn out to be a call
+        self._held_logprobs: list[TokenLogprob] = []
         self._holding = tools is not None
         self._splitter = ReasoningSplitter(opened=reasoning_opened)
         self._reasoning: _OpenMessage | None = None
@@ -96,6 +98,7 @@ class ResponseBuilder:
         self._undecided_tokens = 0  # tokens before the reply shows whether it reasons
         # Log-probabilities of tokens whose text the detokenizer has not released yet.
         self._pending_logprobs: list[TokenLogprob] = []
+        self._trail = TokenTrail()  # with tools: the logprobs of the text fed to the parser
         self._stops = StopScanner(stop)
         self._compaction = compaction
         if compaction is not None:  # it leads the output, at index 0
@@ -134,17 +137,28 @@ class ResponseBuilder:
             self._cache_write_tokens = step.cache_write_tokens
         self._tokens += 1
         was_reasoning = self._splitter.reasoning
+        tracing = was_reasoning and not self._splitter.undecided
         pieces = self._splitter.feed(step.text) if step.text else []
+        answered = any(isinstance(p, AnswerPiece) for p in pieces)
         if self._splitter.undecided:
             self._undecided_tokens += 1  # reasoning only if the reply opens a trace
-        elif was_reasoning and not any(isinstance(p, AnswerPiece) for p in pieces):
+        elif was_reasoning and not answered:
             self._reasoning_tokens += 1 + self._undecided_tokens
             self._undecided_tokens = 0
         else:
             self._undecided_tokens = 0
-        if step.logprob is not None:
-            self._pending_logprobs.append(step.logprob)
+        closed = tracing and not self._splitter.reasoning  # this token closed the trace
+        self._keep_logprob(step.logprob, closed=closed, answered=answered)
         return self._pieces(pieces)
+
+    def _keep_logprob(self, logprob: TokenLogprob | None, *, closed: bool, answered: bool) -> None:
+        """Hold a token's log-probability until the answer text it made is released."""
+        if closed:
+            self._pending_logprobs.clear()  # tokens held as the start of `</think>`
+            if not answered:
+                return  # the tag's own token carries no output logprob
+        if logprob is not None:
+            self._pending_logprobs.append(logprob)
 
     def _pieces(self, pieces: list[Piece]) -> list[ResponseEvent]:
         events: list[ResponseEvent] = []
@@ -160,9 +174,10 @@ class ResponseBuilder:
     def _answer(self, text: str) -> list[ResponseEvent]:
         if not text:
             return []  # held back (a stop string may begin), or nothing at all
+        logprobs, self._pending_logprobs = tuple(self._pending_logprobs), []
         if self._parser is None:
-            logprobs, self._pending_logprobs = tuple(self._pending_logprobs), []
             return self._text(text, logprobs)
+        self._trail.add(text, logprobs)
         return self._parsed(self._parser.feed(text))
 
     def _reason(self, text: str) -> list[ResponseEvent]:
@@ -253,12 +268,14 @@ class ResponseBuilder:
     def _text(self, text: str, logprobs: tuple[TokenLogprob, ...] = ()) -> list[ResponseEvent]:
         if self._holding:
             self._held.append(text)
+            self._held_logprobs += logprobs
             lead = "".join(self._held).lstrip()
             required = self._tools is not None and self._tools.required
             if required or not lead or lead[0] in "{`":
                 return []  # may be a bare or fenced JSON call: decided at the end
             self._holding = False
             text, self._held = "".join(self._held), []
+            logprobs, self._held_logprobs = tuple(self._held_logprobs), []
         events: list[ResponseEvent] = []
         if self._message is None:
             events += self._open_message()
@@ -271,6 +288,7 @@ class ResponseBuilder:
 
     def _settle_held(self) -> list[ResponseEvent]:
         held, self._held = "".join(self._held), []
+        logprobs, self._held_logprobs = tuple(self._held_logprobs), []
         self._holding = False
         if not held:
             return []
@@ -278,7 +296,7 @@ class ResponseBuilder:
         assert self._calls is not None
         call = fallback_call(held, self._tools.names)
         if call is None:
-            return self._text(held)
+            return self._text(held, logprobs)
         index = self._calls.spare_index()
         events = self._parsed([CallOpened(index, call[0])])
         return events + self._parsed([CallClosed(index, *call)])
@@ -314,7 +332,7 @@ class ResponseBuilder:
         assert self._calls is not None
         for event in parsed:
             if isinstance(event, TextPiece):
-                events += self._text(event.text)
+                events += self._text(event.text, self._trail.take(event.text))
             elif isinstance(event, CallOpened):
                 if self._calls.accepts(event.index, event.name):
                     events += self._close_message("completed")
