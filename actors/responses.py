@@ -148,17 +148,12 @@ class ResponseBuilder:
         else:
             self._undecided_tokens = 0
         closed = tracing and not self._splitter.reasoning  # this token closed the trace
-        self._keep_logprob(step.logprob, closed=closed, answered=answered)
-        return self._pieces(pieces)
-
-    def _keep_logprob(self, logprob: TokenLogprob | None, *, closed: bool, answered: bool) -> None:
-        """Hold a token's log-probability until the answer text it made is released."""
         if closed:
             self._pending_logprobs.clear()  # tokens held as the start of `</think>`
-            if not answered:
-                return  # the tag's own token carries no output logprob
-        if logprob is not None:
-            self._pending_logprobs.append(logprob)
+        layout = not was_reasoning and bool(step.text) and not pieces  # newlines after </think>
+        if step.logprob is not None and not layout and (answered or not closed):
+            self._pending_logprobs.append(step.logprob)  # until the text it made is released
+        return self._pieces(pieces)
 
     def _pieces(self, pieces: list[Piece]) -> list[ResponseEvent]:
         events: list[ResponseEvent] = []

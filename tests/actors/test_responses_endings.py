@@ -295,9 +295,9 @@ def test_the_token_closing_the_trace_carries_no_output_logprob() -> None:
     assert "".join(x.token for x in items[1].logprobs) == record.output_text == "Yes"
 
 
-def test_a_closing_tag_split_over_tokens_carries_no_output_logprob() -> None:
+def test_a_closing_tag_split_over_tokens_and_its_layout_carry_no_output_logprob() -> None:
     b = plain(reasoning_opened=True)
-    texts = ["hmm", "</", "think>", "Yes"]
+    texts = ["hmm", "</", "think>", "\n\n", "Yes"]
     events = feed(b, scored(texts))
     closing, record = b.finish("stop")
     items = replay(events + closing)
