@@ -18,9 +18,9 @@ from typing import Any
 
 import tomlkit
 
-from mlxcel.cli import add_serve_flags, settings_from_args
 from mlxcel.config import Settings
 from mlxcel.errors import ConfigError, MlxcelError
+from mlxcel.flags import add_serve_flags, settings_from_args
 
 PROVIDER = "mlxcel"
 API_KEY_ENV = "MLXCEL_API_KEY"

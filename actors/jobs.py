@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 import trio
 
+from mlxcel.actors.events import ResponseFinished, ResponseInProgress
 from mlxcel.actors.messages import (
     CancelJob,
     EndJobs,
@@ -24,8 +25,6 @@ from mlxcel.actors.messages import (
     JobAdmitted,
     JobCommand,
     JobRefused,
-    ResponseFinished,
-    ResponseInProgress,
     SubmitJob,
     Table,
 )

@@ -18,14 +18,13 @@ from typing import TypeVar
 
 import trio
 
+from mlxcel.actors.events import ResponseEvent, ResponseFinished
 from mlxcel.actors.messages import (
     CancelResponse,
     EndAll,
     Generate,
     ReadQueuePosition,
     ReadSchedulerStatistics,
-    ResponseEvent,
-    ResponseFinished,
     SchedulerCommand,
     SchedulerStatistics,
     Submit,

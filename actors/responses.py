@@ -4,7 +4,8 @@ One builder per response. It owns the item ids, so the ids streamed in events ar
 ids of the final object, and it produces the final record (status, output, usage). With
 function tools, a tool-call parser splits the text into message text and calls; with a
 required call, or while a reply may still turn out to be a bare JSON call, text is held
-back until the end, whose parse is authoritative.
+back until the end, whose parse is authoritative. The calls themselves are
+`actors/tool_calls.py`'s.
 """
 
 from __future__ import annotations
@@ -14,15 +15,11 @@ import time
 from collections.abc import Sequence
 from typing import Literal
 
-from mlxcel.actors.messages import (
+from mlxcel.actors.events import (
     CompactionCompleted,
     CompactionStarted,
     ContentPartAdded,
     ContentPartDone,
-    CustomToolCallInputDelta,
-    CustomToolCallInputDone,
-    FunctionCallArgumentsDelta,
-    FunctionCallArgumentsDone,
     OutputItemAdded,
     OutputItemDone,
     OutputTextDelta,
@@ -33,6 +30,8 @@ from mlxcel.actors.messages import (
     ResponseInProgress,
     StreamError,
 )
+from mlxcel.actors.logprobs import TokenTrail
+from mlxcel.actors.tool_calls import ToolCalls
 from mlxcel.generation import CompactionReport, FinishReason, TokenStep, ToolUse
 from mlxcel.items import (
     FunctionCall,
@@ -44,16 +43,12 @@ from mlxcel.items import (
     ResponseRecord,
     TokenLogprob,
     Usage,
-    custom_input,
     new_id,
 )
-from mlxcel.model.custom_input import InputDecoder
 from mlxcel.model.reasoning import AnswerPiece, Piece, ReasoningPiece, ReasoningSplitter
 from mlxcel.model.stops import StopScanner
 from mlxcel.model.tool_parsers import (
-    CallArguments,
     CallClosed,
-    CallDropped,
     CallOpened,
     ParseEvent,
     TextPiece,
@@ -70,15 +65,6 @@ class _OpenMessage:
     index: int
     text: list[str] = dataclasses.field(default_factory=list)
     logprobs: list[TokenLogprob] = dataclasses.field(default_factory=list)
-
-
-@dataclasses.dataclass
-class _OpenCall:
-    item: FunctionCall
-    index: int
-    sent: str = ""
-    decoder: InputDecoder | None = None  # a custom tool's input, decoded as it streams
-    streamed: str = ""  # the input sent so far
 
 
 class ResponseBuilder:
@@ -99,10 +85,9 @@ class ResponseBuilder:
         self._parser = make_parser(tools.parser, tools.names, tools.parameters) if tools else None
         self._output: list[Item | None] = []  # None: a slot whose item is still open
         self._message: _OpenMessage | None = None
-        self._calls: dict[int, _OpenCall] = {}
-        self._opened: set[int] = set()  # every call index seen opening
-        self._ignored: set[int] = set()  # calls beyond the first when parallel_tool_calls is off
+        self._calls = ToolCalls(record.id, tools, self._output) if tools else None
         self._held: list[str] = []  # text that may still turn out to be a call
+        self._held_logprobs: list[TokenLogprob] = []
         self._holding = tools is not None
         self._splitter = ReasoningSplitter(opened=reasoning_opened)
         self._reasoning: _OpenMessage | None = None
@@ -113,6 +98,7 @@ class ResponseBuilder:
         self._undecided_tokens = 0  # tokens before the reply shows whether it reasons
         # Log-probabilities of tokens whose text the detokenizer has not released yet.
         self._pending_logprobs: list[TokenLogprob] = []
+        self._trail = TokenTrail()  # with tools: the logprobs of the text fed to the parser
         self._stops = StopScanner(stop)
         self._compaction = compaction
         if compaction is not None:  # it leads the output, at index 0
@@ -151,16 +137,22 @@ class ResponseBuilder:
             self._cache_write_tokens = step.cache_write_tokens
         self._tokens += 1
         was_reasoning = self._splitter.reasoning
+        tracing = was_reasoning and not self._splitter.undecided
         pieces = self._splitter.feed(step.text) if step.text else []
+        answered = any(isinstance(p, AnswerPiece) for p in pieces)
         if self._splitter.undecided:
             self._undecided_tokens += 1  # reasoning only if the reply opens a trace
-        elif was_reasoning and not any(isinstance(p, AnswerPiece) for p in pieces):
+        elif was_reasoning and not answered:
             self._reasoning_tokens += 1 + self._undecided_tokens
             self._undecided_tokens = 0
         else:
             self._undecided_tokens = 0
-        if step.logprob is not None:
-            self._pending_logprobs.append(step.logprob)
+        closed = tracing and not self._splitter.reasoning  # this token closed the trace
+        if closed:
+            self._pending_logprobs.clear()  # tokens held as the start of `</think>`
+        layout = not was_reasoning and bool(step.text) and not pieces  # newlines after </think>
+        if step.logprob is not None and not layout and (answered or not closed):
+            self._pending_logprobs.append(step.logprob)  # until the text it made is released
         return self._pieces(pieces)
 
     def _pieces(self, pieces: list[Piece]) -> list[ResponseEvent]:
@@ -177,9 +169,10 @@ class ResponseBuilder:
     def _answer(self, text: str) -> list[ResponseEvent]:
         if not text:
             return []  # held back (a stop string may begin), or nothing at all
+        logprobs, self._pending_logprobs = tuple(self._pending_logprobs), []
         if self._parser is None:
-            logprobs, self._pending_logprobs = tuple(self._pending_logprobs), []
             return self._text(text, logprobs)
+        self._trail.add(text, logprobs)
         return self._parsed(self._parser.feed(text))
 
     def _reason(self, text: str) -> list[ResponseEvent]:
@@ -219,8 +212,7 @@ class ResponseBuilder:
         if not answered and self._message is None:
             events += self._open_message()
         events += self._close_message(status)
-        for index in sorted(self._calls):
-            events += self._close_call(index, self._calls[index].sent, "incomplete")
+        events += self._calls.close_all() if self._calls else []
         self._record = dataclasses.replace(
             self._record,
             status=status,
@@ -256,8 +248,7 @@ class ResponseBuilder:
             return [], self._record
         events = self._close_reasoning()
         events += self._close_message("incomplete")
-        for index in sorted(self._calls):
-            events += self._close_call(index, self._calls[index].sent, "incomplete")
+        events += self._calls.close_all() if self._calls else []
         self._record = dataclasses.replace(
             self._record,
             status=status,
@@ -272,12 +263,14 @@ class ResponseBuilder:
     def _text(self, text: str, logprobs: tuple[TokenLogprob, ...] = ()) -> list[ResponseEvent]:
         if self._holding:
             self._held.append(text)
+            self._held_logprobs += logprobs
             lead = "".join(self._held).lstrip()
             required = self._tools is not None and self._tools.required
             if required or not lead or lead[0] in "{`":
                 return []  # may be a bare or fenced JSON call: decided at the end
             self._holding = False
             text, self._held = "".join(self._held), []
+            logprobs, self._held_logprobs = tuple(self._held_logprobs), []
         events: list[ResponseEvent] = []
         if self._message is None:
             events += self._open_message()
@@ -290,14 +283,16 @@ class ResponseBuilder:
 
     def _settle_held(self) -> list[ResponseEvent]:
         held, self._held = "".join(self._held), []
+        logprobs, self._held_logprobs = tuple(self._held_logprobs), []
         self._holding = False
         if not held:
             return []
         assert self._tools is not None
+        assert self._calls is not None
         call = fallback_call(held, self._tools.names)
         if call is None:
-            return self._text(held)
-        index = min(self._opened, default=0) - 1  # outside the parser's own numbering
+            return self._text(held, logprobs)
+        index = self._calls.spare_index()
         events = self._parsed([CallOpened(index, call[0])])
         return events + self._parsed([CallClosed(index, *call)])
 
@@ -329,88 +324,16 @@ class ResponseBuilder:
 
     def _parsed(self, parsed: list[ParseEvent]) -> list[ResponseEvent]:
         events: list[ResponseEvent] = []
+        assert self._calls is not None
         for event in parsed:
             if isinstance(event, TextPiece):
-                events += self._text(event.text)
+                events += self._text(event.text, self._trail.take(event.text))
             elif isinstance(event, CallOpened):
-                events += self._open_call(event.index, event.name)
-            elif event.index in self._ignored or event.index not in self._calls:
-                continue  # not a call this response shows (or one that already ended)
-            elif isinstance(event, CallArguments):
-                events += self._arguments(event.index, event.delta)
-            elif isinstance(event, CallClosed):
-                events += self._close_call(event.index, event.arguments, "completed")
-            elif isinstance(event, CallDropped):
-                events += self._close_call(event.index, self._calls[event.index].sent, "incomplete")
-        return events
-
-    def _open_call(self, index: int, name: str) -> list[ResponseEvent]:
-        if index in self._opened:
-            return []  # an index opens once; its later events belong to the first
-        self._opened.add(index)
-        assert self._tools is not None
-        if name not in self._tools.names or self._one_call_made():
-            self._ignored.add(index)  # not offered, or parallel_tool_calls is off
-            return []
-        events = self._close_message("completed")
-        custom = name in self._tools.custom
-        namespace, name = self._tools.namespaces.get(name, (None, name))
-        item_id = new_id("ctc" if custom else "fc")
-        item = FunctionCall(new_id("call"), name, "", item_id, "in_progress", namespace, custom)
-        self._calls[index] = _OpenCall(
-            item, len(self._output), decoder=InputDecoder() if custom else None
-        )
-        self._output.append(None)
-        events.append(OutputItemAdded(self._id, self._calls[index].index, item))
-        return events
-
-    def _one_call_made(self) -> bool:
-        """Another call would break `parallel_tool_calls: false`."""
-        if self._tools is None or self._tools.parallel:
-            return False
-        return bool(self._calls) or any(isinstance(i, FunctionCall) for i in self._output)
-
-    def _arguments(self, index: int, delta: str) -> list[ResponseEvent]:
-        call = self._calls[index]
-        call.sent += delta
-        assert call.item.id is not None
-        if call.decoder is None:
-            return [FunctionCallArgumentsDelta(self._id, call.item.id, call.index, delta)]
-        piece = call.decoder.feed(delta)
-        call.streamed += piece
-        return (
-            [CustomToolCallInputDelta(self._id, call.item.id, call.index, piece)] if piece else []
-        )
-
-    def _close_call(self, index: int, arguments: str, status: Status) -> list[ResponseEvent]:
-        call = self._calls.pop(index)
-        assert call.item.id is not None
-        if call.decoder is not None:
-            text = custom_input(arguments) if status == "completed" else call.streamed
-            return self._close_custom(call, text, status)
-        events: list[ResponseEvent] = []
-        if arguments.startswith(call.sent) and len(arguments) > len(call.sent):
-            rest = arguments[len(call.sent) :]
-            events.append(FunctionCallArgumentsDelta(self._id, call.item.id, call.index, rest))
-        item = dataclasses.replace(call.item, arguments=arguments, status=status)
-        if status == "completed":
-            self._output[call.index] = item
-        events.append(FunctionCallArgumentsDone(self._id, call.item.id, call.index, arguments))
-        events.append(OutputItemDone(self._id, call.index, item))
-        return events
-
-    def _close_custom(self, call: _OpenCall, text: str, status: Status) -> list[ResponseEvent]:
-        """A `custom_tool_call`: its input is the string the model wrote as `input`."""
-        assert call.item.id is not None
-        item = dataclasses.replace(call.item, arguments=text, status=status)
-        if status == "completed":
-            self._output[call.index] = item
-        events: list[ResponseEvent] = []
-        rest = text[len(call.streamed) :] if text.startswith(call.streamed) else ""
-        if rest:  # what the decoder could not stream (the end's parse is authoritative)
-            events.append(CustomToolCallInputDelta(self._id, call.item.id, call.index, rest))
-        events.append(CustomToolCallInputDone(self._id, call.item.id, call.index, text))
-        events.append(OutputItemDone(self._id, call.index, item))
+                if self._calls.accepts(event.index, event.name):
+                    events += self._close_message("completed")
+                    events += self._calls.open(event.index, event.name)
+            else:
+                events += self._calls.parsed(event)
         return events
 
     def _usage(self) -> Usage:

@@ -19,15 +19,15 @@ from typing import Literal
 import trio
 
 from mlxcel.actors.echo import EchoHandle, turn_key
-from mlxcel.actors.messages import (
+from mlxcel.actors.events import (
     CompactionStarted,
-    Generate,
     KeepAlive,
     ResponseEvent,
     ResponseFinished,
     ResponseInProgress,
     StreamError,
 )
+from mlxcel.actors.messages import Generate
 from mlxcel.actors.replies import answer
 from mlxcel.actors.responses import ResponseBuilder
 from mlxcel.actors.store import StoreHandle

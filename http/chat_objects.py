@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from mlxcel.actors.messages import (
+from mlxcel.actors.events import (
     FunctionCallArgumentsDelta,
     OutputItemAdded,
     OutputTextDelta,

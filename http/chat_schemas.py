@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, JsonValue, model_validator
 
 from mlxcel.errors import InvalidRequest, UnsupportedFeature
-from mlxcel.http.schemas import _Model, check_parts
+from mlxcel.http.item_schemas import _Model, check_parts
 from mlxcel.items import (
     ContentPart,
     FunctionCall,

@@ -10,8 +10,9 @@ from quart import Blueprint, Response
 from mlxcel.errors import ContextLengthExceeded, InvalidRequest, ModelNotFound
 from mlxcel.http.body import read_model
 from mlxcel.http.handles import handles, json_response
+from mlxcel.http.item_schemas import to_items
 from mlxcel.http.objects import item_json, usage_json
-from mlxcel.http.schemas import CompactBody, to_items
+from mlxcel.http.schemas import CompactBody
 from mlxcel.items import Item, new_id
 from mlxcel.prepare.compaction import Compactor, check_reduction, rendered_tokens
 from mlxcel.prepare.intake import input_items, read_history

@@ -9,8 +9,9 @@ from mlxcel.errors import NotFound
 from mlxcel.http.body import read_model
 from mlxcel.http.conversations import changed_conversation, existing_conversation
 from mlxcel.http.handles import json_response
+from mlxcel.http.item_schemas import to_items
 from mlxcel.http.objects import conversation_json, item_json
-from mlxcel.http.schemas import ConversationItemsBody, list_page, to_items
+from mlxcel.http.schemas import ConversationItemsBody, list_page
 
 conversation_items = Blueprint("conversation_items", __name__)
 

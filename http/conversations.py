@@ -15,12 +15,9 @@ from mlxcel.actors.store import StoreHandle, conversation_not_found
 from mlxcel.errors import InvalidRequest
 from mlxcel.http.body import read_model
 from mlxcel.http.handles import handles, json_response
+from mlxcel.http.item_schemas import to_items
 from mlxcel.http.objects import conversation_json
-from mlxcel.http.schemas import (
-    ConversationCreateBody,
-    ConversationUpdateBody,
-    to_items,
-)
+from mlxcel.http.schemas import ConversationCreateBody, ConversationUpdateBody
 from mlxcel.items import Conversation, new_conversation_id
 
 conversations = Blueprint("conversations", __name__)

@@ -27,7 +27,7 @@ from mlxcel.errors import (
     Unauthenticated,
     UnsupportedMediaType,
 )
-from mlxcel.http.schemas import ITEM_TAGS
+from mlxcel.http.item_schemas import ITEM_TAGS
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from mlxcel.http.schemas import CreateResponseBody, to_entries
+from mlxcel.http.item_schemas import to_entries
+from mlxcel.http.schemas import CreateResponseBody
 from mlxcel.prepare.params import ResponseParams
 
 

@@ -10,7 +10,7 @@ import functools
 
 from quart import Blueprint, Response
 
-from mlxcel.actors.messages import ResponseCreated
+from mlxcel.actors.events import ResponseCreated
 from mlxcel.errors import InvalidRequest, ModelNotFound
 from mlxcel.http.body import read_model
 from mlxcel.http.handles import Handles, handles, json_response

@@ -12,7 +12,7 @@ import dataclasses
 import json
 from typing import Any
 
-from mlxcel.actors.messages import (
+from mlxcel.actors.events import (
     CompactionCompleted,
     CompactionStarted,
     ContentPartAdded,

@@ -19,7 +19,7 @@ from typing import Any
 
 import trio
 
-from mlxcel.actors.messages import KeepAlive, ResponseCreated, ResponseEvent
+from mlxcel.actors.events import KeepAlive, ResponseCreated, ResponseEvent
 from mlxcel.actors.response_stream import ResponseStream
 from mlxcel.http.sse import SseEncoder
 

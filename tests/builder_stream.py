@@ -7,7 +7,7 @@ import dataclasses
 import re
 from collections.abc import Sequence
 
-from mlxcel.actors.messages import (
+from mlxcel.actors.events import (
     ContentPartAdded,
     ContentPartDone,
     FunctionCallArgumentsDelta,

@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from mlxcel.cli import FLAGS, build_parser, main, server_main, settings_from_args
+from mlxcel.cli import main, server_main
 from mlxcel.config import Settings
 from mlxcel.errors import ConfigError
+from mlxcel.flags import FLAGS, build_parser, settings_from_args
 
 
 def settings(argv: list[str], env: dict[str, str] | None = None) -> Settings:

@@ -83,7 +83,9 @@ def test_http_talks_to_the_model_only_through_the_actors(module: str) -> None:
     assert not direct, f"{module} imports {direct}"
 
 
-@pytest.mark.parametrize("module", [*under("mlxcel.model"), "mlxcel.actors.messages"])
+@pytest.mark.parametrize(
+    "module", [*under("mlxcel.model"), "mlxcel.actors.messages", "mlxcel.actors.events"]
+)
 def test_the_model_and_the_catalogue_never_reach_http(module: str) -> None:
     found = {t: p for t, p in reachable(GRAPH, module).items() if t.startswith("mlxcel.http")}
     assert not found, " -> ".join(next(iter(found.values())))

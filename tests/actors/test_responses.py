@@ -29,7 +29,7 @@ from builder_stream import (
     replay,
 )
 
-from mlxcel.actors.messages import (
+from mlxcel.actors.events import (
     CompactionCompleted,
     CompactionStarted,
     ContentPartAdded,

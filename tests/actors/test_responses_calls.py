@@ -19,10 +19,7 @@ from builder_stream import (
     statuses,
 )
 
-from mlxcel.actors.messages import (
-    OutputItemAdded,
-    OutputItemDone,
-)
+from mlxcel.actors.events import OutputItemAdded, OutputItemDone
 from mlxcel.generation import ToolUse
 from mlxcel.items import (
     FunctionCall,

@@ -21,7 +21,7 @@ from builder_stream import (
     statuses,
 )
 
-from mlxcel.actors.messages import (
+from mlxcel.actors.events import (
     ContentPartDone,
     FunctionCallArgumentsDone,
     OutputItemDone,
@@ -270,11 +270,6 @@ def test_reasoning_tokens_carry_no_output_logprobs() -> None:
     assert record.output_text == "Yes"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known gap: with function tools offered, message text goes through the tool "
-    "parser, which drops the tokens' log-probabilities",
-)
 def test_logprobs_are_kept_when_tools_are_offered() -> None:
     b = plain(tools=hermes())
     steps = [
@@ -287,11 +282,6 @@ def test_logprobs_are_kept_when_tools_are_offered() -> None:
     assert [x.token for x in item.logprobs] == ["Hel", "lo"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known gap: the log-probability of a token that only closes the trace "
-    "(`</think>`) is attached to the answer's first delta",
-)
 def test_the_token_closing_the_trace_carries_no_output_logprob() -> None:
     b = plain(reasoning_opened=True)
     steps = [
@@ -303,3 +293,39 @@ def test_the_token_closing_the_trace_carries_no_output_logprob() -> None:
     closing, record = b.finish("stop")
     items = replay(events + closing)
     assert "".join(x.token for x in items[1].logprobs) == record.output_text == "Yes"
+
+
+def test_a_closing_tag_split_over_tokens_and_its_layout_carry_no_output_logprob() -> None:
+    b = plain(reasoning_opened=True)
+    texts = ["hmm", "</", "think>", "\n\n", "Yes"]
+    events = feed(b, scored(texts))
+    closing, record = b.finish("stop")
+    items = replay(events + closing)
+    assert [x.token for x in items[1].logprobs] == ["Yes"]
+    assert record.output_text == "Yes"
+
+
+def test_tokens_swallowed_into_a_call_carry_no_message_logprob() -> None:
+    b = plain(tools=hermes())
+    texts = ["Sure", ", ", *F_CALL, " done"]
+    events = feed(b, scored(texts))
+    closing, record = b.finish("stop")
+    items = replay(events + closing)
+    messages = [i for i in items if isinstance(i.done, Message)]
+    assert [i.done.status for i in items if isinstance(i.done, FunctionCall)] == ["completed"]
+    assert [x.token for m in messages for x in m.logprobs] == ["Sure", ", ", " done"]
+    assert record.output_text == "Sure,  done"
+
+
+def test_text_held_as_a_possible_call_keeps_its_logprobs() -> None:
+    b = plain(tools=hermes())
+    texts = ["{not", " a call"]
+    events = feed(b, scored(texts))
+    closing, record = b.finish("stop")
+    [item] = replay(events + closing)
+    assert [x.token for x in item.logprobs] == texts
+    assert record.output_text == "{not a call"
+
+
+def scored(texts: list[str]) -> list[TokenStep]:
+    return [TokenStep(1, i, t, logprob=lp(t, -1.0)) for i, t in enumerate(texts)]

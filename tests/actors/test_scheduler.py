@@ -9,7 +9,7 @@ import trio
 import trio.testing
 
 from mlxcel.actors.echo import EchoActor
-from mlxcel.actors.messages import (
+from mlxcel.actors.events import (
     KeepAlive,
     OutputTextDelta,
     OutputTextDone,

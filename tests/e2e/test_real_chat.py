@@ -81,6 +81,23 @@ class Capital(BaseModel):
     capital: str
 
 
+def test_logprobs_come_with_tools_offered(real_server: RealServer) -> None:
+    client = real_server.client()
+    completion = client.chat.completions.create(
+        model=real_server.alias,
+        messages=[{"role": "user", "content": "Count: one, two,"}],
+        tools=[WEATHER],  # type: ignore[list-item]
+        temperature=0,
+        max_tokens=6,
+        logprobs=True,
+    )
+    [choice] = completion.choices
+    assert choice.message.content
+    assert choice.logprobs is not None
+    tokens = [entry.token for entry in choice.logprobs.content or []]
+    assert "".join(tokens) == choice.message.content
+
+
 def test_structured_output_through_parse(real_server: RealServer) -> None:
     client = real_server.client()
     completion = client.chat.completions.parse(

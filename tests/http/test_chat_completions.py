@@ -222,6 +222,25 @@ async def test_logprobs_come_with_their_alternatives(fake_server: FakeServer) ->
     assert [t.token for t in content[1].top_logprobs] == [" b", "alt1"]
 
 
+async def test_logprobs_are_kept_when_tools_are_offered(fake_server: FakeServer) -> None:
+    """The text before a call keeps its tokens' logprobs; the call's own tokens have none
+    (a token that begins the markup after some text counts as that text's)."""
+    client = fake_server.client()
+    completion = await in_thread(
+        client.chat.completions.create,
+        model="fake-model",
+        messages=user(f"echo: a b <tool_call>{CALL}</tool_call>"),
+        tools=[WEATHER],
+        logprobs=True,
+    )
+    [choice] = completion.choices
+    assert choice.finish_reason == "tool_calls"
+    assert choice.logprobs is not None
+    tokens = [e.token for e in choice.logprobs.content or []]
+    assert tokens[:2] == ["a", " b"]
+    assert "Paris" not in "".join(tokens)  # tokens wholly inside the call are dropped
+
+
 async def test_a_stop_string_ends_the_reply_before_it(fake_server: FakeServer) -> None:
     client = fake_server.client()
     completion = await in_thread(

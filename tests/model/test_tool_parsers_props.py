@@ -16,7 +16,7 @@ from unittest import mock
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from mlxcel.actors.messages import (
+from mlxcel.actors.events import (
     FunctionCallArgumentsDelta,
     FunctionCallArgumentsDone,
     OutputItemAdded,

@@ -1,0 +1,374 @@
+"""The serve flag set, named as llama-server names them, shared by `mlxcel serve`,
+`mlxcel-server` and `mlxcel codex-config`.
+
+Each flag may also come from an environment variable; a flag given on the command line
+wins over its variable. Each flag's default is its setting's (`config.py`).
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from mlxcel import __version__
+from mlxcel.config import Settings, StoreLimits
+from mlxcel.errors import ConfigError
+
+
+@dataclass(frozen=True, slots=True)
+class Flag:
+    names: tuple[str, ...]
+    dest: str
+    kind: Callable[[str], Any]
+    default: Any
+    env: str | None
+    help: str
+
+
+def switch(raw: str) -> bool:
+    """An on/off flag's environment value. A flag of this kind takes no value on the
+    command line (on when given)."""
+    value = raw.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("", "0", "false", "no", "off"):
+        return False
+    raise ValueError(raw)
+
+
+_DEFAULTS = Settings()
+"""Each flag's default is its setting's, so defaults are written once, in config.py."""
+
+FLAGS: tuple[Flag, ...] = (
+    Flag(
+        ("-m", "--model"),
+        "model",
+        Path,
+        _DEFAULTS.model,
+        "LLAMA_ARG_MODEL",
+        "local MLX model folder to serve (default: the embedded default model, "
+        "Qwen2.5-Coder-0.5B-Instruct, obtained by `mlxcel fetch-model`)",
+    ),
+    Flag(
+        ("-a", "--alias"),
+        "alias",
+        str,
+        _DEFAULTS.alias,
+        "LLAMA_ARG_ALIAS",
+        "name clients use in `model` (default: the model folder's name)",
+    ),
+    Flag(("--host",), "host", str, _DEFAULTS.host, "LLAMA_ARG_HOST", "address to listen on"),
+    Flag(("--port",), "port", int, _DEFAULTS.port, "LLAMA_ARG_PORT", "port to listen on"),
+    Flag(
+        ("-c", "--ctx-size"),
+        "ctx_size",
+        int,
+        _DEFAULTS.ctx_size,
+        "LLAMA_ARG_CTX_SIZE",
+        "context window in tokens (default: the model's maximum)",
+    ),
+    Flag(
+        ("-np", "--parallel"),
+        "parallel",
+        int,
+        _DEFAULTS.parallel,
+        "LLAMA_ARG_N_PARALLEL",
+        "generation slots: sequences decoded together in one batch",
+    ),
+    Flag(
+        ("--max-queue-depth",),
+        "max_queue_depth",
+        int,
+        _DEFAULTS.max_queue_depth,
+        "MLXCEL_MAX_QUEUE_DEPTH",
+        "requests that may wait for a free slot; more get 503",
+    ),
+    Flag(
+        ("--prefill-step-size",),
+        "prefill_step_size",
+        int,
+        _DEFAULTS.prefill_step_size,
+        "MLXCEL_PREFILL_STEP_SIZE",
+        "prompt tokens prefilled per engine step between decode steps",
+    ),
+    Flag(
+        ("--prompt-cache-bytes",),
+        "prompt_cache_bytes",
+        int,
+        _DEFAULTS.prompt_cache_bytes,
+        "MLXCEL_PROMPT_CACHE_BYTES",
+        "bytes of KV state kept so later prompts that start alike (follow-up turns, shared "
+        "instructions) skip prefilling that part; counts the live sequences too; 0 disables",
+    ),
+    Flag(
+        ("--tool-call-parser",),
+        "tool_call_parser",
+        str,
+        _DEFAULTS.tool_call_parser,
+        "MLXCEL_TOOL_CALL_PARSER",
+        "tool-call format the model writes: hermes, mistral, llama3_json, qwen3_coder, "
+        "functionary or pythonic (default: picked from the model's chat template)",
+    ),
+    Flag(
+        ("--sse-keepalive-secs",),
+        "sse_keepalive_secs",
+        float,
+        _DEFAULTS.sse_keepalive_secs,
+        "MLXCEL_SSE_KEEPALIVE_SECS",
+        "idle seconds before a stream sends a keep-alive (an `mlx.progress` event)",
+    ),
+    Flag(
+        ("--no-progress-events",),
+        "no_progress_events",
+        switch,
+        not _DEFAULTS.progress_events,
+        "MLXCEL_NO_PROGRESS_EVENTS",
+        "send keep-alives as SSE comments, not as `mlx.progress` events (queue place and "
+        "prompt tokens read, which clients that give up on a silent stream count)",
+    ),
+    Flag(
+        ("--send-timeout-secs",),
+        "send_timeout_secs",
+        float,
+        _DEFAULTS.send_timeout_secs,
+        "MLXCEL_SEND_TIMEOUT_SECS",
+        "seconds a stream waits for a client that stops reading before treating it as gone "
+        "(its slot is freed)",
+    ),
+    Flag(
+        ("--shutdown-timeout-secs",),
+        "shutdown_timeout_secs",
+        float,
+        _DEFAULTS.shutdown_timeout_secs,
+        "MLXCEL_SHUTDOWN_TIMEOUT_SECS",
+        "on SIGTERM/SIGINT, seconds in-flight responses get to finish before they are ended "
+        "(a second signal exits at once)",
+    ),
+    Flag(
+        ("--body-timeout-secs",),
+        "body_timeout_secs",
+        float,
+        _DEFAULTS.body_timeout_secs,
+        "MLXCEL_BODY_TIMEOUT_SECS",
+        "seconds a request body may take to arrive whole",
+    ),
+    Flag(
+        ("--read-timeout-secs",),
+        "read_timeout_secs",
+        float,
+        _DEFAULTS.read_timeout_secs,
+        "MLXCEL_READ_TIMEOUT_SECS",
+        "seconds a connection may take to send a request's headers",
+    ),
+    Flag(
+        ("--max-connections",),
+        "max_connections",
+        int,
+        _DEFAULTS.max_connections,
+        "MLXCEL_MAX_CONNECTIONS",
+        "open HTTP connections served at once; more wait in the listen backlog",
+    ),
+    Flag(
+        ("--api-key",),
+        "api_key",
+        str,
+        None,
+        "LLAMA_API_KEY",
+        "require `Authorization: Bearer KEY` (comma-separate several keys)",
+    ),
+    Flag(
+        ("--metrics-public",),
+        "metrics_public",
+        switch,
+        _DEFAULTS.metrics_public,
+        "MLXCEL_METRICS_PUBLIC",
+        "serve /metrics without the API key (for a Prometheus scraper)",
+    ),
+    Flag(
+        ("--responses-store-max-entries",),
+        "responses_store_max_entries",
+        int,
+        _DEFAULTS.responses.max_entries,
+        "LLAMA_ARG_RESPONSES_STORE_MAX_ENTRIES",
+        "stored responses kept; 0 disables storage",
+    ),
+    Flag(
+        ("--responses-store-max-bytes",),
+        "responses_store_max_bytes",
+        int,
+        _DEFAULTS.responses.max_bytes,
+        "MLXCEL_RESPONSES_STORE_MAX_BYTES",
+        "rough budget of retained response JSON bytes; 0 evicts at once",
+    ),
+    Flag(
+        ("--responses-store-ttl-secs",),
+        "responses_store_ttl_secs",
+        float,
+        _DEFAULTS.responses.ttl_secs,
+        "LLAMA_ARG_RESPONSES_STORE_TTL_SECS",
+        "seconds a stored response lives; 0 = no expiry",
+    ),
+    Flag(
+        ("--responses-background-max-jobs", "--max-jobs"),
+        "background_max_jobs",
+        int,
+        _DEFAULTS.background_max_jobs,
+        "MLXCEL_RESPONSES_BACKGROUND_MAX_JOBS",
+        "concurrently active background responses; 0 disables background mode",
+    ),
+    Flag(
+        ("--responses-background-ephemeral-ttl-secs",),
+        "background_ephemeral_ttl_secs",
+        float,
+        _DEFAULTS.background_ephemeral_ttl_secs,
+        "MLXCEL_RESPONSES_BACKGROUND_EPHEMERAL_TTL_SECS",
+        "seconds the result of a `background, store: false` request stays pollable (>= 1)",
+    ),
+    Flag(
+        ("--conversation-store-max-entries",),
+        "conversation_store_max_entries",
+        int,
+        _DEFAULTS.conversations.max_entries,
+        "LLAMA_ARG_CONVERSATION_STORE_MAX_ENTRIES",
+        "conversation transcripts kept; 0 disables",
+    ),
+    Flag(
+        ("--conversation-store-max-bytes",),
+        "conversation_store_max_bytes",
+        int,
+        _DEFAULTS.conversations.max_bytes,
+        "MLXCEL_CONVERSATION_STORE_MAX_BYTES",
+        "rough budget of retained transcript JSON bytes; 0 evicts at once",
+    ),
+    Flag(
+        ("--conversation-store-ttl-secs",),
+        "conversation_store_ttl_secs",
+        float,
+        _DEFAULTS.conversations.ttl_secs,
+        "LLAMA_ARG_CONVERSATION_STORE_TTL_SECS",
+        "seconds a transcript lives; 0 = no expiry",
+    ),
+    Flag(
+        ("--reasoning-echo-max-bytes",),
+        "reasoning_echo_max_bytes",
+        int,
+        _DEFAULTS.reasoning_echo_max_bytes,
+        "MLXCEL_REASONING_ECHO_MAX_BYTES",
+        "bytes of returned reasoning remembered to put back into turns a client resends "
+        "without it (LRU); 0 disables",
+    ),
+    Flag(
+        ("--hosted-tools",),
+        "hosted_tools",
+        str,
+        _DEFAULTS.hosted_tools,
+        "MLXCEL_HOSTED_TOOLS",
+        "hosted tool types in a request (web_search, file_search, mcp, ...), which this "
+        "server cannot run: reject answers 400, ignore drops them from what the model sees",
+    ),
+    Flag(
+        ("--images",),
+        "images",
+        str,
+        _DEFAULTS.images,
+        "MLXCEL_IMAGES",
+        "input images for a model without vision: placeholder has the model read a short "
+        "note for each image, reject answers 400",
+    ),
+    Flag(
+        ("--log-level",),
+        "log_level",
+        str,
+        "info",
+        "MLXCEL_LOG_LEVEL",
+        "debug, info, warning or error",
+    ),
+)
+
+
+def _env_default(flag: Flag, environ: dict[str, str]) -> Any:
+    if flag.env is None or flag.env not in environ:
+        return flag.default
+    raw = environ[flag.env]
+    try:
+        return flag.kind(raw)
+    except ValueError as exc:
+        raise ConfigError(f"{flag.env}={raw!r} is not valid for {flag.names[-1]}") from exc
+
+
+def build_parser(prog: str, environ: dict[str, str]) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description="Serve a local MLX language model behind the OpenAI Responses API.",
+        epilog="Every flag can also be set by the environment variable named in its help; "
+        "a flag on the command line wins.",
+    )
+    add_serve_flags(parser, environ)
+    return parser
+
+
+def add_serve_flags(parser: argparse.ArgumentParser, environ: dict[str, str]) -> None:
+    for flag in FLAGS:
+        env_note = f" [env {flag.env}]" if flag.env else ""
+        default_note = "" if flag.default is None else f" (default: {flag.default})"
+        if flag.kind is switch:
+            default = _env_default(flag, environ)
+            parser.add_argument(
+                *flag.names,
+                dest=flag.dest,
+                action="store_true",
+                default=default,
+                help=f"{flag.help}{env_note}",
+            )
+            continue
+        parser.add_argument(
+            *flag.names,
+            dest=flag.dest,
+            type=flag.kind,
+            default=_env_default(flag, environ),
+            help=f"{flag.help}{default_note}{env_note}",
+        )
+    parser.add_argument("--version", action="version", version=f"mlxcel {__version__}")
+
+
+def settings_from_args(args: argparse.Namespace) -> Settings:
+    keys = tuple(k.strip() for k in (args.api_key or "").split(",") if k.strip())
+    return Settings(
+        model=args.model,
+        alias=args.alias,
+        host=args.host,
+        port=args.port,
+        ctx_size=args.ctx_size,
+        parallel=args.parallel,
+        max_queue_depth=args.max_queue_depth,
+        prefill_step_size=args.prefill_step_size,
+        prompt_cache_bytes=args.prompt_cache_bytes,
+        tool_call_parser=args.tool_call_parser,
+        sse_keepalive_secs=args.sse_keepalive_secs,
+        progress_events=not args.no_progress_events,
+        api_keys=keys,
+        responses=StoreLimits(
+            args.responses_store_max_entries,
+            args.responses_store_max_bytes,
+            args.responses_store_ttl_secs,
+        ),
+        conversations=StoreLimits(
+            args.conversation_store_max_entries,
+            args.conversation_store_max_bytes,
+            args.conversation_store_ttl_secs,
+        ),
+        background_max_jobs=args.background_max_jobs,
+        background_ephemeral_ttl_secs=args.background_ephemeral_ttl_secs,
+        reasoning_echo_max_bytes=args.reasoning_echo_max_bytes,
+        send_timeout_secs=args.send_timeout_secs,
+        shutdown_timeout_secs=args.shutdown_timeout_secs,
+        body_timeout_secs=args.body_timeout_secs,
+        read_timeout_secs=args.read_timeout_secs,
+        max_connections=args.max_connections,
+        hosted_tools=args.hosted_tools,
+        images=args.images,
+        metrics_public=args.metrics_public,
+    )
