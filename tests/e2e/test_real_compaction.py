@@ -65,7 +65,8 @@ def test_context_management_streams_compaction_then_chains_without_it(
         temperature=0,
         extra_body={"context_management": managed},
     ) as stream:
-        events = list(stream)
+        # Progress events come whenever the stream is quiet (the summary takes a while).
+        events = [e for e in stream if e.type != "mlx.progress"]
     final = events[-1].response  # completed, or incomplete at 8 tokens
     assert final.status in ("completed", "incomplete")
     types = [e.type for e in events]

@@ -60,7 +60,8 @@ def test_raw_sse_order_and_numbering(real_server: RealServer) -> None:
                 data = json.loads(line.removeprefix("data: "))
                 assert data["type"] == name
                 events.append(data)
-    types = [e["type"] for e in events]
+    # A quiet stream (a slow prefill on a busy machine) may carry progress events.
+    types = [e["type"] for e in events if e["type"] != "mlx.progress"]
     assert types[:4] == [
         "response.created",
         "response.in_progress",
