@@ -10,12 +10,12 @@ from quart import Blueprint, Response
 from mlxcel.errors import ContextLengthExceeded, InvalidRequest, ModelNotFound
 from mlxcel.http.body import read_model
 from mlxcel.http.handles import handles, json_response
-from mlxcel.http.item_schemas import to_items
+from mlxcel.http.item_schemas import to_entries
 from mlxcel.http.objects import item_json, usage_json
 from mlxcel.http.schemas import CompactBody
 from mlxcel.items import Item, new_id
 from mlxcel.prepare.compaction import Compactor, check_reduction, rendered_tokens
-from mlxcel.prepare.intake import input_items, read_history
+from mlxcel.prepare.intake import input_items, read_history, resolve_items
 from mlxcel.prepare.limits import check_item_count
 from mlxcel.prepare.offload import off_loop
 
@@ -31,7 +31,8 @@ async def compact_history() -> Response:
     info, codec = h.model.info, h.model.codec
     _check(body, info.context_length)
     history = await read_history(body, h.store)
-    raw = await off_loop(to_items, body.input)
+    sent, references = await off_loop(to_entries, body.input)
+    raw = await resolve_items(sent, references, h.store)
     items = history + await off_loop(
         input_items, raw, body.instructions, None, history, info.context_length
     )

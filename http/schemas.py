@@ -78,7 +78,7 @@ class CompactBody(_BoundedInput):
     """`POST /v1/responses/compact`."""
 
     model: str
-    input: str | list[InputItemIn] = Field(default_factory=list)
+    input: str | list[ResponseInputItemIn] = Field(default_factory=list)
     instructions: str | None = None
     """What the summary must keep, besides the default goals, decisions and next steps."""
     previous_response_id: str | None = None

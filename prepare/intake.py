@@ -21,6 +21,7 @@ from mlxcel.generation import GenerationRequest, ModelInfo, PromptCodec, Samplin
 from mlxcel.items import (
     Compaction,
     Item,
+    ItemReference,
     JsonValue,
     Message,
     RequestEcho,
@@ -191,8 +192,19 @@ async def resolve_references(params: ResponseParams, store: StoreHandle) -> Resp
     output item it names; an id no stored response holds is a 400."""
     if not params.references:
         return params
-    found = await store.find_items(frozenset(r.id for r in params.references))
-    for reference in params.references:
+    items = await resolve_items(params.input, params.references, store)
+    return dataclasses.replace(params, input=items, references=())
+
+
+async def resolve_items(
+    items: tuple[Item, ...], references: tuple[ItemReference, ...], store: StoreHandle
+) -> tuple[Item, ...]:
+    """`items` with the stored items `references` name put back in their places; an id no
+    stored response holds is a 400 naming that place."""
+    if not references:
+        return items
+    found = await store.find_items(frozenset(r.id for r in references))
+    for reference in references:
         if reference.id not in found:
             disabled = "" if store.responses_limits.enabled else " (response storage is off)"
             raise InvalidRequest(
@@ -200,12 +212,9 @@ async def resolve_references(params: ResponseParams, store: StoreHandle) -> Resp
                 param=f"input[{reference.index}].id",
                 code="item_not_found",
             )
-    named = {r.index: found[r.id] for r in params.references}
-    rest = iter(params.input)
-    merged = tuple(
-        named[i] if i in named else next(rest) for i in range(len(params.input) + len(named))
-    )
-    return dataclasses.replace(params, input=merged, references=())
+    named = {r.index: found[r.id] for r in references}
+    rest = iter(items)
+    return tuple(named[i] if i in named else next(rest) for i in range(len(items) + len(named)))
 
 
 async def chain_items(store: StoreHandle, response_id: str) -> tuple[Item, ...]:

@@ -98,6 +98,39 @@ async def test_compact_a_stored_chain(fake_server: FakeServer) -> None:
     assert content["preserved"][-1]["content"][0]["text"] == "echo: next"
 
 
+async def test_compact_resolves_item_references(fake_server: FakeServer) -> None:
+    """A history sent as references to stored items compacts like the items themselves."""
+    client = fake_server.client()
+    first = await in_thread(client.responses.create, model="fake-model", input=history(3))
+    listed = await in_thread(client.responses.input_items.list, first.id, order="asc", limit=100)
+    references = [{"type": "item_reference", "id": item.id} for item in listed.data]
+    references.append({"type": "item_reference", "id": first.output[0].id})
+    sent = [*references, {"role": "user", "content": "echo: next"}]
+    by_reference = await in_thread(client.responses.compact, model="fake-model", input=sent)
+    items = [i.model_dump(exclude_none=True, warnings=False) for i in listed.data]
+    items.append(first.output[0].model_dump(exclude_none=True, warnings=False))
+    by_value = await in_thread(
+        client.responses.compact,
+        model="fake-model",
+        input=[*items, {"role": "user", "content": "echo: next"}],
+    )
+    assert by_reference.usage.input_tokens == by_value.usage.input_tokens
+    [reference] = [decode(i.encrypted_content) for i in by_reference.output[-1:]]  # type: ignore[union-attr]
+    [value] = [decode(i.encrypted_content) for i in by_value.output[-1:]]  # type: ignore[union-attr]
+    texts = [[p["content"][0]["text"] for p in c["preserved"]] for c in (reference, value)]
+    assert texts[0] == texts[1]  # ids aside: each request's new message gets its own
+    assert texts[0][-1] == "echo: next"
+    assert reference["summary"] == value["summary"]
+
+    unknown = [{"type": "item_reference", "id": "msg_gone"}, *sent]
+    r = await post(fake_server, "/v1/responses/compact", {"model": "fake-model", "input": unknown})
+    assert r.status_code == 400, r.text
+    assert (r.json()["error"]["param"], r.json()["error"]["code"]) == (
+        "input[0].id",
+        "item_not_found",
+    )
+
+
 @pytest.mark.parametrize(
     ("extra", "param", "code"),
     [

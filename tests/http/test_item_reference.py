@@ -257,3 +257,22 @@ async def test_a_background_request_resolves_references_before_it_is_queued(
             background=True,
             input=[{"type": "item_reference", "id": "msg_unknown"}],
         )
+
+
+async def test_input_tokens_counts_what_references_stand_for(fake_server: FakeServer) -> None:
+    client = fake_server.client()
+    first = await in_thread(client.responses.create, model="fake-model", input="echo: blue sky")
+    answer = first.output[0]
+    sent = [{"type": "item_reference", "id": answer.id}, {"role": "user", "content": "more"}]
+    by_value = [answer.model_dump(exclude_none=True, warnings=False), sent[1]]
+    counts = []
+    async with httpx.AsyncClient(base_url=fake_server.url, timeout=60) as http:
+        for body in (sent, by_value, [{"type": "item_reference", "id": "msg_gone"}]):
+            r = await http.post(
+                "/v1/responses/input_tokens", json={"model": "fake-model", "input": body}
+            )
+            counts.append(r)
+    assert counts[0].status_code == counts[1].status_code == 200, counts[0].text
+    assert counts[0].json()["input_tokens"] == counts[1].json()["input_tokens"]
+    assert counts[2].status_code == 400
+    assert counts[2].json()["error"]["param"] == "input[0].id"
