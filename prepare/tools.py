@@ -121,6 +121,18 @@ def chosen_tool(choice: str | dict[str, JsonValue] | None) -> tuple[str, str | N
     )
 
 
+def _check_kind(choice: object, name: str, custom: frozenset[str]) -> None:
+    """A named `tool_choice` names the tool as the kind it is (`custom` or `function`)."""
+    kind = choice.get("type") if isinstance(choice, dict) else None
+    actual = "custom" if name in custom else "function"
+    if kind != actual:
+        raise InvalidRequest(
+            f"'tool_choice' names {name[:64]!r} as a {kind} tool, but it is a {actual} tool.",
+            param="tool_choice.type",
+            code="invalid_value",
+        )
+
+
 def tool_use(
     tools: Sequence[dict[str, JsonValue]] | None,
     choice: str | dict[str, JsonValue] | None,
@@ -153,6 +165,9 @@ def tool_use(
             param="tool_choice",
             code="invalid_value",
         )
+    custom = custom_names(tools)
+    if name is not None:
+        _check_kind(choice, name, custom)
     use = ToolUse(
         frozenset([name] if name is not None else parameters),
         required=mode == "required",
@@ -160,7 +175,7 @@ def tool_use(
         parallel=parallel is not False,
         parameters=parameters,
         namespaces=namespaces,
-        custom=custom_names(tools),
+        custom=custom,
     )
     if not use.required:
         return definitions, use, None

@@ -263,6 +263,17 @@ async def test_custom_and_function_tools_side_by_side(fake_server: FakeServer) -
         ),
         ({"tools": [APPLY_PATCH], "tool_choice": {"type": "custom"}}, "tool_choice"),
         (
+            {"tools": [APPLY_PATCH], "tool_choice": {"type": "function", "name": "apply_patch"}},
+            "tool_choice.type",
+        ),
+        (
+            {
+                "tools": [APPLY_PATCH, {"type": "function", "name": "run"}],
+                "tool_choice": {"type": "custom", "name": "run"},
+            },
+            "tool_choice.type",
+        ),
+        (
             {"tools": [{**APPLY_PATCH, "description": "x" * 300_000}]},
             "input",  # more than the context window could hold
         ),
