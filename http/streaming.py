@@ -21,7 +21,7 @@ import trio
 
 from mlxcel.actors.events import KeepAlive, ResponseCreated, ResponseEvent
 from mlxcel.actors.response_stream import ResponseStream
-from mlxcel.http.sse import SseEncoder
+from mlxcel.http.sse import KEEPALIVE_FRAME, SseEncoder
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +73,6 @@ class EventStreamBody:
 
 Translate = Callable[[ResponseEvent], list[dict[str, Any]]]
 
-KEEP_ALIVE = b": keep-alive\n\n"
 DONE = b"data: [DONE]\n\n"
 
 
@@ -113,7 +112,7 @@ class DataStreamBody:
                     self._frames.append(DONE)
                     continue
             if quiet.cancelled_caught or isinstance(event, KeepAlive):
-                return KEEP_ALIVE
+                return KEEPALIVE_FRAME
             self._frames.extend(self._encode(event))
         return self._frames.popleft()
 
