@@ -3,7 +3,6 @@ the replies: `echo: TEXT` answers TEXT, one word per token)."""
 
 from __future__ import annotations
 
-import functools
 import json
 from typing import Any
 
@@ -13,7 +12,6 @@ import pytest
 import trio
 from pydantic import BaseModel
 
-from mlxcel.items import IMAGE_PLACEHOLDER
 from mlxcel.model.fake import FakeEngine
 
 from support import (
@@ -23,7 +21,6 @@ from support import (
     in_thread,
     raw_request,
     read_until,
-    wait_until,
 )
 
 WEATHER = {
@@ -383,50 +380,3 @@ async def test_a_reasoning_trace_is_reasoning_content(start_fake_server: StartSe
     traced = "".join((d.model_extra or {}).get("reasoning_content") or "" for d in deltas)
     assert traced == "plan it"
     assert "".join(d.content or "" for d in deltas).strip() == "the answer"
-
-
-async def test_a_queued_stream_is_kept_alive_with_comments(start_fake_server: StartServer) -> None:
-    """Chat clients know no progress event: a stream waiting for the one slot gets SSE
-    comments, then its chunks."""
-    engine = FakeEngine(step_delay=0.05)
-    server = await start_fake_server(engine, parallel=1, sse_keepalive_secs=0.05)
-    busy = {"model": "fake-model", "input": "echo: " + " ".join(f"w{i}" for i in range(20))}
-    body = {"model": "fake-model", "messages": user("echo: next"), "stream": True}
-    async with httpx.AsyncClient(base_url=server.url, timeout=30) as http, trio.open_nursery() as n:
-        n.start_soon(functools.partial(http.post, "/v1/responses", json=busy))
-        with trio.fail_after(10):
-            await wait_until(lambda: engine.active == 1)
-        text = (await http.post("/v1/chat/completions", json=body)).text
-    before_reply = text.split('"content": "next"')[0]
-    # About one a quiet interval over the second the slot stays busy, not just the one
-    # or two a running response sends while it reads its prompt.
-    assert before_reply.count(": keep-alive\n\n") >= 8
-    assert "mlx.progress" not in text
-    assert text.endswith("data: [DONE]\n\n")
-
-
-PNG = "data:image/png;base64,iVBORw0KGgo="
-LOOK = [
-    {"type": "text", "text": "echo: seen"},
-    {"type": "image_url", "image_url": {"url": PNG, "detail": "low"}},
-]
-
-
-async def test_an_image_reads_as_a_placeholder(fake_server: FakeServer) -> None:
-    client = fake_server.client()
-    messages: Any = [{"role": "user", "content": LOOK}]
-    done = await in_thread(client.chat.completions.create, model="fake-model", messages=messages)
-    assert (done.choices[0].message.content or "").startswith("seen")
-    prompt = fake_server.engine.prompts[-1]
-    assert f"echo: seen\n{IMAGE_PLACEHOLDER}" in prompt
-    assert PNG not in prompt
-
-
-async def test_under_images_reject_an_image_is_a_400(start_fake_server: StartServer) -> None:
-    server = await start_fake_server(images="reject")
-    body = {"model": "fake-model", "messages": [{"role": "user", "content": LOOK}]}
-    async with httpx.AsyncClient(base_url=server.url, timeout=30) as http:
-        r = await http.post("/v1/chat/completions", json=body)
-    assert r.status_code == 400, r.text
-    assert "--images placeholder" in r.json()["error"]["message"]
-    assert not server.engine.prompts  # nothing reached the model
