@@ -1,23 +1,26 @@
 """Structured output: JSON-schema grammars enforced on the logits with llguidance.
 
 llguidance compiles a JSON schema into a grammar and, step by step, tells which tokens
-may come next; `GrammarProcessor` turns that bitmask into an MLX mask over the logits.
-The mask is applied with plain MLX array operations, so it runs on MLX's CPU backend
-here and on Apple GPUs alike (llguidance's own MLX helper needs Metal). Grammars are
-compiled and validated when the request arrives, so a bad schema is a 400, never a
+may come next. `GrammarMasks` turns the bitmasks of a whole batch into one MLX mask per
+decode step (`GrammarProcessor` does the same for one sequence, as an mlx-lm logits
+processor). Masks are applied with plain MLX array operations, so they run on MLX's CPU
+backend here and on Apple GPUs alike (llguidance's own MLX helper needs Metal). Grammars
+are compiled and validated when the request arrives, so a bad schema is a 400, never a
 failed generation.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import llguidance
+import llguidance.numpy
 import numpy as np
 
 if TYPE_CHECKING:
+    import mlx.core as mx
     from llguidance._lib import JsonCompileOptions
 
 from mlxcel.errors import InvalidRequest
@@ -99,8 +102,73 @@ class GrammarCompiler:
             raise InvalidRequest(f"Invalid JSON schema: {error}", code="invalid_json_schema")
         return grammar
 
+    def matcher(self, grammar: str) -> llguidance.LLMatcher:
+        """A fresh matcher for one sequence constrained by `grammar` (a compiled grammar)."""
+        return llguidance.LLMatcher(self._tokenizer, grammar)
+
+    def masks(self, vocab_size: int) -> GrammarMasks:
+        """Batch masks over logits `vocab_size` wide, for matchers made by `matcher`."""
+        return GrammarMasks(vocab_size, self._tokenizer)
+
     def processor(self, grammar: str) -> GrammarProcessor:
-        return GrammarProcessor(llguidance.LLMatcher(self._tokenizer, grammar))
+        return GrammarProcessor(self.matcher(grammar))
+
+
+class GrammarMasks:
+    """The tokens each row of a batch may sample next, for one decode step at a time.
+
+    One llguidance call fills the bitmasks of every constrained row in parallel (it
+    drops the GIL and spreads the rows over its threads); a few MLX operations over the
+    whole batch then unpack the 32-bit words into a `[B, V]` bool mask. Rows without a
+    matcher, and rows whose matcher is in an error state, allow every token: a grammar
+    must never stop a generation, which ends by its own limits instead.
+
+    `vocab_size` is the logits' width, which may exceed the tokenizer's vocabulary
+    (embedding tables are padded); tokens past the tokenizer's are never allowed in a
+    constrained row, since no grammar can account for them.
+
+    Masking never advances a matcher: after sampling, the caller feeds each constrained
+    row's token to its matcher with `matcher.consume_token(token)` before the next call.
+    """
+
+    def __init__(self, vocab_size: int, tokenizer: llguidance.LLTokenizer) -> None:
+        import mlx.core as mx
+
+        self.vocab_size = vocab_size
+        self._words = (tokenizer.vocab_size + 31) // 32
+        """llguidance writes exactly this many words per row."""
+        self._padded = max(self._words, (vocab_size + 31) // 32)
+        """Words once widened to cover the logits."""
+        self._executor = llguidance.LLExecutor()
+        self._bits = mx.left_shift(mx.array(1, mx.uint32), mx.arange(32, dtype=mx.uint32))
+
+    def allowed(self, matchers: Sequence[llguidance.LLMatcher | None]) -> mx.array:
+        """`[B, V]` bool, True where row b may sample token v next (one row per matcher)."""
+        import mlx.core as mx
+
+        rows = len(matchers)
+        live = [(m, b) for b, m in enumerate(matchers) if m is not None and not m.is_error()]
+        words = np.zeros((rows, self._padded), dtype=np.uint32)  # zero past the tokenizer
+        if live:
+            filled = np.zeros((rows, self._words), dtype=np.int32)
+            llguidance.numpy.fill_next_token_bitmask_par(self._executor, live, filled)
+            words[:, : self._words] = filled.view(np.uint32)  # its last word: tail bits 0
+        free = np.ones(rows, dtype=np.bool_)
+        free[[b for _, b in live]] = False
+        bits = (mx.array(words)[:, :, None] & self._bits) != 0
+        bits = bits.reshape(rows, 32 * self._padded)[:, : self.vocab_size]
+        return mx.logical_or(bits, mx.array(free)[:, None])
+
+    def apply(self, logits: mx.array, matchers: Sequence[llguidance.LLMatcher | None]) -> mx.array:
+        """`logits` `[B, V]` with the tokens each row's grammar forbids set to -inf.
+
+        Logits come back untouched when no row is constrained."""
+        import mlx.core as mx
+
+        if all(m is None or m.is_error() for m in matchers):
+            return logits
+        neg_inf = mx.array(-float("inf"), dtype=logits.dtype)
+        return mx.where(self.allowed(matchers), logits, neg_inf)
 
 
 class GrammarProcessor:

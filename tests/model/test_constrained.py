@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import jsonschema
+import llguidance
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -18,7 +19,7 @@ from hypothesis import strategies as st
 from mlxcel.config import Settings
 from mlxcel.errors import InvalidRequest
 from mlxcel.generation import Sampling, SequenceSpec
-from mlxcel.model.constrained import compile_schema
+from mlxcel.model.constrained import GrammarCompiler, GrammarProcessor, compile_schema
 from mlxcel.model.engine import LoadedModel
 from mlxcel.model.provision.blas import load_fast_blas
 from mlxcel.model.tool_parsers import CallClosed, HermesToolParser
@@ -179,3 +180,128 @@ def test_a_forced_call_is_written_in_the_models_own_tags(tiny: LoadedModel, seq_
 
 def test_formats_without_call_tokens_get_a_bare_json_call(tiny: LoadedModel) -> None:
     assert tiny.codec.compile_call(FORCED_CALL, "mistral") == tiny.codec.compile_schema(FORCED_CALL)
+
+
+# Batch masks: one llguidance call per step for the whole batch, checked against the
+# per-sequence processor on the real tokenizer.
+
+MASK_SCHEMAS: list[dict[str, Any] | None] = [
+    {
+        "type": "object",
+        "properties": {"k": {"type": "boolean"}, "n": {"type": "integer"}},
+        "required": ["k", "n"],
+        "additionalProperties": False,
+    },
+    None,
+    {"type": "array", "items": {"type": "string", "maxLength": 5}, "maxItems": 3},
+    {"enum": ["red", "green", "blue"]},
+    None,
+]
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> llguidance.LLTokenizer:
+    import llguidance.hf
+    from transformers import AutoTokenizer
+
+    return llguidance.hf.from_tokenizer(AutoTokenizer.from_pretrained(ensure_tiny_model()))
+
+
+@pytest.fixture(scope="module")
+def compiler(tokenizer: llguidance.LLTokenizer) -> GrammarCompiler:
+    return GrammarCompiler(tokenizer)
+
+
+@pytest.fixture(scope="module")
+def model_vocab() -> int:
+    """The tiny model's logits width: its embedding table is wider than the tokenizer."""
+    config = json.loads((ensure_tiny_model() / "config.json").read_text())
+    return int(config["vocab_size"])
+
+
+def per_row(
+    processors: list[GrammarProcessor | None], history: list[list[int]], logits: Any
+) -> Any:
+    import mlx.core as mx
+
+    rows = []
+    for b, processor in enumerate(processors):
+        row = logits[b : b + 1]
+        rows.append(row if processor is None else processor(mx.array(history[b]), row))
+    return mx.concatenate(rows, axis=0)
+
+
+def test_batch_masks_match_the_per_row_processor_along_a_generation(
+    compiler: GrammarCompiler, model_vocab: int
+) -> None:
+    load_fast_blas()
+    import mlx.core as mx
+
+    grammars = [None if s is None else compiler.compile_schema(s) for s in MASK_SCHEMAS]
+    matchers = [None if g is None else compiler.matcher(g) for g in grammars]
+    processors = [None if g is None else compiler.processor(g) for g in grammars]
+    history: list[list[int]] = [[0] for _ in grammars]  # the processor skips its first token
+    masks = compiler.masks(model_vocab)
+    mx.random.seed(7)
+    for _ in range(8):
+        logits = mx.random.normal((len(grammars), model_vocab))
+        masked = masks.apply(logits, matchers)
+        assert mx.array_equal(masked, per_row(processors, history, logits)).item()
+        allowed = masks.allowed(matchers)
+        assert allowed.shape == (len(grammars), model_vocab)
+        assert mx.array_equal(allowed, mx.isfinite(masked)).item()
+        counts = allowed.sum(axis=1).tolist()
+        for b, matcher in enumerate(matchers):
+            if matcher is None:
+                assert counts[b] == model_vocab
+                continue
+            assert 0 < counts[b] < model_vocab // 2  # a real constraint, never a dead end
+            token = int(mx.argmax(masked[b]).item())
+            assert matcher.consume_token(token)
+            history[b].append(token)
+    assert not any(m is not None and m.is_error() for m in matchers)
+
+
+def test_tokens_past_the_tokenizer_are_allowed_only_in_free_rows(
+    compiler: GrammarCompiler, tokenizer: llguidance.LLTokenizer
+) -> None:
+    load_fast_blas()
+
+    wide = tokenizer.vocab_size + 77  # not on a 32-token boundary
+    grammar = compiler.compile_schema({"type": "string"})
+    allowed = compiler.masks(wide).allowed([compiler.matcher(grammar), None])
+    assert allowed.shape == (2, wide)
+    assert not allowed[0, tokenizer.vocab_size :].any().item()
+    assert allowed[0, : tokenizer.vocab_size].any().item()
+    assert allowed[1].all().item()
+
+
+def test_a_matcher_in_error_blocks_nothing(
+    compiler: GrammarCompiler, tokenizer: llguidance.LLTokenizer, model_vocab: int
+) -> None:
+    load_fast_blas()
+    import mlx.core as mx
+
+    grammar = compiler.compile_schema({"enum": ["red"]})
+    broken, healthy = compiler.matcher(grammar), compiler.matcher(grammar)
+    (bad,) = tokenizer.tokenize_str("z")
+    assert not broken.consume_token(bad)
+    assert broken.is_error()
+    masks = compiler.masks(model_vocab)
+    allowed = masks.allowed([broken, healthy])
+    assert allowed[0].all().item()
+    assert not allowed[1].all().item()
+    logits = mx.zeros((1, model_vocab))
+    assert masks.apply(logits, [broken]) is logits
+
+
+def test_logits_without_a_constrained_row_come_back_untouched(
+    compiler: GrammarCompiler, model_vocab: int
+) -> None:
+    load_fast_blas()
+    import mlx.core as mx
+
+    logits = mx.zeros((3, model_vocab))
+    masks = compiler.masks(model_vocab)
+    assert masks.apply(logits, [None, None, None]) is logits
+    assert masks.allowed([None, None, None]).all().item()
