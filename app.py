@@ -204,6 +204,7 @@ def load_model(path: Path, names: ModelNames, settings: Settings) -> LoadedModel
         name=names.alias,
         max_batch=settings.parallel,
         prefill_step_size=settings.prefill_step_size,
+        max_step_ms=settings.max_step_ms,
         blas=blas,
         ctx_size=settings.ctx_size,
         prompt_cache_bytes=settings.prompt_cache_bytes,

@@ -24,8 +24,11 @@ class Settings:
     """Generation slots: sequences decoded together in one batch."""
     max_queue_depth: int = 32
     """Requests allowed to wait for a slot; beyond it, 503."""
-    prefill_step_size: int = 256
-    """Prompt tokens prefilled per engine step, so a long prompt cannot stall decoding."""
+    prefill_step_size: int = 512
+    """Prompt tokens one engine step reads at most, all prompts together."""
+    max_step_ms: float = 0.0
+    """How long a step that reads prompts may last while streams decode, so a burst of
+    prompts cannot stall them; 0 derives it: 1.5 times a full batch's decode step."""
     prompt_cache_bytes: int = 2 * 1024**3
     """KV states kept for reuse by later prompts that start alike, plus the live
     sequences' own, in bytes; 0 disables the prompt cache."""
@@ -67,6 +70,7 @@ class Settings:
             (self.parallel >= 1, "--parallel must be at least 1"),
             (self.max_queue_depth >= 0, "--max-queue-depth must be 0 or more"),
             (self.prefill_step_size >= 16, "--prefill-step-size must be at least 16"),
+            (self.max_step_ms >= 0, "--max-step-ms must be 0 (derived) or more"),
             (self.prompt_cache_bytes >= 0, "--prompt-cache-bytes must be 0 or more"),
             (self.ctx_size is None or self.ctx_size >= 16, "--ctx-size must be at least 16"),
             (self.sse_keepalive_secs > 0, "--sse-keepalive-secs must be positive"),

@@ -92,7 +92,16 @@ FLAGS: tuple[Flag, ...] = (
         int,
         _DEFAULTS.prefill_step_size,
         "MLXCEL_PREFILL_STEP_SIZE",
-        "prompt tokens prefilled per engine step between decode steps",
+        "prompt tokens one engine step reads at most, all prompts together",
+    ),
+    Flag(
+        ("--max-step-ms",),
+        "max_step_ms",
+        float,
+        _DEFAULTS.max_step_ms,
+        "MLXCEL_MAX_STEP_MS",
+        "milliseconds a step that reads prompts may last while streams decode (bounds their "
+        "inter-token gap); 0 derives it as 1.5 times a full batch's decode step",
     ),
     Flag(
         ("--prompt-cache-bytes",),
@@ -345,6 +354,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         parallel=args.parallel,
         max_queue_depth=args.max_queue_depth,
         prefill_step_size=args.prefill_step_size,
+        max_step_ms=args.max_step_ms,
         prompt_cache_bytes=args.prompt_cache_bytes,
         tool_call_parser=args.tool_call_parser,
         sse_keepalive_secs=args.sse_keepalive_secs,

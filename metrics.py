@@ -118,7 +118,7 @@ class Metrics:
         )
         self.step_seconds = Histogram(
             "mlxcel_engine_step_seconds",
-            "One engine step on the model thread (a batched decode step and a prefill chunk).",
+            "One engine step on the model thread (a batched decode phase and a prefill phase).",
             buckets=_STEP_BUCKETS,
             registry=r,
         )

@@ -2,8 +2,9 @@
 
 Every MLX call happens on this one thread, so prefill and decode are serialised and
 MLX is never touched from two threads. The thread talks to Trio only through
-`trio.from_thread`: once per engine step it hands over the step's events and takes the
-new sequences and the aborted ones in the same round trip.
+`trio.from_thread`: after each phase of an engine step (decode, then prefill) it hands
+over that phase's events and takes the new sequences and the aborted ones in the same
+round trip, so a step's decoded tokens reach their clients before its prefill runs.
 """
 
 from __future__ import annotations
@@ -200,17 +201,26 @@ class ModelActor:
                     engine.idle()
                     first = trio.from_thread.run(self._wait_for_work)
                     failed += self._insert(engine, first, active)
-                exchange = trio.from_thread.run_sync(self._exchange, events)
-                for seq_id in exchange.aborted:
-                    if seq_id in active:
-                        active.discard(seq_id)
-                        self._remove(engine, seq_id)
-                for spec in exchange.new:
-                    failed += self._insert(engine, spec, active)
-                events = self._timed_step(engine, active) if engine.has_work() else []
-                events = failed + events
+                events = failed + self._trade(engine, active, events)
+                if engine.has_work():
+                    events += self._timed_step(engine, active)
         finally:
             engine.close()
+
+    def _trade(
+        self, engine: Engine, active: set[int], events: list[ModelEvent]
+    ) -> list[ModelEvent]:
+        """Deliver `events`; drop the aborted sequences and admit the new ones (the
+        failures of those the engine refuses come back)."""
+        exchange = trio.from_thread.run_sync(self._exchange, events)
+        for seq_id in exchange.aborted:
+            if seq_id in active:
+                active.discard(seq_id)
+                self._remove(engine, seq_id)
+        failed: list[ModelEvent] = []
+        for spec in exchange.new:
+            failed += self._insert(engine, spec, active)
+        return failed
 
     @staticmethod
     def _insert(engine: Engine, spec: SequenceSpec, active: set[int]) -> list[ModelEvent]:
@@ -232,15 +242,23 @@ class ModelActor:
             log.exception("engine could not drop sequence %d", seq_id)
 
     def _timed_step(self, engine: Engine, active: set[int]) -> list[ModelEvent]:
+        """Decode, deliver those tokens, then prefill; the whole goes to the step histogram."""
         started = time.perf_counter()
-        events = self._step(engine, active)
+        events = self._phase(engine, active, decoding=True)
+        if events:
+            events = self._trade(engine, active, events)
+        if engine.has_work():
+            events += self._phase(engine, active, decoding=False)
         self._metrics.step_seconds.observe(time.perf_counter() - started)
         return events
 
     @staticmethod
-    def _step(engine: Engine, active: set[int]) -> list[ModelEvent]:
+    def _phase(engine: Engine, active: set[int], decoding: bool) -> list[ModelEvent]:
         try:
-            steps: list[ModelEvent] = [*engine.step(), *engine.prefilling()]
+            if decoding:
+                steps: list[ModelEvent] = list(engine.decode())
+            else:
+                steps = [*engine.prefill(), *engine.prefilling()]
         except Exception as exc:
             log.exception("engine step failed; failing %d sequence(s)", len(active))
             failed: list[ModelEvent] = []

@@ -1,10 +1,12 @@
 """The engine protocol: what the model actor drives, one call at a time, on its thread.
 
-An engine holds sequences. `insert` queues one (its prompt is prefilled in chunks by
-later steps), `step` advances every sequence by at most one token (plus one prefill
-chunk) and reports what happened, `prefilling` says how far
-the prompts still being read got, `remove` drops one at any stage, `close` frees all.
-The MLX engine and the deterministic fake both implement it.
+An engine holds sequences. `insert` queues one (its prompt is read in chunks by later
+steps). A step has two phases, and the model actor delivers each one's tokens before
+running the next: `decode` advances every sequence past its prompt by one token,
+`prefill` reads prompts within the step's budget and reports the first token of each
+prompt it finishes. `prefilling` says how far the prompts still being read got,
+`remove` drops a sequence at any stage, `close` frees all. The MLX engine and the
+deterministic fake both implement it.
 """
 
 from __future__ import annotations
@@ -18,10 +20,16 @@ from mlxcel.generation import ModelInfo, PrefillProgress, PromptCodec, SequenceS
 class Engine(Protocol):
     def insert(self, spec: SequenceSpec) -> None: ...
 
-    def step(self) -> list[TokenStep]: ...
+    def decode(self) -> list[TokenStep]:
+        """One token for every sequence past its prompt."""
+        ...
+
+    def prefill(self) -> list[TokenStep]:
+        """Read prompts within the step's budget; the first token of each one finished."""
+        ...
 
     def prefilling(self) -> list[PrefillProgress]:
-        """How far each sequence still reading its prompt got, as of the last step."""
+        """How far each sequence still reading its prompt got, as of the last phase."""
         ...
 
     def remove(self, seq_id: int) -> None: ...

@@ -4,10 +4,12 @@ Prompts are rendered to one token per character (the tools, when there are any, 
 them as JSON); the reply to a prompt is scripted by the last user message: `echo: TEXT`
 answers TEXT, anything else answers a fixed pangram. The engine keeps the last prompts it
 was given (`prompts`), so tests can check what the model saw.
-Each step yields one word; asked for log-probabilities, each word has -0.5 and its
-alternatives `alt1`, `alt2`, … one less each. `step_delay` (seconds of real time per step) lets tests hold
-sequences in flight; `prefill_chunk` makes prefill take several steps, as the MLX engine's
-chunked prefill does.
+Each step yields one word per sequence: the first from the prefill phase that reads
+the prompt's end, the others from decode phases. Asked for log-probabilities, each word
+has -0.5 and its alternatives `alt1`, `alt2`, … one less each. `step_delay` (seconds of
+real time per step) lets tests hold sequences in flight; `prefill_chunk` makes prefill
+take several steps, as the MLX engine's chunked prefill does. `phases` records what each
+phase reported, in order, for tests of the model actor's delivery.
 """
 
 from __future__ import annotations
@@ -103,6 +105,8 @@ class FakeEngine:
     idled: int = 0
     prompts: deque[str] = field(default_factory=lambda: deque(maxlen=16))
     """The last prompts inserted, as text."""
+    phases: deque[tuple[str, tuple[int, ...]]] = field(default_factory=lambda: deque(maxlen=64))
+    """The last phases run: ("decode" or "prefill", the sequences that got a token)."""
 
     @property
     def last_prompt(self) -> str:
@@ -141,29 +145,46 @@ class FakeEngine:
     def active(self) -> int:
         return len(self._seqs)
 
-    def step(self) -> list[TokenStep]:
+    def decode(self) -> list[TokenStep]:
         self.steps += 1
         if self.step_delay:
             time.sleep(self.step_delay)
+        out = [
+            self._next_word(seq)
+            for seq in list(self._seqs.values())
+            if seq.prefill_left <= 0 and seq.emitted > 0
+        ]
+        self.phases.append(("decode", tuple(s.seq_id for s in out)))
+        return out
+
+    def prefill(self) -> list[TokenStep]:
         out: list[TokenStep] = []
         for seq in list(self._seqs.values()):
-            if seq.prefill_left > 0:
+            if seq.emitted == 0:
                 seq.prefill_left -= self.prefill_chunk
-                continue
-            word = seq.words[seq.emitted]
-            if self.fail_on is not None and self.fail_on in word:
-                raise RuntimeError(f"scripted engine failure on {word!r}")
-            seq.emitted += 1
-            finish: FinishReason | None = None
-            if seq.emitted >= seq.spec.sampling.max_tokens:
-                finish = "length"
-            elif seq.emitted >= len(seq.words):
-                finish = "stop"
-            logprob = _logprob(word, seq.spec.sampling) if seq.spec.sampling.logprobs else None
-            out.append(TokenStep(seq.spec.seq_id, seq.emitted, word, finish, logprob))
-            if finish is not None:
-                del self._seqs[seq.spec.seq_id]
+                if seq.prefill_left <= 0:
+                    out.append(self._next_word(seq))
+        self.phases.append(("prefill", tuple(s.seq_id for s in out)))
         return out
+
+    def step(self) -> list[TokenStep]:
+        """Both phases at once."""
+        return [*self.decode(), *self.prefill()]
+
+    def _next_word(self, seq: _Seq) -> TokenStep:
+        word = seq.words[seq.emitted]
+        if self.fail_on is not None and self.fail_on in word:
+            raise RuntimeError(f"scripted engine failure on {word!r}")
+        seq.emitted += 1
+        finish: FinishReason | None = None
+        if seq.emitted >= seq.spec.sampling.max_tokens:
+            finish = "length"
+        elif seq.emitted >= len(seq.words):
+            finish = "stop"
+        logprob = _logprob(word, seq.spec.sampling) if seq.spec.sampling.logprobs else None
+        if finish is not None:
+            del self._seqs[seq.spec.seq_id]
+        return TokenStep(seq.spec.seq_id, seq.emitted, word, finish, logprob)
 
 
 def _logprob(word: str, sampling: Sampling) -> TokenLogprob:

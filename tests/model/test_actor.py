@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import threading
 
 import trio
 
@@ -84,3 +85,47 @@ async def test_length_limit_finishes_with_length(nursery: trio.Nursery) -> None:
     async with model.open_sequence(prompt("echo: a b c d"), Sampling(max_tokens=2)) as seq:
         steps = [s async for s in seq]
     assert [s.finish for s in steps if isinstance(s, TokenStep)] == [None, "length"]
+
+
+class _GatedEngine(FakeEngine):
+    """Its prefill phase waits until the reader has received the tokens the decode phase
+    of the same step produced; it counts the steps where they never came."""
+
+    def __init__(self) -> None:
+        super().__init__(prefill_chunk=20)
+        self.delivered = threading.Event()
+        self.late = 0
+        self.gated = 0
+
+    def decode(self) -> list[TokenStep]:
+        self.delivered.clear()
+        return super().decode()
+
+    def prefill(self) -> list[TokenStep]:
+        if self.phases and self.phases[-1][1]:  # the decode phase just produced tokens
+            self.gated += 1
+            if not self.delivered.wait(timeout=2):
+                self.late += 1
+        return super().prefill()
+
+
+async def test_a_steps_decoded_tokens_are_delivered_before_its_prefill(
+    nursery: trio.Nursery,
+) -> None:
+    engine = _GatedEngine()
+    model = await start(nursery, engine)
+    long_prompt = prompt("echo: x " + "y" * 400)  # 20 prompt tokens a step: many steps
+
+    async def read(text: str, sampling: Sampling) -> None:
+        async with model.open_sequence(prompt(text), sampling) as seq:
+            async for _ in seq:
+                engine.delivered.set()
+
+    async with trio.open_nursery() as inner:
+        inner.start_soon(read, "echo: " + " ".join(["w"] * 40), Sampling(max_tokens=40))
+        await wait_until(lambda: engine.steps > 3)
+        async with model.open_sequence(long_prompt, Sampling(max_tokens=2)) as seq:
+            async for _ in seq:
+                pass
+    assert engine.gated > 10  # steps that decoded while the long prompt was read
+    assert engine.late == 0

@@ -7,6 +7,7 @@ the same code path as the real engine in seconds.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -139,3 +140,54 @@ def test_codec_renders_the_real_chat_template(tiny_path: Path) -> None:
     assert text.startswith("<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nU<|im_end|>")
     assert text.endswith("<|im_start|>assistant\n")
     loaded.engine.close()
+
+
+def test_no_prefill_chunk_exceeds_the_step_budget(
+    tiny_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from mlxcel.model import forward
+
+    loaded = load(tiny_path, max_batch=8, prefill_step_size=48)
+    engine: Any = loaded.engine
+    chunks: list[tuple[int, int]] = []  # (tokens computed, padding included; the budget)
+    real = forward.read_chunk
+
+    def spy(model: Any, rows: Any, caches: Any, want: Any) -> Any:
+        budget = engine.budget.tokens(len(engine._decoding))
+        chunks.append((len(rows) * max(len(r) for r in rows), budget))
+        return real(model, rows, caches, want)
+
+    monkeypatch.setattr(forward, "read_chunk", spy)
+    texts = ["a", " ".join(["long"] * 120), "b c", " ".join(["mid"] * 30), "d", "e f g"]
+    for seq_id, text in enumerate(texts):
+        engine.insert(SequenceSpec(seq_id, prompt(loaded, text), Sampling(0, max_tokens=6)))
+    out = run_to_end(loaded)
+    assert set(out) == set(range(len(texts)))
+    assert len(chunks) > 5
+    assert all(tokens <= budget <= 48 for tokens, budget in chunks)
+    assert any(tokens > 16 for tokens, _ in chunks)  # prompts shared chunks
+    engine.close()
+
+
+def test_the_first_token_comes_from_the_step_that_reads_the_prompts_end(tiny_path: Path) -> None:
+    loaded = load(tiny_path, prefill_step_size=16)
+    engine: Any = loaded.engine
+    prompts = {1: prompt(loaded, "short"), 2: prompt(loaded, " ".join(["word"] * 60))}
+    engine.insert(SequenceSpec(1, prompts[1], Sampling(0, max_tokens=100)))
+    engine.insert(SequenceSpec(2, prompts[2], Sampling(0, max_tokens=3)))
+    assert len(prompts[2]) > 3 * 16
+    first: set[int] = set()
+    for _ in range(200):
+        before = {p.seq_id: p.total - p.read for p in engine.prefilling()}
+        for step in engine.decode():
+            assert step.seq_id in first  # decode only serves sequences past their prompt
+        for step in engine.prefill():
+            assert step.seq_id not in first
+            first.add(step.seq_id)
+            left = before.get(step.seq_id, len(prompts[step.seq_id]))
+            assert left <= 16  # this very chunk read the prompt's last tokens
+        if 2 in first:
+            break
+    assert first == {1, 2}
+    assert all(p.seq_id != 2 for p in engine.prefilling())
+    engine.close()
