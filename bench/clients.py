@@ -233,6 +233,30 @@ def make_client(base_url: str, timeout: float) -> openai.OpenAI:
     )
 
 
+def join_all(
+    threads: Sequence[threading.Thread],
+    results: Sequence[RequestResult],
+    origin: float,
+    deadline: float,
+) -> None:
+    """Wait for the request threads; one still running past `deadline` (plus the read
+    timeout's slack) is recorded as hung."""
+    hard_deadline = deadline + 30.0  # the read timeout can add to --timeout
+    for t in threads:
+        # Short slices: a long lock wait would delay Ctrl-C / SIGTERM until it returns.
+        while t.is_alive() and time.perf_counter() < hard_deadline:
+            t.join(0.5)
+    for t, r in zip(threads, results, strict=True):
+        if t.is_alive() and r.end is None:
+            r.end = time.perf_counter() - origin
+            r.error = {
+                "kind": "hung",
+                "status": None,
+                "body": None,
+                "message": "the client thread did not finish before the deadline",
+            }
+
+
 def run_level(
     kind: Kind,
     base_url: str,
@@ -270,20 +294,7 @@ def run_level(
     cpu_before = CpuSample.take(server_pid)
     origin_box.append(time.perf_counter())
     barrier.wait()
-    hard_deadline = origin_box[0] + timeout + 30.0  # the read timeout can add to --timeout
-    for t in threads:
-        # Short slices: a long lock wait would delay Ctrl-C / SIGTERM until it returns.
-        while t.is_alive() and time.perf_counter() < hard_deadline:
-            t.join(0.5)
-    for t, r in zip(threads, results, strict=True):
-        if t.is_alive() and r.end is None:
-            r.end = time.perf_counter() - origin_box[0]
-            r.error = {
-                "kind": "hung",
-                "status": None,
-                "body": None,
-                "message": "the client thread did not finish before the deadline",
-            }
+    join_all(threads, results, origin_box[0], origin_box[0] + timeout)
     wall = max((r.end or 0.0) for r in results)
     cpu = cpu_shares(cpu_before, CpuSample.take(server_pid), time.perf_counter() - origin_box[0])
     client.close()

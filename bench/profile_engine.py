@@ -2,9 +2,10 @@
 
 For each batch size N it inserts N of the serving benchmark's prompts into `MlxEngine`
 (as the model actor does), runs every step under `cProfile` until all sequences end,
-and splits the time of `MlxEngine.step` into mlx-lm's `BatchGenerator.next` (prefill
-and decode on MLX) and the rest: our per-token work (detokenisation, `TokenStep`s,
-the prompt cache's bookkeeping). Prints figures; asserts nothing.
+and splits the time of the engine's two phases (`MlxEngine.decode` and `prefill`) into
+the MLX work (the forwards and the sampling, which evaluate the arrays) and the rest:
+our per-token work (the step plan, detokenisation, `TokenStep`s, the prompt cache's
+bookkeeping). Prints figures; asserts nothing.
 
     .venv/bin/python bench/profile_engine.py [--levels 1,8,32,64] [--max-tokens 32]
 """
@@ -50,8 +51,8 @@ def main() -> int:
     print(describe(blas))
     levels = [int(n) for n in args.levels.split(",")]
     counter = TokenCounter(path)
-    print("|  N | steps | wall s | in BatchGenerator.next | our Python per step | share |")
-    print("|---:|------:|-------:|-----------------------:|--------------------:|------:|")
+    print("|  N | steps | wall s | in MLX (forwards, sampling) | our Python per step | share |")
+    print("|---:|------:|-------:|----------------------------:|--------------------:|------:|")
     for n in levels:
         loaded = load_mlx_model(
             path,
@@ -76,11 +77,20 @@ def main() -> int:
         profile.disable()
         wall = time.perf_counter() - started
         stats = pstats.Stats(profile)
-        step = cumulative(stats, "step", "mlx_engine")
-        model = cumulative(stats, "next", "generate.py")
+        step = cumulative(stats, "decode", "mlx_engine") + cumulative(
+            stats, "prefill", "mlx_engine"
+        )
+        model = sum(
+            cumulative(stats, name, part)
+            for name, part in (
+                ("decode_logits", "forward.py"),
+                ("read_chunk", "forward.py"),
+                ("sample", "sampling.py"),
+            )
+        )
         ours = step - model
         print(
-            f"| {n:>2} | {steps:5d} | {wall:6.1f} | {model:20.1f} s "
+            f"| {n:>2} | {steps:5d} | {wall:6.1f} | {model:25.1f} s "
             f"| {1000 * ours / steps:16.2f} ms | {100 * ours / step:4.1f}% |"
         )
         engine.close()

@@ -102,3 +102,30 @@ def make_prompt(uid: str, counter: TokenCounter) -> str:
             break
         body += " " + line
     return PREFIX + counter.truncate(body, budget)
+
+
+def make_long_prompt(uid: str, counter: TokenCounter, tokens: int) -> str:
+    """The shared prefix, a task and `tokens` tokens in all of request-specific sample rows.
+
+    The rows are random records seeded by `uid`, so two long prompts share only the prefix
+    and no prompt cache can shorten the prefill of one with the other.
+    """
+    rng = random.Random(f"long-{uid}")
+    verb, noun = rng.choice(VERBS), rng.choice(NOUNS)
+    body = (
+        f"Ticket {uid}: implement `{verb}_{noun}(rows)` to {verb} {noun.replace('_', ' ')}, "
+        f"then show its output for the sample rows below. {rng.choice(DETAILS)}\nSample rows:\n"
+    )
+    budget = tokens - counter.count(PREFIX)
+    while counter.count(body) < budget:
+        rows = []
+        for _ in range(20):
+            day = rng.randint(1, 28)
+            rows.append(
+                f"{rng.choice(NOUNS)[:-1]} {rng.randint(10000, 99999)}, warehouse "
+                f"{rng.randint(1, 60)}, route {rng.randint(1, 400)}, "
+                f"{rng.uniform(0.5, 900.0):.1f} kg, due 2025-{rng.randint(1, 12):02d}-{day:02d}, "
+                f"driver {rng.choice(VERBS)}-{rng.randint(1, 99)}"
+            )
+        body += "\n".join(rows) + "\n"
+    return PREFIX + counter.truncate(body, budget)

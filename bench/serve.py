@@ -10,12 +10,14 @@ Run from the repository root:
 
     .venv/bin/python bench/serve.py                  # both servers, levels 1,4,16,64
     .venv/bin/python bench/serve.py --levels 1,4 --only ours
+    .venv/bin/python bench/serve.py --levels '' --long-level   # the long-prompt level alone
 
 The two servers are started one after the other, never together, and always stopped.
 
 This file holds the command line and the sweep; the parts live next to it: servers.py
 (starting, checking and stopping the servers), clients.py (the streaming requests),
-prompts.py, load.py (CPU readings) and report.py (statistics, tables, plots).
+prompts.py, load.py (CPU readings), report.py (statistics, tables, plots) and
+long_prompt.py (the long-prompt level).
 """
 
 from __future__ import annotations
@@ -35,22 +37,10 @@ from typing import Any
 import httpx
 from clients import Kind, run_level
 from load import OTHER_CPU_WARN_PCT, wait_for_idle
-from prompts import PREFIX, PROMPT_TOKENS, TokenCounter, make_prompt
+from long_prompt import LongConfig, add_options, bench_long, config_from, long_ratios, print_long
+from prompts import PREFIX, PROMPT_TOKENS, TokenCounter, make_long_prompt, make_prompt
 from report import LevelResult, fmt, machine, plot, ratio_table, ratios, server_table
-from servers import (
-    OUR_ALIAS,
-    PEER_MODEL,
-    Server,
-    ServerStartError,
-    free_port,
-    handle_stop_signals,
-    our_command,
-    our_model_name,
-    peer_command,
-    running,
-    start_server,
-    wait_healthy,
-)
+from servers import Server, ServerStartError, handle_stop_signals, running, server_factory
 
 BENCH_DIR = Path(__file__).resolve().parent
 RESULTS_DIR = BENCH_DIR / "results"
@@ -62,7 +52,7 @@ def parse_levels(text: str) -> list[int]:
         levels = [int(x) for x in text.split(",") if x.strip()]
     except ValueError as exc:
         raise argparse.ArgumentTypeError(f"--levels {text!r}: comma-separated integers") from exc
-    if not levels or any(n < 1 for n in levels):
+    if any(n < 1 for n in levels):
         raise argparse.ArgumentTypeError("--levels needs positive integers, e.g. 1,4,16,64")
     return levels
 
@@ -90,7 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--levels",
         type=parse_levels,
         default=list(DEFAULT_LEVELS),
-        help="comma-separated concurrency levels (default: 1,4,16,64)",
+        help="comma-separated concurrency levels (default: 1,4,16,64; '' for none)",
     )
     p.add_argument(
         "--max-tokens", type=int, default=64, help="max output tokens per request (default: 64)"
@@ -144,6 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=RESULTS_DIR,
         help="directory for the JSON, plots and server logs (default: bench/results)",
     )
+    add_options(p)
     return p
 
 
@@ -235,11 +226,29 @@ def bench_server(
     }
 
 
+def stopped(kind: Kind, server: Server) -> dict[str, Any] | None:
+    """How the server stopped, with a note when SIGINT was not enough."""
+    if server.stopped and server.stopped["signal"] != "SIGINT":
+        print(f"note: {kind} server did not stop on SIGINT: {server.stopped}", flush=True)
+    return server.stopped
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     levels: list[int] = args.levels
-    parallel: int = args.parallel or max(levels)
+    try:
+        long: LongConfig | None = config_from(args)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if not levels and long is None:
+        print(
+            "error: --levels is empty and --long-level not given: nothing to run", file=sys.stderr
+        )
+        return 2
+    parallel: int = args.parallel or max(levels, default=1)
     prompt_concurrency: int = args.prompt_concurrency or min(parallel, 8)
+    long_prompt_concurrency: int = args.prompt_concurrency or min(long.parallel if long else 0, 8)
     kinds: list[Kind] = [args.only] if args.only else ["ours", "peer"]
 
     model_dir: Path | None = args.model.expanduser().resolve() if args.model else None
@@ -270,6 +279,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         tag = f"{n}" if attempt == 1 else f"{n}.{attempt}"
         return [make_prompt(f"{tag}-{i}", counter) for i in range(n)]
 
+    def long_prompts(attempt: int) -> tuple[list[str], list[str]]:
+        assert long is not None
+        streams = [make_prompt(f"L{attempt}-{i}", counter) for i in range(long.streams)]
+        uids = (f"{attempt}-{i}" for i in range(long.requests))
+        return streams, [make_long_prompt(u, counter, long.prompt_tokens) for u in uids]
+
     report: dict[str, Any] = {
         "timestamp": stamp,
         "machine": machine(),
@@ -282,7 +297,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             "target_tokens": PROMPT_TOKENS,
             "prefix_tokens": counter.count(PREFIX),
             "counted_with": "model tokenizer" if counter.exact else "word estimate",
-            "example": prompts(levels[0], 1)[0],
+            "example": prompts(1, 1)[0],
+        },
+        "long_level": None
+        if long is None
+        else asdict(long)
+        | {
+            "peer_prompt_concurrency": long_prompt_concurrency,
+            "prompt_tokens_counted": counter.count(long_prompts(1)[1][0]),
         },
         "servers": {},
     }
@@ -291,49 +313,45 @@ def main(argv: Sequence[str] | None = None) -> int:
     failures: list[str] = []
     for kind in kinds:
         url = args.our_url if kind == "ours" else args.peer_url
-
-        def factory(kind: Kind = kind, url: str | None = url) -> Server:
-            if url is not None:
-                model = our_model_name(url) if kind == "ours" else PEER_MODEL
-                server = Server(kind, url.rstrip("/"), model)
-                wait_healthy(server, args.startup_timeout)
-                return server
-            assert model_dir is not None
-            port = free_port()
-            command = (
-                our_command(model_dir, port, parallel)
-                if kind == "ours"
-                else peer_command(model_dir, port, parallel, prompt_concurrency)
-            )
-            print(f"starting {kind} server on port {port} ...", flush=True)
-            t0 = time.monotonic()
-            server = start_server(
-                kind,
-                command,
-                port,
-                OUR_ALIAS if kind == "ours" else PEER_MODEL,
-                out_dir / f"{stamp}-{kind}.log",
-                args.startup_timeout,
-            )
-            print(f"{kind} server ready in {time.monotonic() - t0:.1f}s", flush=True)
-            return server
-
-        wait_for_idle(args.wait_idle)
+        startup = args.startup_timeout
+        label = "mlxcel" if kind == "ours" else "mlx_lm.server"
+        entry: dict[str, Any] = {"label": label, "summary": []}
+        report["servers"][kind] = entry
         try:
-            with running(factory) as server:
-                entry = bench_server(
-                    server,
-                    levels,
-                    args.max_tokens,
-                    args.timeout,
-                    prompts,
-                    args.wait_idle,
-                    args.busy_retries,
+            if levels:
+                wait_for_idle(args.wait_idle)
+                log = out_dir / f"{stamp}-{kind}.log"
+                factory = server_factory(
+                    kind, url, model_dir, parallel, prompt_concurrency, log, startup
                 )
-            entry["stopped"] = server.stopped
-            report["servers"][kind] = entry
-            if server.stopped and server.stopped["signal"] != "SIGINT":
-                print(f"note: {kind} server did not stop on SIGINT: {server.stopped}", flush=True)
+                with running(factory) as server:
+                    entry |= bench_server(
+                        server,
+                        levels,
+                        args.max_tokens,
+                        args.timeout,
+                        prompts,
+                        args.wait_idle,
+                        args.busy_retries,
+                    )
+                entry["stopped"] = stopped(kind, server)
+            if long is not None:
+                # Its own server: one slot for every stream and every long request.
+                wait_for_idle(args.wait_idle)
+                log = out_dir / f"{stamp}-{kind}-long.log"
+                factory = server_factory(
+                    kind, url, model_dir, long.parallel, long_prompt_concurrency, log, startup
+                )
+                with running(factory) as server:
+                    entry["long"] = bench_long(
+                        server,
+                        long,
+                        args.timeout,
+                        long_prompts,
+                        args.wait_idle,
+                        args.busy_retries,
+                    )
+                entry["long"]["stopped"] = stopped(kind, server)
         except (ServerStartError, httpx.HTTPError, OSError) as exc:
             failures.append(f"{kind}: {exc}")
             print(f"error: {kind} server: {exc}", file=sys.stderr, flush=True)
@@ -341,25 +359,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     servers = report["servers"]
     if "ours" in servers and "peer" in servers:
         report["ratios"] = ratios(servers["ours"]["summary"], servers["peer"]["summary"])
+        if "long" in servers["ours"] and "long" in servers["peer"]:
+            ours, peer = (servers[k]["long"]["summary"] for k in ("ours", "peer"))
+            report["long_ratios"] = long_ratios(ours, peer)
     report["failures"] = failures
     json_path = out_dir / f"{stamp}.json"
     json_path.write_text(json.dumps(report, indent=2))
 
     print()
     print(
-        f"model: {report['model']}, {args.max_tokens} max output tokens, "
-        f"prompt ~{PROMPT_TOKENS} tokens (shared prefix {report['prompt']['prefix_tokens']})"
+        f"model: {report['model']}, {args.max_tokens if levels else long and long.stream_tokens} "
+        f"max output tokens, prompt ~{PROMPT_TOKENS} tokens "
+        f"(shared prefix {report['prompt']['prefix_tokens']})"
     )
-    for kind in kinds:
-        if kind in servers:
-            s = servers[kind]
-            blas = re.sub(r", from [^,\s]+", "", s["blas"] or "BLAS not logged")
+    for s in servers.values():
+        if s["summary"]:
+            blas = re.sub(r", from [^,\s]+", "", s.get("blas") or "BLAS not logged")
             print(f"\n{s['label']} ({blas})\n")
             print(server_table(s["summary"]))
-    if "ratios" in report:
+    if report.get("ratios"):
         print("\nratios (ours / peer): tok/s above 1 and TTFT below 1 favour mlxcel\n")
         print(ratio_table(report["ratios"]))
-    plots = plot(report, json_path.with_suffix("")) if servers else []
+    if long is not None:
+        print_long(long, servers, report.get("long_ratios"))
+    plots = plot(report, json_path.with_suffix("")) if levels and servers else []
     print(f"\nraw numbers: {json_path}")
     for path in plots:
         print(f"plot: {path}")

@@ -213,6 +213,41 @@ def _check_alive(server: Server) -> None:
         )
 
 
+def server_factory(
+    kind: Kind,
+    url: str | None,
+    model_dir: Path | None,
+    parallel: int,
+    prompt_concurrency: int,
+    log_path: Path,
+    startup_timeout: float,
+) -> Callable[[], Server]:
+    """Connects to the server at `url`, or starts one with `parallel` slots (the peer's
+    --decode-concurrency) and `prompt_concurrency` (the peer's --prompt-concurrency)."""
+
+    def factory() -> Server:
+        if url is not None:
+            model = our_model_name(url) if kind == "ours" else PEER_MODEL
+            server = Server(kind, url.rstrip("/"), model)
+            wait_healthy(server, startup_timeout)
+            return server
+        assert model_dir is not None
+        port = free_port()
+        command = (
+            our_command(model_dir, port, parallel)
+            if kind == "ours"
+            else peer_command(model_dir, port, parallel, prompt_concurrency)
+        )
+        print(f"starting {kind} server on port {port} (parallel {parallel}) ...", flush=True)
+        t0 = time.monotonic()
+        model = OUR_ALIAS if kind == "ours" else PEER_MODEL
+        server = start_server(kind, command, port, model, log_path, startup_timeout)
+        print(f"{kind} server ready in {time.monotonic() - t0:.1f}s", flush=True)
+        return server
+
+    return factory
+
+
 def stop_server(server: Server) -> None:
     """SIGINT to the server's process group, then SIGTERM and SIGKILL after grace periods."""
     proc = server.proc
@@ -249,8 +284,8 @@ def handle_stop_signals() -> None:
 
 
 @contextlib.contextmanager
-def running(server_factory: Callable[[], Server]) -> Iterator[Server]:
-    server = server_factory()
+def running(factory: Callable[[], Server]) -> Iterator[Server]:
+    server = factory()
     try:
         yield server
     finally:
