@@ -148,7 +148,8 @@ class MlxEngine:
         """Read prompts within the step's budget; the first tokens of those that end."""
         self._admit()
         waiting = [Waiting(k, len(r.prompt) - r.read) for k, r in self._reading.items()]
-        chunk = plan_chunk(waiting, self.budget.tokens(len(self._decoding)))
+        batch = len(self._decoding) + len(self._reading) + len(self._waiting)
+        chunk = plan_chunk(waiting, self.budget.tokens(len(self._decoding), batch))
         if chunk is None:
             return []
         started = time.perf_counter()

@@ -93,14 +93,18 @@ class StepBudget:
     """Prompt tokens a step may read, from running estimates of what steps cost.
 
     `max_step_ms` fixes the step length; 0 derives it: `STEP_OVER_DECODE` times the
-    estimated decode step of a full batch (`full_batch` rows). The decode cost is fitted as a line in the
-    number of rows through the averages measured at each batch size; the prefill cost
-    is an average per token. A decode row computes a token through the whole model, as
-    a prompt token does, so the line rises at least by the prefill cost per row: that
-    keeps the full batch's estimate honest while only a few sizes have been seen (a
-    burst starts small), which would otherwise starve the prompts that make it grow. With nothing decoding there is no stream to protect and
-    the budget is the cap; `cap` also bounds every step (memory and attention grow with
-    the chunk).
+    estimated decode step of the batch being built, the rows decoding plus the prompts
+    waiting to join them (at most `full_batch`): 16 streams on a server of 64 slots
+    are not slowed to the pace of 64.
+
+    The decode cost is fitted as a line in the number of rows through the averages
+    measured at each batch size; the prefill cost is an average per token. A decode row
+    computes a token through the whole model, as a prompt token does, so the line rises
+    at least by the prefill cost per row: that keeps the estimate for a larger batch
+    honest while only a few sizes have been seen (a burst starts small), which would
+    otherwise starve the prompts that make it grow. With nothing decoding there is no
+    stream to protect and the budget is the cap; `cap` also bounds every step (memory
+    and attention grow with the chunk).
     """
 
     cap: int
@@ -136,18 +140,21 @@ class StepBudget:
         slope = max(slope, self.prefill_ms_per_token or 0.0)
         return max(min(y for _, y in points), mean_y + slope * (rows - mean_x))
 
-    def step_ms(self) -> float | None:
-        """How long a step should last (None while nothing has been measured)."""
+    def step_ms(self, batch: int) -> float | None:
+        """How long a step should last while a batch of `batch` rows is being built
+        (None while nothing has been measured)."""
         if self.max_step_ms > 0:
             return self.max_step_ms
-        full = self.estimate_decode_ms(self.full_batch)
+        full = self.estimate_decode_ms(min(batch, self.full_batch))
         return None if full is None else STEP_OVER_DECODE * full
 
-    def tokens(self, decoding: int) -> int:
-        """Prompt tokens the next prefill may read, `decoding` rows having just decoded."""
+    def tokens(self, decoding: int, batch: int | None = None) -> int:
+        """Prompt tokens the next prefill may read, `decoding` rows having just decoded
+        and `batch` rows to decode once the waiting prompts are read (default: a full
+        batch)."""
         if decoding <= 0:
             return self.cap
-        step = self.step_ms()
+        step = self.step_ms(self.full_batch if batch is None else max(batch, decoding))
         decode = self.estimate_decode_ms(decoding)
         if step is None or decode is None:
             return self.cap

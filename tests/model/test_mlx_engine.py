@@ -153,7 +153,8 @@ def test_no_prefill_chunk_exceeds_the_step_budget(
     real = forward.read_chunk
 
     def spy(model: Any, rows: Any, caches: Any, want: Any) -> Any:
-        budget = engine.budget.tokens(len(engine._decoding))
+        batch = len(engine._decoding) + len(engine._reading) + len(engine._waiting)
+        budget = engine.budget.tokens(len(engine._decoding), batch)
         chunks.append((len(rows) * max(len(r) for r in rows), budget))
         return real(model, rows, caches, want)
 

@@ -137,3 +137,14 @@ def test_the_full_batch_estimate_rises_at_least_by_the_prefill_cost_per_row() ->
     # So a burst that has only reached 8 rows still reads prompts at a good pace (the
     # flat estimate would allow 0.5 x 378 / 7.7 = 24 tokens a step).
     assert budget.tokens(8) > 100
+
+
+def test_the_step_is_sized_for_the_batch_being_built_not_the_slots() -> None:
+    budget = StepBudget(cap=4096, full_batch=64)
+    for rows, ms in ((4, 314), (16, 506), (64, 1274)):
+        budget.observe_decode(rows, ms / 1000)
+    budget.observe_prefill(500, 500 * 0.0077)
+    # 12 streams decode and 4 prompts wait: the step is 1.5 x a 16-row decode, not a 64-row one.
+    assert budget.step_ms(16) == pytest.approx(1.5 * 506, rel=0.1)
+    assert budget.tokens(12, 16) < budget.tokens(12) / 3
+    assert budget.tokens(12, 200) == budget.tokens(12)  # never beyond the slots
