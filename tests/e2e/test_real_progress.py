@@ -13,8 +13,9 @@ pytestmark = pytest.mark.e2e
 
 def test_a_long_prompt_reports_its_reading(progress_server: RealServer) -> None:
     client = progress_server.client()
-    # A fresh first line: nothing of this prompt is in the prompt cache.
-    prompt = f"{uuid.uuid4()}\nCount the cats.\n" + "The cat sat on the mat. " * 60
+    # A fresh first line: nothing of this prompt is in the prompt cache. It is longer
+    # than one step reads (512 tokens), so reading it takes several steps.
+    prompt = f"{uuid.uuid4()}\nCount the cats.\n" + "The cat sat on the mat. " * 200
     with client.responses.stream(
         model=progress_server.alias, input=prompt, max_output_tokens=4, temperature=0
     ) as stream:
