@@ -3,8 +3,10 @@
 Every step first decodes one token for each running sequence, then reads prompts
 within a budget. The budget bounds the gap every running stream sees: a step should
 last about `max_step_ms`, by default `STEP_OVER_DECODE` (1.5) times what a decode step
-of a full batch costs, so a burst of prompts stretches the inter-token latency by half
-at most, whatever their lengths, instead of stalling decoding while they are read. Prompts share one budget per step
+of a full batch costs, so a burst of prompts stretches the inter-token latency by about
+half, whatever their lengths, instead of stalling decoding while they are read. (The
+cost model counts prefill per token; a forward's fixed cost, reading the weights, is not
+in it yet, so steps with small chunks overshoot: docs/benchmarks.md has the figures.) Prompts share one budget per step
 (not one each), and are read in rectangular chunks: rows of similar remaining length
 go together so little is padded, and the oldest prompt always takes part, so none
 waits for ever behind newer ones.
