@@ -162,6 +162,7 @@ class MlxEngine:
         )
         for row, n, cache in zip(rows, chunk.reads, caches, strict=True):
             row.cache, row.read = cache, row.read + n
+        self._suspect = False  # the KV states hold what each row read: safe to keep
         steps: list[TokenStep] = []
         ended = [i for i, e in enumerate(ending) if e]
         if ended:
@@ -177,7 +178,6 @@ class MlxEngine:
                 else:
                     self._keep_prompt(row)
             self._join(joining)
-        self._suspect = False
         self.budget.observe_prefill(chunk.tokens, time.perf_counter() - started)
         return steps
 

@@ -291,3 +291,14 @@ def test_a_failed_step_keeps_nothing_from_the_broken_batch(
     assert len(prefix_cache(loaded)) == 0
     assert one(loaded, 2, prompt, greedy(4)).cached == 0
     assert len(prefix_cache(loaded)) > 0  # healthy again once the engine emptied
+
+
+def test_a_prompt_read_is_kept_when_its_sequence_ends_at_the_first_token(
+    warm: LoadedModel,
+) -> None:
+    prompt = render(warm, ("user", "one token only, please " * 4))
+    first = one(warm, 1, prompt, greedy(1))
+    assert first.cached == 0
+    assert first.steps[0].cache_write_tokens == len(prompt)
+    # Nothing was decoded: only the prompt's KV state, kept when it was read, can serve this.
+    assert one(warm, 2, prompt, greedy(1)).cached == len(prompt) - 1
