@@ -100,6 +100,11 @@ class ModelNotReady(MlxcelError):
     """The model is still loading; the server answers once it is ready."""
 
 
+class StoreUnavailable(MlxcelError):
+    """The store could not be read or written (its disk is full, its file was damaged or
+    removed); what was stored before is as it was."""
+
+
 class GenerationFailed(MlxcelError):
     """The engine raised while generating this sequence."""
 

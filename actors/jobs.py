@@ -32,7 +32,7 @@ from mlxcel.actors.responses import ResponseBuilder
 from mlxcel.actors.scheduler import SchedulerHandle
 from mlxcel.actors.store import StoreHandle
 from mlxcel.actors.store_codec import encoded_size
-from mlxcel.errors import RateLimited
+from mlxcel.errors import RateLimited, StoreUnavailable
 from mlxcel.generation import GenerationRequest
 from mlxcel.items import ResponseError, ResponseRecord, Usage
 from mlxcel.metrics import Metrics
@@ -114,12 +114,15 @@ class JobSupervisor:
         Resource handling: at most `max_jobs` jobs are active, and their approximate
         bytes (the queued object plus room for its output) stay within the response
         store's byte budget; admission never evicts stored responses. The inbox is
-        unbuffered. Stopping the supervisor cancels every job: jobs live in memory only.
+        unbuffered. Stopping the supervisor cancels every job (a shutdown's drain ends
+        them first); a job left unfinished in a durable store, by a crash, is ended
+        `failed` when the store next opens.
 
         Error handling: a job's generation failure ends it `failed` (`server_error`); a
         final object larger than the whole store budget is replaced by a small `failed`
         one so polling gets an answer. Store writes at a job's end are shielded so a
-        cancel cannot lose them.
+        cancel cannot lose them; a store that cannot be written refuses new jobs (503)
+        and leaves a running job's end to the next start.
         """
         send, recv = trio.open_memory_channel[JobCommand](0)
         async with trio.open_nursery() as nursery:
@@ -161,11 +164,14 @@ class JobSupervisor:
                     code="rate_limit_exceeded",
                 )
             )
+        try:
+            await self._store.register_job(queued)
+        except StoreUnavailable as exc:
+            return JobRefused(exc)
         job = _Job(dataclasses.replace(request, record=queued), size)
         self._jobs[queued.id] = job
         self._active_bytes += size
         self._metrics.job_moved(None, job.status)
-        await self._store.register_job(queued)
         nursery.start_soon(self._run_job, job)
         return JobAdmitted(queued)
 
@@ -194,7 +200,11 @@ class JobSupervisor:
             elif final is None:
                 final = self._cancelled(job)
             with trio.CancelScope(shield=True):
-                final = await self._keep(final)
+                try:
+                    final = await self._keep(final)
+                except (StoreUnavailable, trio.ClosedResourceError):
+                    # Still pinned in a durable store: its next start ends it `failed`.
+                    log.warning("the end of background response %s was not stored", record_id)
         finally:
             del self._jobs[record_id]
             self._active_bytes -= job.bytes

@@ -31,7 +31,7 @@ from mlxcel.actors.messages import Generate
 from mlxcel.actors.replies import answer
 from mlxcel.actors.responses import ResponseBuilder
 from mlxcel.actors.store import StoreHandle
-from mlxcel.errors import InvalidRequest
+from mlxcel.errors import InvalidRequest, StoreUnavailable
 from mlxcel.generation import GenerationRequest, PrefillProgress, SequenceFailed
 from mlxcel.items import Message, Reasoning, ResponseError, ResponseRecord, Usage
 from mlxcel.metrics import Metrics, TokenTimer
@@ -269,6 +269,8 @@ class ResponsePath:
                 await self._remember_reasoning(request, record)
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 log.warning("the store has stopped; response %s was not kept", record.id)
+            except StoreUnavailable:
+                log.warning("the store failed; response %s was not kept", record.id)
         return record
 
     async def _remember_reasoning(self, request: GenerationRequest, record: ResponseRecord) -> None:

@@ -17,6 +17,11 @@ from pathlib import Path
 
 from mlxcel.errors import ConfigError
 
+BUSY_TIMEOUT_SECS = 2.0
+"""How long an operation waits while another program (a backup, an `sqlite3` shell) holds
+the file's write lock before it fails as the store being unavailable: every other store
+call waits behind it meanwhile."""
+
 SCHEMA_VERSION = 1
 """`PRAGMA user_version` of the layout below; a file from a newer release is refused."""
 
@@ -106,7 +111,9 @@ def lock_file(path: Path) -> int:
 
 def connect(path: Path) -> sqlite3.Connection:
     try:
-        db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        db = sqlite3.connect(
+            path, timeout=BUSY_TIMEOUT_SECS, isolation_level=None, check_same_thread=False
+        )
         with _closing_on_error(db):
             db.execute("PRAGMA journal_mode = WAL")
             db.execute("PRAGMA synchronous = NORMAL")

@@ -45,7 +45,8 @@ from mlxcel.actors.store_backend import (
     reaped,
     too_large,
 )
-from mlxcel.actors.store_codec import decode, encode
+from mlxcel.actors.store_codec import CodecError, decode, encode
+from mlxcel.errors import StoreUnavailable
 from mlxcel.items import Conversation, Item, ResponseRecord
 
 log = logging.getLogger(__name__)
@@ -158,7 +159,14 @@ class SqliteBackend:
         def run() -> T:
             if self._closed:
                 raise trio.ClosedResourceError("the store is closed")
-            return self._in_transaction(operation, now, *args)
+            try:
+                return self._in_transaction(operation, now, *args)
+            except (sqlite3.Error, CodecError) as exc:
+                log.error("the store file failed: %s", exc)
+                raise StoreUnavailable(
+                    "The response store could not be read or written; retry later.",
+                    code="store_unavailable",
+                ) from exc
 
         return await trio.to_thread.run_sync(run, limiter=self._limiter)
 

@@ -24,6 +24,7 @@ from mlxcel.errors import (
     RateLimited,
     RequestTooLarge,
     ShuttingDown,
+    StoreUnavailable,
     Unauthenticated,
     UnsupportedMediaType,
 )
@@ -43,6 +44,7 @@ _STATUS: list[tuple[type[MlxcelError], int, str]] = [
     (RateLimited, 429, "rate_limit_error"),
     (Overloaded, 429, "rate_limit_error"),
     (ModelNotReady, 503, "server_error"),
+    (StoreUnavailable, 503, "server_error"),
     (GenerationFailed, 500, "server_error"),
     (ConfigError, 500, "server_error"),
 ]
