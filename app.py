@@ -96,7 +96,10 @@ async def _start_actors(
     before is ready; the handles the HTTP edge talks to."""
     metrics = Metrics()
     store_actor = StoreActor(
-        settings.responses, settings.conversations, settings.background_ephemeral_ttl_secs
+        settings.responses,
+        settings.conversations,
+        settings.background_ephemeral_ttl_secs,
+        store=settings.store,
     )
     store = await nursery.start(store_actor.run)
     echo = await nursery.start(EchoActor(settings.reasoning_echo_max_bytes).run)

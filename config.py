@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from mlxcel.actors.limits import StoreLimits
+from mlxcel.actors.limits import StoreLimits, sqlite_path
 from mlxcel.errors import ConfigError
 
 __all__ = ["Settings", "StoreLimits"]
@@ -40,6 +40,9 @@ class Settings:
     """A stream's keep-alives are `mlx.progress` data events (queue place, prompt read),
     which clients that give up on a silent stream count; off, they are SSE comments."""
     api_keys: tuple[str, ...] = ()
+    store: str = "memory"
+    """Where stored state lives: `memory` (gone with the process) or `sqlite[:PATH]` (a
+    file that survives restarts)."""
     responses: StoreLimits = StoreLimits(1024, 268_435_456, 3600)
     conversations: StoreLimits = StoreLimits(256, 67_108_864, 3600)
     background_max_jobs: int = 64
@@ -100,6 +103,10 @@ class Settings:
         for ok, message in checks:
             if not ok:
                 raise ConfigError(message)
+        try:
+            sqlite_path(self.store)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
 
     @property
     def background_enabled(self) -> bool:

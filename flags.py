@@ -197,6 +197,15 @@ FLAGS: tuple[Flag, ...] = (
         "serve /metrics without the API key (for a Prometheus scraper)",
     ),
     Flag(
+        ("--store",),
+        "store",
+        str,
+        _DEFAULTS.store,
+        "MLXCEL_STORE",
+        "where stored responses, conversations and background jobs live: memory, or "
+        "sqlite[:PATH] to keep them across restarts (default path: the user data folder)",
+    ),
+    Flag(
         ("--responses-store-max-entries",),
         "responses_store_max_entries",
         int,
@@ -360,6 +369,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         sse_keepalive_secs=args.sse_keepalive_secs,
         progress_events=not args.no_progress_events,
         api_keys=keys,
+        store=args.store,
         responses=StoreLimits(
             args.responses_store_max_entries,
             args.responses_store_max_bytes,

@@ -26,12 +26,12 @@ from mlxcel.actors.messages import (
     JobCommand,
     JobRefused,
     SubmitJob,
-    Table,
 )
 from mlxcel.actors.replies import answer
 from mlxcel.actors.responses import ResponseBuilder
 from mlxcel.actors.scheduler import SchedulerHandle
-from mlxcel.actors.store import StoreHandle, approx_json_size
+from mlxcel.actors.store import StoreHandle
+from mlxcel.actors.store_codec import encoded_size
 from mlxcel.errors import RateLimited
 from mlxcel.generation import GenerationRequest
 from mlxcel.items import ResponseError, ResponseRecord, Usage
@@ -144,7 +144,7 @@ class JobSupervisor:
         nursery: trio.Nursery,
     ) -> JobAdmission:
         queued = dataclasses.replace(request.record, status="queued", usage=Usage())
-        size = approx_json_size(queued) + BYTES_PER_OUTPUT_TOKEN * request.sampling.max_tokens
+        size = encoded_size(queued) + BYTES_PER_OUTPUT_TOKEN * request.sampling.max_tokens
         if len(self._jobs) >= self._max_jobs:
             return JobRefused(
                 RateLimited(
@@ -165,7 +165,7 @@ class JobSupervisor:
         self._jobs[queued.id] = job
         self._active_bytes += size
         self._metrics.job_moved(None, job.status)
-        await self._store.put(queued, Table.ACTIVE)
+        await self._store.register_job(queued)
         nursery.start_soon(self._run_job, job)
         return JobAdmitted(queued)
 
@@ -217,7 +217,7 @@ class JobSupervisor:
                 if isinstance(event, ResponseInProgress):
                     self._move(job, "in_progress")
                     started = dataclasses.replace(event.record, usage=Usage(), output=())
-                    await self._store.put(started, Table.ACTIVE)
+                    await self._store.update_job(started)
                 elif isinstance(event, ResponseFinished):
                     return event.record
         return self._failed(job, "server_error", "the generation worker stopped")
@@ -239,20 +239,13 @@ class JobSupervisor:
         return dataclasses.replace(builder.cancel(), usage=Usage())
 
     async def _keep(self, final: ResponseRecord) -> ResponseRecord:
-        """Store the final object, then unpin the job: polling never misses the end."""
-        table = Table.RESPONSES if final.echo.store else Table.EPHEMERAL
-        if not await self._store.put(final, table):
-            final = dataclasses.replace(
-                final,
-                status="failed",
-                output=(),
-                input_items=(),
-                incomplete_reason=None,
-                error=ResponseError(
-                    "server_error",
-                    "The response was larger than the response store's byte budget.",
-                ),
+        """Store the final object and unpin the job in one step: polling never misses the
+        end. A job that is no longer ours (its end already stored by another) keeps
+        what is stored."""
+        kept = await self._store.finish_job(final)
+        if kept is None:
+            log.warning(
+                "background response %s was ended elsewhere; its end here is dropped", final.id
             )
-            await self._store.put(final, table)
-        await self._store.delete(final.id, Table.ACTIVE)
-        return final
+            return final
+        return kept

@@ -7,6 +7,7 @@ actors, the model or the HTTP layer.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 
 @dataclass(frozen=True, slots=True)
@@ -20,3 +21,23 @@ class StoreLimits:
     @property
     def enabled(self) -> bool:
         return self.max_entries > 0
+
+
+STORE_FILE = "store.sqlite3"
+"""The SQLite file's name in the user data directory when `--store sqlite` names none."""
+
+
+def sqlite_path(store: str) -> Path | None:
+    """The SQLite file `--store` names (`sqlite` or `sqlite:PATH`); None for `memory`.
+
+    ValueError for anything else."""
+    kind, _, path = store.partition(":")
+    if kind == "memory" and not path:
+        return None
+    if kind != "sqlite":
+        raise ValueError(f"--store must be 'memory', 'sqlite' or 'sqlite:PATH', not {store!r}")
+    if path:
+        return Path(path).expanduser()
+    import platformdirs
+
+    return platformdirs.user_data_path("mlxcel") / STORE_FILE

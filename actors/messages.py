@@ -177,38 +177,6 @@ Stored = ResponseRecord | Conversation
 
 
 @dataclass(frozen=True, slots=True)
-class Put:
-    table: Table
-    value: Stored
-    reply: trio.MemorySendChannel[bool]
-    """Receives True once stored, False when the store retains nothing of this size."""
-
-
-@dataclass(frozen=True, slots=True)
-class Get:
-    """The value under `key` in the first of `tables` that has it."""
-
-    tables: tuple[Table, ...]
-    key: str
-    reply: trio.MemorySendChannel[Stored | None]
-
-
-@dataclass(frozen=True, slots=True)
-class FindItems:
-    """The stored responses' input and output items with these ids (those found)."""
-
-    ids: frozenset[str]
-    reply: trio.MemorySendChannel[dict[str, Item]]
-
-
-@dataclass(frozen=True, slots=True)
-class Delete:
-    table: Table
-    key: str
-    reply: trio.MemorySendChannel[bool]
-
-
-@dataclass(frozen=True, slots=True)
 class AddItems:
     items: tuple[Item, ...]
     response_id: str | None = None
@@ -239,19 +207,6 @@ class Refused(enum.Enum):
 
 
 @dataclass(frozen=True, slots=True)
-class ChangeConversation:
-    """Change a transcript in one step (no lost updates between concurrent writers).
-
-    With `create`, a missing conversation with a free-form id is created first. The reply
-    is the changed transcript, or why nothing changed."""
-
-    conversation_id: str
-    change: ConversationChange
-    create: bool
-    reply: trio.MemorySendChannel[Conversation | Refused]
-
-
-@dataclass(frozen=True, slots=True)
 class TableStatistics:
     entries: int
     bytes: int
@@ -263,14 +218,6 @@ class StoreStatistics:
     conversations: TableStatistics
     ephemeral: TableStatistics
     active: TableStatistics
-
-
-@dataclass(frozen=True, slots=True)
-class ReadStatistics:
-    reply: trio.MemorySendChannel[StoreStatistics]
-
-
-StoreCommand = Put | Get | FindItems | Delete | ChangeConversation | ReadStatistics
 
 
 # --- reasoning echo ----------------------------------------------------------------

@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from mlxcel.actors.echo import EchoHandle
-from mlxcel.actors.messages import Table
 from mlxcel.actors.store import StoreHandle
 from mlxcel.errors import ContextLengthExceeded, InvalidRequest, ModelNotFound, UnsupportedFeature
 from mlxcel.generation import GenerationRequest, ModelInfo, PromptCodec, Sampling
@@ -218,28 +217,26 @@ async def resolve_items(
 
 
 async def chain_items(store: StoreHandle, response_id: str) -> tuple[Item, ...]:
-    """Every turn of a `previous_response_id` chain, oldest first (instructions excluded)."""
-    hops: list[ResponseRecord] = []
-    next_id: str | None = response_id
-    while next_id is not None:
-        # Ephemeral results of `store: false` jobs are never continued.
-        record = await store.get(next_id, (Table.ACTIVE, Table.RESPONSES))
-        if record is None:
-            raise InvalidRequest(
-                f"previous response '{next_id}' was not found or has expired",
-                param="previous_response_id",
-                code="previous_response_not_found",
-            )
+    """Every turn of a `previous_response_id` chain, oldest first (instructions excluded).
+
+    The store resolves the whole walk in one call; ephemeral results of `store: false`
+    jobs are never continued."""
+    chain = await store.get_chain(response_id)
+    if chain.missing is not None:
+        raise InvalidRequest(
+            f"previous response '{chain.missing}' was not found or has expired",
+            param="previous_response_id",
+            code="previous_response_not_found",
+        )
+    for record in chain.records:
         if record.status in ("queued", "in_progress"):
             raise InvalidRequest(
-                f"previous response '{next_id}' has not finished (status: {record.status})",
+                f"previous response '{record.id}' has not finished (status: {record.status})",
                 param="previous_response_id",
                 code="previous_response_not_finished",
             )
-        hops.append(record)
-        next_id = record.echo.previous_response_id
     items: list[Item] = []
-    for record in reversed(hops):
+    for record in reversed(chain.records):
         items.extend(record.input_items)
         items.extend(record.output)
     return tuple(items)

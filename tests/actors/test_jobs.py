@@ -13,7 +13,8 @@ from mlxcel.actors.echo import EchoActor
 from mlxcel.actors.jobs import BYTES_PER_OUTPUT_TOKEN, JobsHandle, JobSupervisor
 from mlxcel.actors.messages import Table
 from mlxcel.actors.scheduler import Scheduler
-from mlxcel.actors.store import StoreActor, StoreHandle, approx_json_size
+from mlxcel.actors.store import StoreActor, StoreHandle
+from mlxcel.actors.store_codec import encoded_size
 from mlxcel.config import Settings, StoreLimits
 from mlxcel.errors import RateLimited
 from mlxcel.generation import GenerateText, GenerationRequest, Sampling
@@ -28,6 +29,7 @@ DEFAULTS = Settings()
 
 async def start(
     nursery: trio.Nursery,
+    store_spec: str,
     engine: FakeEngine,
     *,
     max_jobs: int = 4,
@@ -35,7 +37,14 @@ async def start(
     ephemeral_ttl: float = 600,
 ) -> tuple[JobsHandle, StoreHandle]:
     limits = StoreLimits(100, max_bytes, 0)
-    store = await nursery.start(StoreActor(limits, StoreLimits(10, 1 << 20, 0), ephemeral_ttl).run)
+    actor = StoreActor(
+        limits,
+        StoreLimits(10, 1 << 20, 0),
+        ephemeral_ttl,
+        store=store_spec,
+        clock=trio.current_time,
+    )
+    store = await nursery.start(actor.run)
     model = await nursery.start(ModelActor(functools.partial(fake_factory, engine), 1).run)
     await model.ready.wait()
     scheduler = await nursery.start(
@@ -79,9 +88,11 @@ async def statuses(store: StoreHandle, response_id: str, until: str) -> list[str
     return seen
 
 
-async def test_every_transition_is_written_to_the_store(nursery: trio.Nursery) -> None:
+async def test_every_transition_is_written_to_the_store(
+    nursery: trio.Nursery, store_spec: str
+) -> None:
     engine = FakeEngine(step_delay=0.005)
-    jobs, store = await start(nursery, engine)
+    jobs, store = await start(nursery, store_spec, engine)
     first = await jobs.submit(job("echo: " + " ".join(["w"] * 40)))
     second = await jobs.submit(job("echo: done"))
     assert (first.status, first.usage, first.output) == ("queued", Usage(), ())
@@ -93,20 +104,22 @@ async def test_every_transition_is_written_to_the_store(nursery: trio.Nursery) -
     assert await store.get(second.id, (Table.ACTIVE,)) is None  # unpinned
 
 
-async def test_cap_and_bytes(nursery: trio.Nursery) -> None:
+async def test_cap_and_bytes(nursery: trio.Nursery, store_spec: str) -> None:
     engine = FakeEngine(step_delay=0.01)
     one = job("echo: " + " ".join(["w"] * 100), max_tokens=100)
-    size = approx_json_size(dataclasses.replace(one.record, status="queued", usage=Usage()))
+    size = encoded_size(dataclasses.replace(one.record, status="queued", usage=Usage()))
     budget = size + BYTES_PER_OUTPUT_TOKEN * 100
-    jobs, _ = await start(nursery, engine, max_jobs=2, max_bytes=budget)
+    jobs, _ = await start(nursery, store_spec, engine, max_jobs=2, max_bytes=budget)
     await jobs.submit(one)
     with pytest.raises(RateLimited):  # the budget is full, though the cap is not
         await jobs.submit(job("echo: x", max_tokens=1))
 
 
-async def test_a_job_over_the_cap_is_refused_and_nothing_is_kept(nursery: trio.Nursery) -> None:
+async def test_a_job_over_the_cap_is_refused_and_nothing_is_kept(
+    nursery: trio.Nursery, store_spec: str
+) -> None:
     engine = FakeEngine(step_delay=0.01)
-    jobs, store = await start(nursery, engine, max_jobs=1)
+    jobs, store = await start(nursery, store_spec, engine, max_jobs=1)
     first = await jobs.submit(job("echo: " + " ".join(["w"] * 100), max_tokens=100))
     refused = job("echo: x")
     with pytest.raises(RateLimited) as caught:
@@ -116,14 +129,14 @@ async def test_a_job_over_the_cap_is_refused_and_nothing_is_kept(nursery: trio.N
     assert await store.get(first.id) is not None
 
 
-async def test_oversized_final_object_becomes_a_failed_one(nursery: trio.Nursery) -> None:
+async def test_oversized_final_object_becomes_a_failed_one(
+    nursery: trio.Nursery, store_spec: str
+) -> None:
     request = job("echo: " + " ".join(["abcdefghijklmnop"] * 60), max_tokens=60)
-    queued_size = approx_json_size(
-        dataclasses.replace(request.record, status="queued", usage=Usage())
-    )
+    queued_size = encoded_size(dataclasses.replace(request.record, status="queued", usage=Usage()))
     # Room to admit the job, but not for its 60 long words of output plus their item.
     budget = queued_size + BYTES_PER_OUTPUT_TOKEN * 60
-    jobs, store = await start(nursery, FakeEngine(), max_bytes=budget)
+    jobs, store = await start(nursery, store_spec, FakeEngine(), max_bytes=budget)
     queued = await jobs.submit(request)
     await statuses(store, queued.id, "failed")
     final = await store.get(queued.id)
@@ -134,10 +147,10 @@ async def test_oversized_final_object_becomes_a_failed_one(nursery: trio.Nursery
 
 
 async def test_ephemeral_result_expires_on_the_fake_clock(
-    nursery: trio.Nursery, mock_clock: trio.testing.MockClock
+    nursery: trio.Nursery, store_spec: str, mock_clock: trio.testing.MockClock
 ) -> None:
     mock_clock.rate = 1.0  # real time passes (the model thread is real); jumps add to it
-    jobs, store = await start(nursery, FakeEngine(), ephemeral_ttl=30)
+    jobs, store = await start(nursery, store_spec, FakeEngine(), ephemeral_ttl=30)
     queued = await jobs.submit(job("echo: short lived", store=False))
     await statuses(store, queued.id, "completed")
     assert await store.get(queued.id, (Table.RESPONSES,)) is None
@@ -147,9 +160,9 @@ async def test_ephemeral_result_expires_on_the_fake_clock(
     assert await store.get(queued.id) is None
 
 
-async def test_cancel_at_each_stage(nursery: trio.Nursery) -> None:
+async def test_cancel_at_each_stage(nursery: trio.Nursery, store_spec: str) -> None:
     engine = FakeEngine(step_delay=0.01)
-    jobs, store = await start(nursery, engine)
+    jobs, store = await start(nursery, store_spec, engine)
     running = await jobs.submit(job("echo: " + " ".join(["w"] * 200), max_tokens=200))
     queued = await jobs.submit(job("echo: queued"))
     with trio.fail_after(5):
@@ -166,8 +179,10 @@ async def test_cancel_at_each_stage(nursery: trio.Nursery) -> None:
     assert (await store.statistics()).active.entries == 0
 
 
-async def test_a_prelude_that_raises_fails_that_job_alone(nursery: trio.Nursery) -> None:
-    jobs, store = await start(nursery, FakeEngine())
+async def test_a_prelude_that_raises_fails_that_job_alone(
+    nursery: trio.Nursery, store_spec: str
+) -> None:
+    jobs, store = await start(nursery, store_spec, FakeEngine())
 
     async def broken(generate: GenerateText) -> GenerationRequest:
         raise RuntimeError("a bug in compacting")
@@ -183,9 +198,11 @@ async def test_a_prelude_that_raises_fails_that_job_alone(nursery: trio.Nursery)
     await statuses(store, fine.id, "completed")
 
 
-async def test_ending_all_jobs_fails_running_and_queued_ones(nursery: trio.Nursery) -> None:
+async def test_ending_all_jobs_fails_running_and_queued_ones(
+    nursery: trio.Nursery, store_spec: str
+) -> None:
     engine = FakeEngine(step_delay=0.01)
-    jobs, store = await start(nursery, engine)
+    jobs, store = await start(nursery, store_spec, engine)
     running = await jobs.submit(job("echo: " + " ".join(["w"] * 40)))
     queued = await jobs.submit(job("echo: queued"))
     with trio.fail_after(10):

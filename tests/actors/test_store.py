@@ -1,4 +1,4 @@
-"""The store actor's limits, on Trio's fake clock."""
+"""The store's limits on both backends (memory and SQLite), on Trio's fake clock."""
 
 from __future__ import annotations
 
@@ -13,7 +13,9 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from mlxcel.actors.item_index import ItemIndex
 from mlxcel.actors.messages import AddItems, Refused
-from mlxcel.actors.store import BoundedTable, StoreActor, StoreHandle, approx_json_size
+from mlxcel.actors.store import StoreActor, StoreHandle
+from mlxcel.actors.store_codec import encoded_size
+from mlxcel.actors.store_memory import BoundedTable
 from mlxcel.config import Settings, StoreLimits
 from mlxcel.errors import NotFound
 from mlxcel.items import (
@@ -43,15 +45,22 @@ def record(rid: str, text: str = "x") -> ResponseRecord:
 
 
 async def start(
-    nursery: trio.Nursery, limits: StoreLimits, conversations: StoreLimits = OFF
+    nursery: trio.Nursery, store_spec: str, limits: StoreLimits, conversations: StoreLimits = OFF
 ) -> StoreHandle:
-    actor = StoreActor(limits, conversations, DEFAULTS.background_ephemeral_ttl_secs)
+    """A store on `store_spec`'s backend, on Trio's (fake) clock."""
+    actor = StoreActor(
+        limits,
+        conversations,
+        DEFAULTS.background_ephemeral_ttl_secs,
+        store=store_spec,
+        clock=trio.current_time,
+    )
     handle: StoreHandle = await nursery.start(actor.run)
     return handle
 
 
-async def test_put_get_delete(nursery: trio.Nursery) -> None:
-    store = await start(nursery, StoreLimits(10, 1 << 20, 0))
+async def test_put_get_delete(nursery: trio.Nursery, store_spec: str) -> None:
+    store = await start(nursery, store_spec, StoreLimits(10, 1 << 20, 0))
     assert await store.put(record("a"))
     assert (await store.get("a")) == record("a")
     assert await store.delete("a")
@@ -59,8 +68,10 @@ async def test_put_get_delete(nursery: trio.Nursery) -> None:
     assert not await store.delete("a")
 
 
-async def test_entries_limit_evicts_least_recently_used(nursery: trio.Nursery) -> None:
-    store = await start(nursery, StoreLimits(2, 1 << 20, 0))
+async def test_entries_limit_evicts_least_recently_used(
+    nursery: trio.Nursery, store_spec: str
+) -> None:
+    store = await start(nursery, store_spec, StoreLimits(2, 1 << 20, 0))
     await store.put(record("a"))
     await store.put(record("b"))
     assert await store.get("a") is not None  # a read refreshes a's recency
@@ -71,9 +82,9 @@ async def test_entries_limit_evicts_least_recently_used(nursery: trio.Nursery) -
 
 
 async def test_ttl_expires_on_the_fake_clock(
-    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+    nursery: trio.Nursery, store_spec: str, autojump_clock: trio.testing.MockClock
 ) -> None:
-    store = await start(nursery, StoreLimits(10, 1 << 20, 60))
+    store = await start(nursery, store_spec, StoreLimits(10, 1 << 20, 60))
     await store.put(record("a"))
     await trio.sleep(30)
     assert await store.get("a") is not None  # reading does not extend the TTL
@@ -85,17 +96,17 @@ async def test_ttl_expires_on_the_fake_clock(
 
 
 async def test_ttl_zero_never_expires(
-    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+    nursery: trio.Nursery, store_spec: str, autojump_clock: trio.testing.MockClock
 ) -> None:
-    store = await start(nursery, StoreLimits(10, 1 << 20, 0))
+    store = await start(nursery, store_spec, StoreLimits(10, 1 << 20, 0))
     await store.put(record("a"))
     await trio.sleep(10**7)
     assert await store.get("a") is not None
 
 
-async def test_byte_budget_alone_evicts(nursery: trio.Nursery) -> None:
-    size = approx_json_size(record("a"))
-    store = await start(nursery, StoreLimits(1000, 2 * size, 0))
+async def test_byte_budget_alone_evicts(nursery: trio.Nursery, store_spec: str) -> None:
+    size = encoded_size(record("a"))
+    store = await start(nursery, store_spec, StoreLimits(1000, 2 * size, 0))
     await store.put(record("a"))
     await store.put(record("b"))
     await store.put(record("c"))
@@ -107,9 +118,9 @@ async def test_byte_budget_alone_evicts(nursery: trio.Nursery) -> None:
     assert stats == type(stats)(entries=2, bytes=2 * size)
 
 
-async def test_both_limits_at_once(nursery: trio.Nursery) -> None:
-    size = approx_json_size(record("a"))
-    store = await start(nursery, StoreLimits(3, 10 * size, 0))
+async def test_both_limits_at_once(nursery: trio.Nursery, store_spec: str) -> None:
+    size = encoded_size(record("a"))
+    store = await start(nursery, store_spec, StoreLimits(3, 10 * size, 0))
     for rid in "abcde":
         await store.put(record(rid))
     assert [await store.get(r) is not None for r in "abcde"] == [False, False, True, True, True]
@@ -120,9 +131,11 @@ async def test_both_limits_at_once(nursery: trio.Nursery) -> None:
     assert await store.get("f") == big
 
 
-async def test_entry_exactly_at_budget_is_kept_larger_is_not(nursery: trio.Nursery) -> None:
-    size = approx_json_size(record("a"))
-    store = await start(nursery, StoreLimits(10, size, 0))
+async def test_entry_exactly_at_budget_is_kept_larger_is_not(
+    nursery: trio.Nursery, store_spec: str
+) -> None:
+    size = encoded_size(record("a"))
+    store = await start(nursery, store_spec, StoreLimits(10, size, 0))
     assert await store.put(record("a"))
     assert not await store.put(record("b", "much longer text"))
     assert await store.get("b") is None
@@ -131,17 +144,19 @@ async def test_entry_exactly_at_budget_is_kept_larger_is_not(nursery: trio.Nurse
 
 @pytest.mark.parametrize("limits", [StoreLimits(0, 1 << 20, 0), StoreLimits(10, 0, 0)])
 async def test_disabled_or_zero_budget_keeps_nothing(
-    nursery: trio.Nursery, limits: StoreLimits
+    nursery: trio.Nursery, store_spec: str, limits: StoreLimits
 ) -> None:
-    store = await start(nursery, limits)
+    store = await start(nursery, store_spec, limits)
     assert not await store.put(record("a"))
     assert await store.get("a") is None
 
 
 async def test_conversations_append_create_and_expire(
-    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+    nursery: trio.Nursery, store_spec: str, autojump_clock: trio.testing.MockClock
 ) -> None:
-    store = await start(nursery, StoreLimits(10, 1 << 20, 0), StoreLimits(10, 1 << 20, 100))
+    store = await start(
+        nursery, store_spec, StoreLimits(10, 1 << 20, 0), StoreLimits(10, 1 << 20, 100)
+    )
     one = Message("user", (InputText("one"),))
     two = Message("assistant", (InputText("two"),))
     conv = await store.append("conv_a", (one,))
@@ -158,8 +173,10 @@ async def test_conversations_append_create_and_expire(
     assert not await store.delete_conversation("conv_b")
 
 
-async def test_conversation_store_off_keeps_nothing(nursery: trio.Nursery) -> None:
-    store = await start(nursery, StoreLimits(10, 1 << 20, 0), StoreLimits(0, 1 << 20, 0))
+async def test_conversation_store_off_keeps_nothing(nursery: trio.Nursery, store_spec: str) -> None:
+    store = await start(
+        nursery, store_spec, StoreLimits(10, 1 << 20, 0), StoreLimits(0, 1 << 20, 0)
+    )
     assert await store.append("conv_a", (Message("user", (InputText("x"),)),)) is None
 
 
@@ -168,14 +185,14 @@ class TableMachine(RuleBasedStateMachine):
 
     def __init__(self) -> None:
         super().__init__()
-        self.budget = 6 * approx_json_size(record("k0"))
+        self.budget = 6 * encoded_size(record("k0"))
         self.table = BoundedTable(StoreLimits(5, self.budget, 0))
 
     @rule(key=st.sampled_from([f"k{i}" for i in range(8)]), length=st.integers(0, 400))
     def put(self, key: str, length: int) -> None:
         value = record(key, "x" * length)
         kept = self.table.put(key, value)
-        assert kept == (approx_json_size(value) <= self.budget)
+        assert kept == (encoded_size(value) <= self.budget)
         assert self.table.statistics().bytes <= self.budget
 
     @rule(key=st.sampled_from([f"k{i}" for i in range(8)]))
@@ -189,7 +206,7 @@ class TableMachine(RuleBasedStateMachine):
     @invariant()
     def bytes_are_the_sum_of_live_entries(self) -> None:
         cache = self.table._cache
-        assert cache.currsize == sum(approx_json_size(v) for v in cache.values())
+        assert cache.currsize == sum(encoded_size(v) for v in cache.values())
         assert len(cache) <= 5
 
 
@@ -211,11 +228,14 @@ def said(text: str) -> Message:
 
 async def test_an_append_past_the_budget_keeps_the_transcript_as_it_was(
     nursery: trio.Nursery,
+    store_spec: str,
     autojump_clock: trio.testing.MockClock,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    budget = approx_json_size(Conversation("conv_a", 0, items=(said("x" * 400),)))
-    store = await start(nursery, StoreLimits(10, 1 << 20, 0), StoreLimits(10, budget, 100))
+    budget = encoded_size(Conversation("conv_a", 0, items=(said("x" * 400),)))
+    store = await start(
+        nursery, store_spec, StoreLimits(10, 1 << 20, 0), StoreLimits(10, budget, 100)
+    )
     kept = await store.append("conv_a", (said("hello"),), response_id="resp_1")
     assert kept is not None
     await trio.sleep(60)
@@ -231,19 +251,21 @@ async def test_an_append_past_the_budget_keeps_the_transcript_as_it_was(
 
 def test_a_put_too_large_for_the_table_keeps_the_old_value() -> None:
     async def main() -> None:
-        table = BoundedTable(StoreLimits(10, approx_json_size(record("a")), 0))
+        table = BoundedTable(StoreLimits(10, encoded_size(record("a")), 0))
         assert table.put("a", record("a"))
         assert not table.put("a", record("a", "much longer text"))
         assert table.get("a") == record("a")
-        assert table.statistics().bytes == approx_json_size(record("a"))
+        assert table.statistics().bytes == encoded_size(record("a"))
 
     trio.run(main)
 
 
 async def test_appending_the_same_response_turn_twice_changes_nothing(
-    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+    nursery: trio.Nursery, store_spec: str, autojump_clock: trio.testing.MockClock
 ) -> None:
-    store = await start(nursery, StoreLimits(10, 1 << 20, 0), StoreLimits(10, 1 << 20, 100))
+    store = await start(
+        nursery, store_spec, StoreLimits(10, 1 << 20, 0), StoreLimits(10, 1 << 20, 100)
+    )
     turn = (said("q"), Message("assistant", (InputText("a"),)))
     first = await store.append("conv_a", turn, response_id="resp_1")
     await trio.sleep(1)
@@ -272,9 +294,11 @@ def test_minted_conversation_ids_are_recognised() -> None:
 
 
 async def test_a_minted_conversation_that_is_gone_is_not_created_again(
-    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+    nursery: trio.Nursery, store_spec: str, autojump_clock: trio.testing.MockClock
 ) -> None:
-    store = await start(nursery, StoreLimits(10, 1 << 20, 0), StoreLimits(10, 1 << 20, 100))
+    store = await start(
+        nursery, store_spec, StoreLimits(10, 1 << 20, 0), StoreLimits(10, 1 << 20, 100)
+    )
     minted = new_conversation_id()
     assert await store.put_conversation(Conversation(minted, 0))
     assert await store.get_conversation(minted) is not None
@@ -296,9 +320,9 @@ def with_items(rid: str, *item_ids: str) -> ResponseRecord:
 
 
 async def test_items_are_found_by_id_until_their_response_goes(
-    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+    nursery: trio.Nursery, store_spec: str, autojump_clock: trio.testing.MockClock
 ) -> None:
-    store = await start(nursery, StoreLimits(2, 1 << 20, 100))
+    store = await start(nursery, store_spec, StoreLimits(2, 1 << 20, 100))
     await store.put(with_items("a", "msg_in", "msg_out"))
     found = await store.find_items(frozenset({"msg_in", "msg_out", "msg_other"}))
     assert {k: v.id for k, v in found.items()} == {"msg_in": "msg_in", "msg_out": "msg_out"}

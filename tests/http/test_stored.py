@@ -165,19 +165,33 @@ async def test_each_limit_on_its_own_server(start_fake_server: StartServer) -> N
     # The fake clock cannot drive a real HTTP server, so the TTL here is real and short.
     entries = await start_fake_server(FakeEngine(), responses=StoreLimits(1, 1 << 20, 0))
     ttl = await start_fake_server(FakeEngine(), responses=StoreLimits(10, 1 << 20, 0.5))
-    budget = await start_fake_server(FakeEngine(), responses=StoreLimits(10, 2500, 0))
+    size = await stored_bytes(ttl, "echo: a")  # what one such response costs the budget
+    budget = await start_fake_server(FakeEngine(), responses=StoreLimits(10, size * 5 // 2, 0))
     for server in (entries, ttl, budget):
         client = server.client()
         a = await in_thread(client.responses.create, model="fake-model", input="echo: a")
         if server is ttl:
             await trio.sleep(0.6)
-        if server is budget:  # about 1 kB each: the budget holds two
+        if server is budget:  # the budget holds two
             for _ in range(2):
                 await in_thread(client.responses.create, model="fake-model", input="echo: c")
         b = await in_thread(client.responses.create, model="fake-model", input="echo: b")
         with pytest.raises(openai.NotFoundError):
             await in_thread(client.responses.retrieve, a.id)
         assert (await in_thread(client.responses.retrieve, b.id)).id == b.id
+
+
+async def stored_bytes(server: FakeServer, text: str) -> int:
+    """The bytes one stored response to `text` takes (the server's store is left as it
+    was)."""
+    created = await in_thread(server.client().responses.create, model="fake-model", input=text)
+    async with httpx.AsyncClient(base_url=server.url) as http:
+        metrics = (await http.get("/metrics")).text
+    await in_thread(server.client().responses.delete, created.id)
+    line = next(
+        x for x in metrics.splitlines() if x.startswith('mlxcel_store_bytes{table="responses"}')
+    )
+    return int(float(line.split()[-1]))
 
 
 async def test_input_tokens_equals_usage(fake_server: FakeServer) -> None:

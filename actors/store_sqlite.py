@@ -1,0 +1,502 @@
+"""The SQLite backend: the store in one file that survives restarts (`--store sqlite`).
+
+One connection, driven from one worker thread at a time (a capacity limiter of one), so
+Trio never blocks on the disk and each operation is one transaction: nothing another
+caller does can land between its read and its write. The file is in WAL mode with
+`synchronous=NORMAL`: a committed operation survives the process being killed (an OS
+crash or power loss may lose the last ones). An exclusive lock on `<file>.lock` keeps a
+second server off the file, which also lets the entry and byte counters live in memory:
+they are read once at open and changed only by this process's own transactions.
+
+Time is the wall clock by default, so a TTL means the same after a restart. A read
+touches its entry's `last_access` (a counter, not a time), which orders LRU eviction.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import logging
+import os
+import sqlite3
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import trio
+
+from mlxcel.actors.item_index import item_at
+from mlxcel.actors.limits import StoreLimits
+from mlxcel.actors.messages import (
+    ConversationChange,
+    Refused,
+    Stored,
+    StoreStatistics,
+    Table,
+    TableStatistics,
+)
+from mlxcel.actors.store_backend import (
+    MAX_CHAIN_HOPS,
+    Chain,
+    JobOwner,
+    changed_conversation,
+    final_table,
+    reaped,
+    too_large,
+)
+from mlxcel.actors.store_codec import decode, encode
+from mlxcel.errors import ConfigError
+from mlxcel.items import Conversation, Item, ResponseRecord
+
+log = logging.getLogger(__name__)
+
+SCHEMA_VERSION = 1
+"""`PRAGMA user_version` of the layout below; a file from a newer release is refused."""
+
+_SCHEMA = """
+CREATE TABLE entries (
+    tbl TEXT NOT NULL,
+    id TEXT NOT NULL,
+    size INTEGER NOT NULL,
+    expires_at REAL,
+    last_access INTEGER NOT NULL,
+    prev TEXT,
+    owner TEXT,
+    epoch TEXT,
+    cancel_requested INTEGER NOT NULL DEFAULT 0,
+    body BLOB NOT NULL,
+    PRIMARY KEY (tbl, id)
+);
+CREATE INDEX entries_lru ON entries (tbl, last_access, size);
+CREATE INDEX entries_expiry ON entries (tbl, expires_at) WHERE expires_at IS NOT NULL;
+CREATE TABLE items (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    item_id TEXT NOT NULL,
+    response_id TEXT NOT NULL,
+    place INTEGER NOT NULL
+);
+CREATE INDEX items_by_id ON items (item_id, seq);
+CREATE INDEX items_by_response ON items (response_id);
+CREATE TRIGGER entries_gone AFTER DELETE ON entries WHEN old.tbl = 'responses'
+BEGIN
+    DELETE FROM items WHERE response_id = old.id;
+END;
+"""
+"""One row per stored value (`body` is its encoding, last so scans of the other columns
+never read it); `items` says where each stored response's items live, for
+`item_reference`, and follows `entries` through the trigger."""
+
+_LIVE = "(expires_at IS NULL OR expires_at > :now)"
+T = TypeVar("T")
+
+
+class SqliteBackend:
+    """`StoreBackend` in a SQLite file (see `actors/store_backend.py`)."""
+
+    def __init__(
+        self,
+        db: sqlite3.Connection,
+        lock: int,
+        limits: dict[Table, StoreLimits],
+        clock: Callable[[], float],
+    ) -> None:
+        self._db = db
+        self._lock = lock
+        self._limits = limits
+        self._clock = clock
+        self._limiter = trio.CapacityLimiter(1)
+        self._counts: dict[Table, list[int]] = {}
+        self._tick = 0
+        self._recount()
+
+    @classmethod
+    async def open(
+        cls,
+        path: Path,
+        responses: StoreLimits,
+        conversations: StoreLimits,
+        ephemeral: StoreLimits,
+        *,
+        clock: Callable[[], float] | None = None,
+    ) -> SqliteBackend:
+        """Lock and open (or create) the file; ConfigError when another server holds it
+        or it cannot be read."""
+        limits = {
+            Table.RESPONSES: responses,
+            Table.CONVERSATIONS: conversations,
+            Table.EPHEMERAL: ephemeral,
+        }
+
+        def opened() -> SqliteBackend:
+            lock = _lock(path)
+            try:
+                return cls(_connect(path), lock, limits, clock or time.time)
+            except BaseException:
+                os.close(lock)
+                raise
+
+        return await trio.to_thread.run_sync(opened)
+
+    # --- the protocol ----------------------------------------------------------------
+
+    async def put(self, table: Table, value: Stored) -> bool:
+        return await self._call(self._put, table, value)
+
+    async def get(self, tables: tuple[Table, ...], key: str) -> Stored | None:
+        return await self._call(self._get, tables, key)
+
+    async def get_chain(self, response_id: str) -> Chain:
+        return await self._call(self._get_chain, response_id)
+
+    async def find_items(self, ids: frozenset[str]) -> dict[str, Item]:
+        return await self._call(self._find_items, ids)
+
+    async def delete(self, table: Table, key: str) -> bool:
+        return await self._call(self._delete, table, key)
+
+    async def change_conversation(
+        self, conversation_id: str, change: ConversationChange, create: bool
+    ) -> Conversation | Refused:
+        return await self._call(self._change, conversation_id, change, create)
+
+    async def statistics(self) -> StoreStatistics:
+        return await self._call(self._statistics)
+
+    async def register_job(self, record: ResponseRecord, owner: JobOwner) -> None:
+        await self._call(self._register_job, record, owner)
+
+    async def update_job(self, record: ResponseRecord, owner: JobOwner) -> bool:
+        return await self._call(self._update_job, record, owner)
+
+    async def finish_job(self, final: ResponseRecord, owner: JobOwner) -> ResponseRecord | None:
+        return await self._call(self._finish_job, final, owner)
+
+    async def request_cancel(self, response_id: str) -> JobOwner | None:
+        return await self._call(self._request_cancel, response_id)
+
+    async def reap(self, owner: JobOwner) -> int:
+        return await self._call(self._reap, owner)
+
+    async def aclose(self) -> None:
+        def close() -> None:
+            self._db.close()
+            os.close(self._lock)
+
+        await trio.to_thread.run_sync(close, limiter=self._limiter)
+
+    # --- one transaction each, on the store's thread ------------------------------------
+
+    async def _call(self, operation: Callable[..., T], *args: Any) -> T:
+        now = self._clock()  # read here: an injected clock may be Trio's
+        return await trio.to_thread.run_sync(
+            lambda: self._in_transaction(operation, now, *args), limiter=self._limiter
+        )
+
+    def _in_transaction(self, operation: Callable[..., T], now: float, *args: Any) -> T:
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            result = operation(now, *args)
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            self._recount()  # the counters follow what was committed
+            raise
+        self._db.execute("COMMIT")
+        return result
+
+    def _put(self, now: float, table: Table, value: Stored) -> bool:
+        limits = self._limits[table]
+        if not limits.enabled:
+            return False
+        body = encode(value)
+        if len(body) > limits.max_bytes:
+            log.info("%s is larger than its store's byte budget; not kept", value.id)
+            return False
+        self._purge(table, now)
+        self._remove(table, "id = :id", id=value.id)  # replacing a key never double-counts
+        while self._counts[table][1] + len(body) > limits.max_bytes:
+            self._evict_one(table)
+        expires = now + limits.ttl_secs if limits.ttl_secs > 0 else None
+        self._insert(table, value, body, expires=expires)
+        while self._counts[table][0] > limits.max_entries:
+            self._evict_one(table)
+        return True
+
+    def _get(self, now: float, tables: tuple[Table, ...], key: str) -> Stored | None:
+        for table in tables:
+            row = self._db.execute(
+                f"SELECT rowid, body FROM entries WHERE tbl = :tbl AND id = :id AND {_LIVE}",
+                {"tbl": table.value, "id": key, "now": now},
+            ).fetchone()
+            if row is not None:
+                self._touch(table, row[0])
+                return decode(row[1])
+        return None
+
+    def _get_chain(self, now: float, response_id: str) -> Chain:
+        rows = self._db.execute(
+            f"""
+            WITH RECURSIVE chain(depth, id, found) AS (
+                SELECT 0, :id, (SELECT rowid FROM entries
+                    WHERE id = :id AND tbl IN ('active', 'responses') AND {_LIVE}
+                    ORDER BY tbl = 'active' DESC LIMIT 1)
+                UNION ALL
+                SELECT chain.depth + 1, e.prev, (SELECT rowid FROM entries
+                    WHERE id = e.prev AND tbl IN ('active', 'responses') AND {_LIVE}
+                    ORDER BY tbl = 'active' DESC LIMIT 1)
+                FROM chain JOIN entries e ON e.rowid = chain.found
+                WHERE e.prev IS NOT NULL AND chain.depth + 1 < :hops
+            )
+            SELECT chain.id, e.rowid, e.tbl, e.body
+            FROM chain LEFT JOIN entries e ON e.rowid = chain.found
+            ORDER BY chain.depth
+            """,
+            {"id": response_id, "now": now, "hops": MAX_CHAIN_HOPS},
+        ).fetchall()
+        records: list[ResponseRecord] = []
+        for key, rowid, tbl, body in rows:
+            if rowid is None:
+                return Chain(tuple(records), key)
+            self._touch(Table(tbl), rowid)
+            record = decode(body)
+            assert isinstance(record, ResponseRecord)
+            records.append(record)
+        return Chain(tuple(records))
+
+    def _find_items(self, now: float, ids: frozenset[str]) -> dict[str, Item]:
+        found: dict[str, Item] = {}
+        for item_id in sorted(ids):
+            rows = self._db.execute(
+                f"""
+                SELECT e.rowid, e.body, i.place FROM items i
+                JOIN entries e ON e.tbl = 'responses' AND e.id = i.response_id AND {_LIVE}
+                WHERE i.item_id = :item ORDER BY i.seq DESC
+                """,
+                {"item": item_id, "now": now},
+            )
+            for rowid, body, place in rows:
+                record = decode(body)
+                item = item_at(record, place) if isinstance(record, ResponseRecord) else None
+                if item is not None and item.id == item_id:
+                    self._touch(Table.RESPONSES, rowid)
+                    found[item_id] = item
+                    break
+        return found
+
+    def _delete(self, now: float, table: Table, key: str) -> bool:
+        return self._remove(table, "id = :id", id=key) > 0
+
+    def _change(
+        self, now: float, conversation_id: str, change: ConversationChange, create: bool
+    ) -> Conversation | Refused:
+        current = self._get(now, (Table.CONVERSATIONS,), conversation_id)
+        if not isinstance(current, Conversation):
+            current = None
+        updated = changed_conversation(current, conversation_id, change, create)
+        if isinstance(updated, Refused) or updated is current:
+            return updated
+        # A refused put keeps the transcript that was there.
+        return updated if self._put(now, Table.CONVERSATIONS, updated) else Refused.FULL
+
+    def _statistics(self, now: float) -> StoreStatistics:
+        for table in self._limits:
+            self._purge(table, now)
+
+        def of(table: Table) -> TableStatistics:
+            entries, size = self._counts[table]
+            return TableStatistics(entries=entries, bytes=size)
+
+        return StoreStatistics(
+            responses=of(Table.RESPONSES),
+            conversations=of(Table.CONVERSATIONS),
+            ephemeral=of(Table.EPHEMERAL),
+            active=of(Table.ACTIVE),
+        )
+
+    def _register_job(self, now: float, record: ResponseRecord, owner: JobOwner) -> None:
+        self._remove(Table.ACTIVE, "id = :id", id=record.id)
+        self._insert(Table.ACTIVE, record, encode(record), owner=owner)
+
+    def _update_job(self, now: float, record: ResponseRecord, owner: JobOwner) -> bool:
+        old = self._held_size(record.id, owner)
+        if old is None:
+            return False
+        body = encode(record)
+        self._db.execute(
+            "UPDATE entries SET body = :body, size = :size WHERE tbl = 'active' AND id = :id",
+            {"body": body, "size": len(body), "id": record.id},
+        )
+        self._counts[Table.ACTIVE][1] += len(body) - old
+        return True
+
+    def _finish_job(
+        self, now: float, final: ResponseRecord, owner: JobOwner
+    ) -> ResponseRecord | None:
+        if self._held_size(final.id, owner) is None:
+            return None
+        return self._finish(now, final)
+
+    def _request_cancel(self, now: float, response_id: str) -> JobOwner | None:
+        row = self._db.execute(
+            "UPDATE entries SET cancel_requested = 1 WHERE tbl = 'active' AND id = :id "
+            "RETURNING owner, epoch",
+            {"id": response_id},
+        ).fetchone()
+        return JobOwner(row[0], row[1]) if row is not None else None
+
+    def _reap(self, now: float, owner: JobOwner) -> int:
+        rows = self._db.execute(
+            "SELECT body, cancel_requested FROM entries WHERE tbl = 'active' "
+            "AND NOT (owner IS :replica AND epoch IS :epoch)",
+            {"replica": owner.replica, "epoch": owner.epoch},
+        ).fetchall()
+        for body, cancel_requested in rows:
+            record = decode(body)
+            assert isinstance(record, ResponseRecord)
+            self._finish(now, reaped(record, bool(cancel_requested)))
+        return len(rows)
+
+    # --- pieces of one transaction ---------------------------------------------------
+
+    def _finish(self, now: float, final: ResponseRecord) -> ResponseRecord:
+        table = final_table(final)
+        if not self._put(now, table, final):
+            final = too_large(final)
+            self._put(now, table, final)
+        self._remove(Table.ACTIVE, "id = :id", id=final.id)
+        return final
+
+    def _held_size(self, response_id: str, owner: JobOwner) -> int | None:
+        """The size of an unfinished job's record if `owner` holds it, else None."""
+        row = self._db.execute(
+            "SELECT owner, epoch, size FROM entries WHERE tbl = 'active' AND id = :id",
+            {"id": response_id},
+        ).fetchone()
+        if row is None or (row[0], row[1]) != (owner.replica, owner.epoch):
+            return None
+        return int(row[2])
+
+    def _insert(
+        self,
+        table: Table,
+        value: Stored,
+        body: bytes,
+        *,
+        expires: float | None = None,
+        owner: JobOwner | None = None,
+    ) -> None:
+        self._tick += 1
+        prev = value.echo.previous_response_id if isinstance(value, ResponseRecord) else None
+        self._db.execute(
+            "INSERT INTO entries (tbl, id, size, expires_at, last_access, prev, owner, epoch, "
+            "body) VALUES (:tbl, :id, :size, :expires, :tick, :prev, :owner, :epoch, :body)",
+            {
+                "tbl": table.value,
+                "id": value.id,
+                "size": len(body),
+                "expires": expires,
+                "tick": self._tick,
+                "prev": prev,
+                "owner": owner.replica if owner else None,
+                "epoch": owner.epoch if owner else None,
+                "body": body,
+            },
+        )
+        if table is Table.RESPONSES and isinstance(value, ResponseRecord):
+            places = [
+                (item.id, value.id, place)
+                for place, item in enumerate((*value.input_items, *value.output))
+                if item.id is not None
+            ]
+            self._db.executemany(
+                "INSERT INTO items (item_id, response_id, place) VALUES (?, ?, ?)", places
+            )
+        self._counts[table][0] += 1
+        self._counts[table][1] += len(body)
+
+    def _remove(self, table: Table, where: str, **params: Any) -> int:
+        """Delete the table's rows matching `where`; how many."""
+        gone = self._db.execute(
+            f"DELETE FROM entries WHERE tbl = :tbl AND {where} RETURNING size",
+            {"tbl": table.value, **params},
+        ).fetchall()
+        self._counts[table][0] -= len(gone)
+        self._counts[table][1] -= sum(size for (size,) in gone)
+        return len(gone)
+
+    def _purge(self, table: Table, now: float) -> None:
+        self._remove(table, "expires_at <= :now", now=now)
+
+    def _evict_one(self, table: Table) -> None:
+        self._remove(
+            table,
+            "rowid = (SELECT rowid FROM entries WHERE tbl = :tbl ORDER BY last_access LIMIT 1)",
+        )
+
+    def _touch(self, table: Table, rowid: int) -> None:
+        if table is not Table.ACTIVE:
+            self._tick += 1
+            self._db.execute(
+                "UPDATE entries SET last_access = ? WHERE rowid = ?", (self._tick, rowid)
+            )
+
+    def _recount(self) -> None:
+        self._counts = {table: [0, 0] for table in Table}
+        rows = self._db.execute(
+            "SELECT tbl, count(*), coalesce(sum(size), 0) FROM entries GROUP BY tbl"
+        )
+        for tbl, entries, size in rows:
+            with contextlib.suppress(ValueError):
+                self._counts[Table(tbl)] = [entries, size]
+        (tick,) = self._db.execute("SELECT coalesce(max(last_access), 0) FROM entries").fetchone()
+        self._tick = max(self._tick, tick)
+
+
+def _lock(path: Path) -> int:
+    """Hold `<file>.lock` exclusively for this process's life; ConfigError if another
+    server has it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lock_path = path.with_name(path.name + ".lock")
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+        os.close(fd)
+        raise ConfigError(
+            f"the store {path} is in use by another mlxcel server (pid {holder}); "
+            "stop it, or give this server its own file with --store sqlite:PATH"
+        ) from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, str(os.getpid()).encode(), 0)
+    return fd
+
+
+def _connect(path: Path) -> sqlite3.Connection:
+    try:
+        db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        with _closing_on_error(db):
+            db.execute("PRAGMA journal_mode = WAL")
+            db.execute("PRAGMA synchronous = NORMAL")
+            (version,) = db.execute("PRAGMA user_version").fetchone()
+            if version > SCHEMA_VERSION:
+                raise ConfigError(
+                    f"the store {path} was written by a newer mlxcel (schema {version}; "
+                    f"this release reads {SCHEMA_VERSION})"
+                )
+            if version == 0:
+                db.executescript(
+                    f"BEGIN; {_SCHEMA} PRAGMA user_version = {SCHEMA_VERSION}; COMMIT;"
+                )
+        return db
+    except sqlite3.DatabaseError as exc:
+        raise ConfigError(f"the store {path} cannot be opened: {exc}") from exc
+
+
+@contextlib.contextmanager
+def _closing_on_error(db: sqlite3.Connection) -> Iterator[None]:
+    try:
+        yield
+    except BaseException:
+        db.close()
+        raise
