@@ -58,7 +58,8 @@ def _poll(http: httpx.Client, response_id: str, statuses: tuple[str, ...]) -> di
 def test_a_killed_server_comes_back_with_everything_it_stored(
     servers: ServerProcesses, tmp_path: Path
 ) -> None:
-    store = ("--store", f"sqlite:{tmp_path / 'store.sqlite3'}", "--parallel", "1")
+    path = tmp_path / "store.sqlite3"
+    store = ("--store", f"sqlite:{path}", "--parallel", "1")
     first = servers.start(*store, step_delay=0.05)
     client = first.client()
     one = client.responses.create(
@@ -91,23 +92,36 @@ def test_a_killed_server_comes_back_with_everything_it_stored(
         running = client.responses.create(model=MODEL, input=LONG, background=True)
         _poll(http, running.id, ("in_progress",))
         queued = client.responses.create(model=MODEL, input="echo: waits", background=True)
-        assert queued.status == "queued"
+        unstored = client.responses.create(
+            model=MODEL, input="echo: waits too", background=True, store=False
+        )
+        assert (queued.status, unstored.status) == ("queued", "queued")
         paths = [f"/v1/responses/{r.id}" for r in (one, two, ephemeral)]
         paths += [f"/v1/responses/{r.id}/input_items" for r in (one, two)]
         paths += [f"/v1/conversations/{conv.id}", f"/v1/conversations/{conv.id}/items?limit=100"]
-        before = {path: _get(http, path) for path in paths}
+        before = {url: _get(http, url) for url in paths}
         first.kill()
 
     second = servers.start(*store, step_delay=0.05)
     with second.http() as http:
-        for job in (running, queued):  # the first look already finds each ended
+        for job in (running, queued, unstored):  # the first look already finds each ended
             r = http.get(f"/v1/responses/{job.id}")
             assert r.status_code == 200, r.text
             body = r.json()
             assert body["status"] == "failed", body
             assert body["error"] == {"code": "server_error", "message": RESTART_MESSAGE}
             assert body["background"] is True
-        assert {path: _get(http, path) for path in paths} == before
+        assert {url: _get(http, url) for url in paths} == before
+    with contextlib.closing(sqlite3.connect(path)) as db:  # each where its final object goes
+        tables = dict(db.execute("SELECT id, tbl FROM entries WHERE tbl != 'conversations'"))
+    assert tables == {
+        one.id: "responses",
+        two.id: "responses",
+        running.id: "responses",
+        queued.id: "responses",
+        ephemeral.id: "ephemeral",
+        unstored.id: "ephemeral",
+    }
     items = second.client().conversations.items.list(conv.id, order="asc", limit=100)
     assert [i.content[0].text for i in items.data] == texts  # type: ignore[union-attr]
     three = second.client().responses.create(
