@@ -168,6 +168,23 @@ def test_expiry_keeps_counting_while_the_server_is_down(
             assert [http.get(p).status_code for p in kept[path]] == [status] * 3
 
 
+def test_recency_survives_a_restart(servers: ServerProcesses, tmp_path: Path) -> None:
+    store = ("--store", f"sqlite:{tmp_path / 'store.sqlite3'}")
+    store += ("--responses-store-max-entries", "3")
+    first = servers.start(*store)
+    client = first.client()
+    ids = [client.responses.create(model=MODEL, input=f"echo: {n}").id for n in range(3)]
+    client.responses.retrieve(ids[0])  # least recently used now: 1, then 2, then 0
+    first.kill()
+    second = servers.start(*store)
+    client = second.client()
+    client.responses.retrieve(ids[2])  # read after the restart: the most recent of all
+    ids += [client.responses.create(model=MODEL, input=f"echo: {n}").id for n in (3, 4)]
+    with second.http() as http:
+        kept = [http.get(f"/v1/responses/{i}").status_code for i in ids]
+    assert kept == [404, 404, 200, 200, 200]
+
+
 def test_a_second_server_on_the_same_file_stops_and_the_first_serves_on(
     servers: ServerProcesses, tmp_path: Path
 ) -> None:
@@ -236,6 +253,7 @@ def test_appends_cut_by_a_kill_leave_a_clean_prefix(
     second = servers.start("--store", f"sqlite:{path}")
     with second.http() as http:
         listed = http.get(f"/v1/conversations/{conv_id}/items?order=asc&limit=100").json()
+        assert listed["has_more"] is False
         found: dict[tuple[int, int], str] = {}
         order: dict[int, list[int]] = {w: [] for w in range(WRITERS)}
         for item in listed["data"]:
