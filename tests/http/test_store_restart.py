@@ -130,6 +130,16 @@ def test_a_killed_server_comes_back_with_everything_it_stored(
     assert three.output_text == "gamma"
     assert three.usage is not None
     assert three.usage.input_tokens == chained
+    answer = one.output[0]  # an item of a stored response is found by its id
+    referenced = second.client().responses.create(
+        model=MODEL,
+        input=[
+            {"type": "item_reference", "id": answer.id},
+            {"role": "user", "content": "echo: again"},
+        ],  # type: ignore[list-item]
+    )
+    listed = second.client().responses.input_items.list(referenced.id, order="asc")
+    assert listed.data[0].model_dump() == answer.model_dump()
 
 
 def test_expiry_keeps_counting_while_the_server_is_down(
