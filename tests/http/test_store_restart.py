@@ -220,6 +220,18 @@ def test_a_second_server_on_the_same_file_stops_and_the_first_serves_on(
     )
 
 
+def test_a_store_that_cannot_be_made_stops_start_up(
+    servers: ServerProcesses, tmp_path: Path
+) -> None:
+    (tmp_path / "file").write_text("not a folder")
+    path = tmp_path / "file" / "store.sqlite3"
+    server = servers.launch("--store", f"sqlite:{path}")
+    assert server.proc.wait(timeout=60) == 2
+    message = server.log.read_text()
+    assert f"fake-server: error: the store {path} cannot be opened" in message, message
+    assert "Traceback" not in message
+
+
 WRITERS, APPENDS = 10, 10
 PAD = "x" * 2000  # each item large enough that a torn write would show
 
