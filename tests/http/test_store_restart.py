@@ -153,27 +153,31 @@ def test_expiry_keeps_counting_while_the_server_is_down(
     def flags(path: Path, secs: str) -> list[str]:
         return ["--store", f"sqlite:{path}", *(x for ttl in ttls for x in (ttl, secs))]
 
+    cases = ((short, "2", 404), (long, "3600", 200))
     kept: dict[Path, list[str]] = {}
-    for path, secs in ((short, "2"), (long, "3600")):
-        server = servers.start(*flags(path, secs))
+    started = [(servers.launch(*flags(path, secs)), path) for path, secs, _ in cases]
+    for server, path in started:
+        server.wait_ready()
         client = server.client()
-        response = client.responses.create(model=MODEL, input="echo: kept a while")
-        conv = client.conversations.create(items=[{"role": "user", "content": "hi"}])
         ephemeral = client.responses.create(
             model=MODEL, input="echo: not stored", background=True, store=False
         )
+        response = client.responses.create(model=MODEL, input="echo: kept a while")
+        conv = client.conversations.create(items=[{"role": "user", "content": "hi"}])
         with server.http() as http:
             _poll(http, ephemeral.id, ("completed",))
-        stored = time.time()  # every entry was written by now
-        server.kill()
         kept[path] = [
             f"/v1/responses/{response.id}",
             f"/v1/conversations/{conv.id}",
             f"/v1/responses/{ephemeral.id}",
         ]
+    stored = time.time()  # every entry was written by now
+    for server, _ in started:
+        server.kill()
     time.sleep(max(0.0, stored + 3 - time.time()))
-    for path, secs, status in ((short, "2", 404), (long, "3600", 200)):
-        server = servers.start(*flags(path, secs))
+    restarted = [(servers.launch(*flags(path, secs)), path, status) for path, secs, status in cases]
+    for server, path, status in restarted:
+        server.wait_ready()
         with server.http() as http:
             assert [http.get(p).status_code for p in kept[path]] == [status] * 3
 
