@@ -1,5 +1,6 @@
-"""The root nursery: store → echo → model → scheduler → jobs → HTTP, each started when
-the one before is ready, and all stopped together.
+"""The root nursery: echo → model → scheduler → jobs → HTTP, each started when the one
+before is ready, and all stopped together, inside the store, which is opened first and
+closed last.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import trio
 from mlxcel.actors.echo import EchoActor
 from mlxcel.actors.jobs import JobsHandle, JobSupervisor
 from mlxcel.actors.scheduler import Scheduler, SchedulerHandle
-from mlxcel.actors.store import StoreActor
+from mlxcel.actors.store import StoreActor, StoreHandle
 from mlxcel.config import Settings
 from mlxcel.errors import ConfigError
 from mlxcel.http.routes import Handles, create_app
@@ -46,8 +47,10 @@ async def serve(
     """Run every actor (store → echo → model → scheduler → jobs → HTTP) until cancelled,
     or until `shutdown` is set and the drain is over; reports the HTTP URLs once listening.
 
-    Resource handling: every actor lives in this one nursery, so cancelling it (a second
-    signal, a test leaving its scope) stops them all; the model thread closes its engine.
+    Resource handling: every actor but the store lives in this one nursery, and the store
+    is opened around it, so the store closes only after the last actor is done.
+    Cancelling it (a second signal, a test leaving its scope) stops them all; the model
+    thread closes its engine.
     Setting `shutdown` drains instead: no new connections or generations, in-flight
     responses get `--shutdown-timeout-secs` to finish, then every one still running is
     ended with its terminal event, and only then do the actors stop.
@@ -61,8 +64,15 @@ async def serve(
     check_tool_parser(settings.tool_call_parser)
     if settings.tool_call_parser is not None:
         factory = functools.partial(_with_tool_parser, factory, settings.tool_call_parser)
-    async with trio.open_nursery() as nursery:
-        handles = await _start_actors(nursery, settings, factory, names, shutdown)
+    store_actor = StoreActor(
+        settings.responses,
+        settings.conversations,
+        settings.background_ephemeral_ttl_secs,
+        store=settings.store,
+    )
+    # The store outlives every other actor: it closes once the last of them is done.
+    async with store_actor.open() as store, trio.open_nursery() as nursery:
+        handles = await _start_actors(nursery, settings, factory, names, shutdown, store)
         app = create_app(handles, body_timeout_secs=settings.body_timeout_secs)
         async with trio.open_nursery() as edge:
             http = functools.partial(
@@ -91,17 +101,11 @@ async def _start_actors(
     factory: EngineFactory,
     names: ModelNames,
     shutdown: trio.Event,
+    store: StoreHandle,
 ) -> Handles:
-    """Start store → echo → model → scheduler → jobs in `nursery`, each once the one
-    before is ready; the handles the HTTP edge talks to."""
+    """Start echo → model → scheduler → jobs in `nursery`, each once the one before is
+    ready; the handles the HTTP edge talks to."""
     metrics = Metrics()
-    store_actor = StoreActor(
-        settings.responses,
-        settings.conversations,
-        settings.background_ephemeral_ttl_secs,
-        store=settings.store,
-    )
-    store = await nursery.start(store_actor.run)
     echo = await nursery.start(EchoActor(settings.reasoning_echo_max_bytes).run)
     model = await nursery.start(ModelActor(factory, settings.parallel, metrics).run)
     scheduler_actor = Scheduler(
@@ -223,7 +227,24 @@ def run(settings: Settings) -> None:
     load_fast_blas()  # before anything imports mlx.core
     factory = functools.partial(load_model, path, names, settings)
     log.info("loading %s from %s", names.alias, path)
-    trio.run(functools.partial(_serve_until_signalled, settings, factory, names))
+    serve_until_signalled(settings, factory, names)
+
+
+def serve_until_signalled(settings: Settings, factory: EngineFactory, names: ModelNames) -> None:
+    """Run the server in a new Trio run until SIGINT or SIGTERM and its drain; a
+    ConfigError found while starting comes out as itself."""
+    try:
+        trio.run(functools.partial(_serve_until_signalled, settings, factory, names))
+    except BaseExceptionGroup as group:
+        # A setting found wrong while starting (a store file another server holds) is
+        # reported as such, not as the nurseries' traceback.
+        wrong, _ = group.split(ConfigError)
+        if wrong is None:
+            raise
+        first: BaseException = wrong
+        while isinstance(first, BaseExceptionGroup):
+            first = first.exceptions[0]
+        raise first from None
 
 
 async def _serve_until_signalled(

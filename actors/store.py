@@ -9,11 +9,12 @@ atomic step, so no inbox serialises them.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
 import uuid
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 
 import trio
 
@@ -166,12 +167,21 @@ class StoreActor:
     async def run(
         self, *, task_status: trio.TaskStatus[StoreHandle] = trio.TASK_STATUS_IGNORED
     ) -> None:
-        """Open the backend, end the jobs an earlier process left unfinished, and serve
-        until cancelled; then close the backend.
+        """`open` the store and serve until cancelled (an actor's life in a nursery)."""
+        async with self.open() as handle:
+            task_status.started(handle)
+            await trio.sleep_forever()
+
+    @contextlib.asynccontextmanager
+    async def open(self) -> AsyncIterator[StoreHandle]:
+        """Open the backend, end the jobs an earlier process left unfinished, and hand
+        out the handle; close the backend when the block ends.
 
         Resource handling: memory is bounded by each table's entry cap and byte budget;
         a SQLite store holds its file's lock (one server per file) until closed, and the
-        close is shielded so a cancel cannot skip it.
+        close is shielded so a cancel cannot skip it. The server opens its store around
+        the nursery of every other actor, so the store closes only after the last of
+        them (a job storing its end under a shield) is done.
 
         Error handling: a SQLite file another server holds, or one this release cannot
         read, is a ConfigError before the server starts serving.
@@ -186,8 +196,7 @@ class StoreActor:
                     "they now answer failed",
                     ended,
                 )
-            task_status.started(StoreHandle(backend, owner, self._responses, self._conversations))
-            await trio.sleep_forever()
+            yield StoreHandle(backend, owner, self._responses, self._conversations)
         finally:
             with trio.CancelScope(shield=True):
                 await backend.aclose()

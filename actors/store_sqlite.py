@@ -15,12 +15,11 @@ touches its entry's `last_access` (a counter, not a time), which orders LRU evic
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import logging
 import os
 import sqlite3
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -36,6 +35,7 @@ from mlxcel.actors.messages import (
     Table,
     TableStatistics,
 )
+from mlxcel.actors.sqlite_file import CHAIN, ITEM_PLACES, LIVE, connect, lock_file
 from mlxcel.actors.store_backend import (
     MAX_CHAIN_HOPS,
     Chain,
@@ -46,48 +46,10 @@ from mlxcel.actors.store_backend import (
     too_large,
 )
 from mlxcel.actors.store_codec import decode, encode
-from mlxcel.errors import ConfigError
 from mlxcel.items import Conversation, Item, ResponseRecord
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 1
-"""`PRAGMA user_version` of the layout below; a file from a newer release is refused."""
-
-_SCHEMA = """
-CREATE TABLE entries (
-    tbl TEXT NOT NULL,
-    id TEXT NOT NULL,
-    size INTEGER NOT NULL,
-    expires_at REAL,
-    last_access INTEGER NOT NULL,
-    prev TEXT,
-    owner TEXT,
-    epoch TEXT,
-    cancel_requested INTEGER NOT NULL DEFAULT 0,
-    body BLOB NOT NULL,
-    PRIMARY KEY (tbl, id)
-);
-CREATE INDEX entries_lru ON entries (tbl, last_access, size);
-CREATE INDEX entries_expiry ON entries (tbl, expires_at) WHERE expires_at IS NOT NULL;
-CREATE TABLE items (
-    seq INTEGER PRIMARY KEY AUTOINCREMENT,
-    item_id TEXT NOT NULL,
-    response_id TEXT NOT NULL,
-    place INTEGER NOT NULL
-);
-CREATE INDEX items_by_id ON items (item_id, seq);
-CREATE INDEX items_by_response ON items (response_id);
-CREATE TRIGGER entries_gone AFTER DELETE ON entries WHEN old.tbl = 'responses'
-BEGIN
-    DELETE FROM items WHERE response_id = old.id;
-END;
-"""
-"""One row per stored value (`body` is its encoding, last so scans of the other columns
-never read it); `items` says where each stored response's items live, for
-`item_reference`, and follows `entries` through the trigger."""
-
-_LIVE = "(expires_at IS NULL OR expires_at > :now)"
 T = TypeVar("T")
 
 
@@ -106,6 +68,7 @@ class SqliteBackend:
         self._limits = limits
         self._clock = clock
         self._limiter = trio.CapacityLimiter(1)
+        self._closed = False
         self._counts: dict[Table, list[int]] = {}
         self._tick = 0
         self._recount()
@@ -129,9 +92,9 @@ class SqliteBackend:
         }
 
         def opened() -> SqliteBackend:
-            lock = _lock(path)
+            lock = lock_file(path)
             try:
-                return cls(_connect(path), lock, limits, clock or time.time)
+                return cls(connect(path), lock, limits, clock or time.time)
             except BaseException:
                 os.close(lock)
                 raise
@@ -180,8 +143,10 @@ class SqliteBackend:
 
     async def aclose(self) -> None:
         def close() -> None:
-            self._db.close()
-            os.close(self._lock)
+            if not self._closed:
+                self._closed = True
+                self._db.close()
+                os.close(self._lock)
 
         await trio.to_thread.run_sync(close, limiter=self._limiter)
 
@@ -189,9 +154,13 @@ class SqliteBackend:
 
     async def _call(self, operation: Callable[..., T], *args: Any) -> T:
         now = self._clock()  # read here: an injected clock may be Trio's
-        return await trio.to_thread.run_sync(
-            lambda: self._in_transaction(operation, now, *args), limiter=self._limiter
-        )
+
+        def run() -> T:
+            if self._closed:
+                raise trio.ClosedResourceError("the store is closed")
+            return self._in_transaction(operation, now, *args)
+
+        return await trio.to_thread.run_sync(run, limiter=self._limiter)
 
     def _in_transaction(self, operation: Callable[..., T], now: float, *args: Any) -> T:
         self._db.execute("BEGIN IMMEDIATE")
@@ -225,7 +194,7 @@ class SqliteBackend:
     def _get(self, now: float, tables: tuple[Table, ...], key: str) -> Stored | None:
         for table in tables:
             row = self._db.execute(
-                f"SELECT rowid, body FROM entries WHERE tbl = :tbl AND id = :id AND {_LIVE}",
+                f"SELECT rowid, body FROM entries WHERE tbl = :tbl AND id = :id AND {LIVE}",
                 {"tbl": table.value, "id": key, "now": now},
             ).fetchone()
             if row is not None:
@@ -235,22 +204,7 @@ class SqliteBackend:
 
     def _get_chain(self, now: float, response_id: str) -> Chain:
         rows = self._db.execute(
-            f"""
-            WITH RECURSIVE chain(depth, id, found) AS (
-                SELECT 0, :id, (SELECT rowid FROM entries
-                    WHERE id = :id AND tbl IN ('active', 'responses') AND {_LIVE}
-                    ORDER BY tbl = 'active' DESC LIMIT 1)
-                UNION ALL
-                SELECT chain.depth + 1, e.prev, (SELECT rowid FROM entries
-                    WHERE id = e.prev AND tbl IN ('active', 'responses') AND {_LIVE}
-                    ORDER BY tbl = 'active' DESC LIMIT 1)
-                FROM chain JOIN entries e ON e.rowid = chain.found
-                WHERE e.prev IS NOT NULL AND chain.depth + 1 < :hops
-            )
-            SELECT chain.id, e.rowid, e.tbl, e.body
-            FROM chain LEFT JOIN entries e ON e.rowid = chain.found
-            ORDER BY chain.depth
-            """,
+            CHAIN,
             {"id": response_id, "now": now, "hops": MAX_CHAIN_HOPS},
         ).fetchall()
         records: list[ResponseRecord] = []
@@ -267,11 +221,7 @@ class SqliteBackend:
         found: dict[str, Item] = {}
         for item_id in sorted(ids):
             rows = self._db.execute(
-                f"""
-                SELECT e.rowid, e.body, i.place FROM items i
-                JOIN entries e ON e.tbl = 'responses' AND e.id = i.response_id AND {_LIVE}
-                WHERE i.item_id = :item ORDER BY i.seq DESC
-                """,
+                ITEM_PLACES,
                 {"item": item_id, "now": now},
             )
             for rowid, body, place in rows:
@@ -450,56 +400,3 @@ class SqliteBackend:
                 self._counts[Table(tbl)] = [entries, size]
         (tick,) = self._db.execute("SELECT coalesce(max(last_access), 0) FROM entries").fetchone()
         self._tick = max(self._tick, tick)
-
-
-def _lock(path: Path) -> int:
-    """Hold `<file>.lock` exclusively for this process's life; ConfigError if another
-    server has it."""
-    lock_path = path.with_name(path.name + ".lock")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
-    except OSError as exc:
-        raise ConfigError(f"the store {path} cannot be opened: {exc.strerror or exc}") from exc
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
-        os.close(fd)
-        raise ConfigError(
-            f"the store {path} is in use by another mlxcel server (pid {holder}); "
-            "stop it, or give this server its own file with --store sqlite:PATH"
-        ) from None
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, str(os.getpid()).encode(), 0)
-    return fd
-
-
-def _connect(path: Path) -> sqlite3.Connection:
-    try:
-        db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-        with _closing_on_error(db):
-            db.execute("PRAGMA journal_mode = WAL")
-            db.execute("PRAGMA synchronous = NORMAL")
-            (version,) = db.execute("PRAGMA user_version").fetchone()
-            if version > SCHEMA_VERSION:
-                raise ConfigError(
-                    f"the store {path} was written by a newer mlxcel (schema {version}; "
-                    f"this release reads {SCHEMA_VERSION})"
-                )
-            if version == 0:
-                db.executescript(
-                    f"BEGIN; {_SCHEMA} PRAGMA user_version = {SCHEMA_VERSION}; COMMIT;"
-                )
-        return db
-    except sqlite3.DatabaseError as exc:
-        raise ConfigError(f"the store {path} cannot be opened: {exc}") from exc
-
-
-@contextlib.contextmanager
-def _closing_on_error(db: sqlite3.Connection) -> Iterator[None]:
-    try:
-        yield
-    except BaseException:
-        db.close()
-        raise

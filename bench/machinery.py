@@ -8,20 +8,31 @@ stream, so the wall time per token of a stream is the machinery's time per decod
 compared with the real engine's decode step at the same batch size it says what share of
 a step the machinery costs.
 
+Each response is stored (`store` defaults to true), so the store backend is on every
+request's path: `--store` picks the server's (`memory`, or `sqlite` on a new file in a
+temporary directory per run, or `sqlite:PATH`), and `--compare-store` runs the levels on
+both, alternating `--rounds` times, and prints SQLite's throughput as a share of memory's
+(the median of the rounds for each).
+
 Run from the repository root (the machine should be idle):
 
     .venv/bin/python bench/machinery.py                     # levels 1,8,32,64
     .venv/bin/python bench/machinery.py --step-ms 980        # the real step to compare with
+    .venv/bin/python bench/machinery.py --store sqlite       # on a durable store
+    .venv/bin/python bench/machinery.py --compare-store --rounds 3
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -35,14 +46,22 @@ from mlxcel.config import Settings
 from mlxcel.prepare.intake import ModelNames
 from mlxcel.model.fake import FakeEngine, fake_factory
 
-port, parallel = int(sys.argv[1]), int(sys.argv[2])
-settings = Settings(port=port, parallel=parallel, max_queue_depth=1024)
+from mlxcel.config import StoreLimits
+
+port, parallel, store = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+entries, budget = int(sys.argv[4]), int(sys.argv[5])
+responses = StoreLimits(entries, budget, 3600)
+settings = Settings(
+    port=port, parallel=parallel, max_queue_depth=1024, store=store, responses=responses
+)
 factory = functools.partial(fake_factory, FakeEngine(), 65536)
 trio.run(functools.partial(serve, settings, factory, ModelNames("fake", "/fake")))
 """
 # The real engine's decode step at batch 64 on the default model (float32, 2 cores):
 # ~65 tok/s decode-only in mlx-lm's `batch_generate`, so ~980 ms per step.
 DEFAULT_STEP_MS = 980.0
+DEFAULT_ENTRIES, DEFAULT_BYTES = 1024, 268_435_456
+"""The server's own response store limits (`--responses-store-max-*`)."""
 
 
 async def one_stream(http: httpx.AsyncClient, tokens: int) -> tuple[float, int]:
@@ -85,39 +104,113 @@ async def level(url: str, streams: int, tokens: int) -> dict[str, float]:
     }
 
 
+@contextlib.contextmanager
+def server(
+    port: int,
+    parallel: int,
+    store: str,
+    entries: int = DEFAULT_ENTRIES,
+    max_bytes: int = DEFAULT_BYTES,
+) -> Iterator[str]:
+    """The server on the fake engine, answering `/health`, for the block; its URL.
+
+    `store` is the server's `--store`; a bare `sqlite` is a new file in a temporary
+    directory, removed after."""
+    with contextlib.ExitStack() as stack:
+        if store == "sqlite":
+            folder = stack.enter_context(tempfile.TemporaryDirectory(prefix="mlxcel-bench-"))
+            store = f"sqlite:{folder}/store.sqlite3"
+        argv = [str(port), str(parallel), store, str(entries), str(max_bytes)]
+        process = subprocess.Popen([sys.executable, "-c", SERVER, *argv], cwd=ROOT)
+        url = f"http://127.0.0.1:{port}"
+        try:
+            wait_healthy(url, process)
+            yield url
+        finally:
+            process.terminate()
+            process.wait(timeout=30)
+
+
+def wait_healthy(url: str, process: subprocess.Popen[bytes], timeout: float = 60) -> None:
+    """Return once `url` answers `/health` with 200; RuntimeError if the server exits or
+    does not answer in time."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"the server exited with status {process.returncode}")
+        try:
+            if httpx.get(f"{url}/health").status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.02)
+    raise RuntimeError(f"the server did not answer /health within {timeout} s")
+
+
+def run_levels(port: int, store: str, levels: list[int], tokens: int) -> list[dict[str, float]]:
+    with server(port, max(levels), store) as url:
+        return [trio.run(level, url, n, tokens) for n in levels]
+
+
+def print_levels(results: list[dict[str, float]], step_ms: float) -> None:
+    print("|  N | requests/s | events/s | tokens/s | machinery ms/step | share of a step |")
+    print("|---:|-----------:|---------:|---------:|------------------:|----------------:|")
+    for r in results:
+        share = 100 * r["step_ms"] / step_ms
+        print(
+            f"| {r['streams']:>2} | {r['requests_per_s']:10.1f} | {r['events_per_s']:8.0f} "
+            f"| {r['tokens_per_s']:8.0f} | {r['step_ms']:17.2f} | {share:14.1f}% |"
+        )
+
+
+def compare_stores(args: argparse.Namespace, levels: list[int]) -> None:
+    """Each level on `memory` and on `sqlite`, alternating `args.rounds` times; the median
+    tokens/s of each, and SQLite's as a share of memory's (target: within 5%)."""
+    rounds: dict[str, list[list[dict[str, float]]]] = {"memory": [], "sqlite": []}
+    for _ in range(args.rounds):
+        for store in rounds:
+            rounds[store].append(run_levels(args.port, store, levels, args.tokens))
+    print(f"fake engine, {args.tokens} tokens per stream; median of {args.rounds} round(s)")
+    print("|  N | memory tokens/s | sqlite tokens/s | sqlite/memory | target |")
+    print("|---:|----------------:|----------------:|--------------:|-------:|")
+    for at, n in enumerate(levels):
+        memory = statistics.median(r[at]["tokens_per_s"] for r in rounds["memory"])
+        sqlite = statistics.median(r[at]["tokens_per_s"] for r in rounds["sqlite"])
+        print(
+            f"| {n:>2} | {memory:15.0f} | {sqlite:15.0f} | {100 * sqlite / memory:12.1f}% "
+            "| >= 95% |"
+        )
+    print(json.dumps(rounds))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--levels", default="1,8,32,64")
     parser.add_argument("--tokens", type=int, default=256, help="tokens per stream")
     parser.add_argument("--step-ms", type=float, default=DEFAULT_STEP_MS)
     parser.add_argument("--port", type=int, default=18931)
+    parser.add_argument(
+        "--store",
+        default="memory",
+        help="the server's --store: memory, sqlite (a new temporary file) or sqlite:PATH",
+    )
+    parser.add_argument(
+        "--compare-store", action="store_true", help="run on memory and on sqlite, side by side"
+    )
+    parser.add_argument(
+        "--rounds", type=int, default=1, help="with --compare-store: alternations of the two"
+    )
     args = parser.parse_args()
     levels = [int(n) for n in args.levels.split(",")]
-    server = subprocess.Popen(
-        [sys.executable, "-c", SERVER, str(args.port), str(max(levels))], cwd=ROOT
+    if args.compare_store:
+        compare_stores(args, levels)
+        return 0
+    results = run_levels(args.port, args.store, levels, args.tokens)
+    print(
+        f"fake engine, {args.tokens} tokens per stream, --store {args.store}; "
+        f"real decode step {args.step_ms} ms"
     )
-    url = f"http://127.0.0.1:{args.port}"
-    try:
-        for _ in range(300):
-            try:
-                if httpx.get(f"{url}/health").status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
-        results = [trio.run(level, url, n, args.tokens) for n in levels]
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
-    print(f"fake engine, {args.tokens} tokens per stream; real decode step {args.step_ms} ms")
-    print("|  N | requests/s | events/s | tokens/s | machinery ms/step | share of a step |")
-    print("|---:|-----------:|---------:|---------:|------------------:|----------------:|")
-    for r in results:
-        share = 100 * r["step_ms"] / args.step_ms
-        print(
-            f"| {r['streams']:>2} | {r['requests_per_s']:10.1f} | {r['events_per_s']:8.0f} "
-            f"| {r['tokens_per_s']:8.0f} | {r['step_ms']:17.2f} | {share:14.1f}% |"
-        )
+    print_levels(results, args.step_ms)
     print(json.dumps(results))
     return 0
 

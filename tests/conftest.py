@@ -19,7 +19,17 @@ from support import FakeServer, StartServer
 
 
 @pytest.fixture
-def start_fake_server(nursery: trio.Nursery) -> Iterator[StartServer]:
+def fake_store() -> str:
+    """The store kind (`memory` or `sqlite`) of the fake servers a test starts; the
+    store-facing test modules override it to run on both. Each SQLite server gets its
+    own file (one server per file)."""
+    return "memory"
+
+
+@pytest.fixture
+def start_fake_server(
+    nursery: trio.Nursery, fake_store: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[StartServer]:
     """Starts an in-process server (fake engine) in the test's nursery; stops with it."""
     servers: list[FakeServer] = []
 
@@ -31,7 +41,10 @@ def start_fake_server(nursery: trio.Nursery) -> Iterator[StartServer]:
         **settings: Any,
     ) -> FakeServer:
         engine = engine or FakeEngine(step_delay=0.002)
-        config = replace(Settings(port=0), **settings)
+        store = fake_store
+        if store == "sqlite":
+            store = f"sqlite:{tmp_path_factory.mktemp('store') / 'store.sqlite3'}"
+        config = replace(Settings(port=0, store=store), **settings)
         factory = functools.partial(
             fake_factory, engine, context_length, opens_reasoning=opens_reasoning
         )

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from mlxcel.actors.limits import sqlite_path
 from mlxcel.cli import main, server_main
 from mlxcel.config import Settings
 from mlxcel.errors import ConfigError
@@ -123,6 +124,18 @@ def test_hosted_tools_and_images_from_flag_or_environment() -> None:
     assert settings(["--images", "placeholder", "--hosted-tools", "reject"], env) == Settings()
 
 
+def test_store_from_flag_or_environment(tmp_path: Path) -> None:
+    assert Settings().store == "memory"
+    assert settings(["--store", f"sqlite:{tmp_path}/s.db"]).store == f"sqlite:{tmp_path}/s.db"
+    assert settings([], {"MLXCEL_STORE": "sqlite"}).store == "sqlite"
+    assert settings(["--store", "memory"], {"MLXCEL_STORE": "sqlite"}) == Settings()
+    assert sqlite_path("sqlite:~/s.db") == Path.home() / "s.db"
+    default = sqlite_path("sqlite")
+    assert default is not None
+    assert default.name == "store.sqlite3"
+    assert default.parent.name == "mlxcel"
+
+
 def test_progress_events_are_on_unless_turned_off() -> None:
     assert settings([]).progress_events is True
     assert settings(["--no-progress-events"]).progress_events is False
@@ -165,6 +178,10 @@ def test_zero_disables_background_mode() -> None:
         ["--reasoning-echo-max-bytes", "-1"],
         ["--hosted-tools", "allow"],
         ["--images", "describe"],
+        ["--store", "redis://127.0.0.1"],
+        ["--store", "sqlite3:/tmp/x"],
+        ["--store", "memory:/tmp/x"],
+        ["--store", ""],
     ],
 )
 def test_invalid_values_fail_start_up_with_a_clear_message(

@@ -10,8 +10,9 @@ import pytest
 
 from mlxcel.actors.limits import StoreLimits
 from mlxcel.actors.messages import AddItems, Table
+from mlxcel.actors.sqlite_file import SCHEMA_VERSION
 from mlxcel.actors.store_backend import RESTART_MESSAGE, JobOwner
-from mlxcel.actors.store_sqlite import SCHEMA_VERSION, SqliteBackend
+from mlxcel.actors.store_sqlite import SqliteBackend
 from mlxcel.errors import ConfigError
 from mlxcel.items import Conversation, InputText, Message, RequestEcho, ResponseRecord
 

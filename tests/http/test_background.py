@@ -29,6 +29,12 @@ async def poll(server: FakeServer, response_id: str) -> Response:
             await trio.sleep(0.02)
 
 
+@pytest.fixture(params=["memory", "sqlite"])
+def fake_store(request: pytest.FixtureRequest) -> str:
+    """Every test here runs on both store backends."""
+    return str(request.param)
+
+
 async def test_background_job_is_queued_then_polled_to_the_end(fake_server: FakeServer) -> None:
     client = fake_server.client()
     queued = await in_thread(

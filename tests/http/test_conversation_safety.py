@@ -15,6 +15,12 @@ SMALL = StoreLimits(16, 4_000, 3600)
 """A conversation store whose byte budget a few kilobytes of text fill."""
 
 
+@pytest.fixture(params=["memory", "sqlite"])
+def fake_store(request: pytest.FixtureRequest) -> str:
+    """Every test here runs on both store backends."""
+    return str(request.param)
+
+
 async def test_items_past_the_budget_are_refused_and_the_conversation_is_kept(
     start_fake_server: StartServer,
 ) -> None:

@@ -12,6 +12,12 @@ import pytest
 from support import FakeServer, in_thread
 
 
+@pytest.fixture(params=["memory", "sqlite"])
+def fake_store(request: pytest.FixtureRequest) -> str:
+    """Every test here runs on both store backends."""
+    return str(request.param)
+
+
 async def test_conversation_lifecycle_with_the_sdk(fake_server: FakeServer) -> None:
     client = fake_server.client()
     conv = await in_thread(

@@ -20,6 +20,12 @@ async def post(server: FakeServer, body: dict[str, Any]) -> httpx.Response:
         return await http.post(f"{server.url}/v1/responses", json={"model": "fake-model", **body})
 
 
+@pytest.fixture(params=["memory", "sqlite"])
+def fake_store(request: pytest.FixtureRequest) -> str:
+    """Every test here runs on both store backends."""
+    return str(request.param)
+
+
 async def test_a_reference_to_a_stored_output_item_is_that_item(fake_server: FakeServer) -> None:
     client = fake_server.client()
     first = await in_thread(client.responses.create, model="fake-model", input="echo: blue sky")

@@ -17,6 +17,12 @@ from support import FakeServer, StartServer, count, in_thread, post, wait_until
 LONG = "echo: " + " ".join(f"w{i}" for i in range(400))
 
 
+@pytest.fixture(params=["memory", "sqlite"])
+def fake_store(request: pytest.FixtureRequest) -> str:
+    """Every test here runs on both store backends."""
+    return str(request.param)
+
+
 async def test_retrieve_equals_create_and_delete(fake_server: FakeServer) -> None:
     client = fake_server.client()
     created = await in_thread(client.responses.create, model="fake-model", input="echo: kept")

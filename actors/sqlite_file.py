@@ -1,0 +1,134 @@
+"""The SQLite store's file: its lock, its layout and its version.
+
+A server holds `<file>.lock` exclusively for its whole life, so no second server opens the
+same file (it would end the first one's jobs as a dead process's). The layout is
+versioned with `PRAGMA user_version`; a file from a newer release is refused rather than
+misread.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+
+from mlxcel.errors import ConfigError
+
+SCHEMA_VERSION = 1
+"""`PRAGMA user_version` of the layout below; a file from a newer release is refused."""
+
+_SCHEMA = """
+CREATE TABLE entries (
+    tbl TEXT NOT NULL,
+    id TEXT NOT NULL,
+    size INTEGER NOT NULL,
+    expires_at REAL,
+    last_access INTEGER NOT NULL,
+    prev TEXT,
+    owner TEXT,
+    epoch TEXT,
+    cancel_requested INTEGER NOT NULL DEFAULT 0,
+    body BLOB NOT NULL,
+    PRIMARY KEY (tbl, id)
+);
+CREATE INDEX entries_lru ON entries (tbl, last_access, size);
+CREATE INDEX entries_expiry ON entries (tbl, expires_at) WHERE expires_at IS NOT NULL;
+CREATE TABLE items (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    item_id TEXT NOT NULL,
+    response_id TEXT NOT NULL,
+    place INTEGER NOT NULL
+);
+CREATE INDEX items_by_id ON items (item_id, seq);
+CREATE INDEX items_by_response ON items (response_id);
+CREATE TRIGGER entries_gone AFTER DELETE ON entries WHEN old.tbl = 'responses'
+BEGIN
+    DELETE FROM items WHERE response_id = old.id;
+END;
+"""
+"""One row per stored value (`body` is its encoding, last so scans of the other columns
+never read it); `items` says where each stored response's items live, for
+`item_reference`, and follows `entries` through the trigger."""
+
+
+LIVE = "(expires_at IS NULL OR expires_at > :now)"
+"""An entry not yet expired at `:now`."""
+
+CHAIN = f"""
+WITH RECURSIVE chain(depth, id, found) AS (
+    SELECT 0, :id, (SELECT rowid FROM entries
+        WHERE id = :id AND tbl IN ('active', 'responses') AND {LIVE}
+        ORDER BY tbl = 'active' DESC LIMIT 1)
+    UNION ALL
+    SELECT chain.depth + 1, e.prev, (SELECT rowid FROM entries
+        WHERE id = e.prev AND tbl IN ('active', 'responses') AND {LIVE}
+        ORDER BY tbl = 'active' DESC LIMIT 1)
+    FROM chain JOIN entries e ON e.rowid = chain.found
+    WHERE e.prev IS NOT NULL AND chain.depth + 1 < :hops
+)
+SELECT chain.id, e.rowid, e.tbl, e.body
+FROM chain LEFT JOIN entries e ON e.rowid = chain.found
+ORDER BY chain.depth
+"""
+"""A `previous_response_id` walk from `:id` in one query, newest first: each hop's row
+(an unfinished job before a stored response), or no row where the walk stopped."""
+
+ITEM_PLACES = f"""
+SELECT e.rowid, e.body, i.place FROM items i
+JOIN entries e ON e.tbl = 'responses' AND e.id = i.response_id AND {LIVE}
+WHERE i.item_id = :item ORDER BY i.seq DESC
+"""
+"""Where the live stored responses hold item `:item`, newest first."""
+
+
+def lock_file(path: Path) -> int:
+    """Hold `<file>.lock` exclusively for this process's life; ConfigError if another
+    server has it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lock_path = path.with_name(path.name + ".lock")
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+        os.close(fd)
+        raise ConfigError(
+            f"the store {path} is in use by another mlxcel server (pid {holder}); "
+            "stop it, or give this server its own file with --store sqlite:PATH"
+        ) from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, str(os.getpid()).encode(), 0)
+    return fd
+
+
+def connect(path: Path) -> sqlite3.Connection:
+    try:
+        db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        with _closing_on_error(db):
+            db.execute("PRAGMA journal_mode = WAL")
+            db.execute("PRAGMA synchronous = NORMAL")
+            (version,) = db.execute("PRAGMA user_version").fetchone()
+            if version > SCHEMA_VERSION:
+                raise ConfigError(
+                    f"the store {path} was written by a newer mlxcel (schema {version}; "
+                    f"this release reads {SCHEMA_VERSION})"
+                )
+            if version == 0:
+                db.executescript(
+                    f"BEGIN; {_SCHEMA} PRAGMA user_version = {SCHEMA_VERSION}; COMMIT;"
+                )
+        return db
+    except sqlite3.DatabaseError as exc:
+        raise ConfigError(f"the store {path} cannot be opened: {exc}") from exc
+
+
+@contextlib.contextmanager
+def _closing_on_error(db: sqlite3.Connection) -> Iterator[None]:
+    try:
+        yield
+    except BaseException:
+        db.close()
+        raise
