@@ -40,28 +40,12 @@ def _serve(prog: str, argv: Sequence[str], serve: Callable[[Settings], None] | N
 
     try:
         serve(settings)
+    except ConfigError as exc:
+        print(f"{prog}: error: {exc.message}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         return 0
-    except BaseException as exc:
-        error = _config_error(exc)
-        if error is None:
-            raise
-        print(f"{prog}: error: {error.message}", file=sys.stderr)
-        return 2
     return 0
-
-
-def _config_error(exc: BaseException) -> ConfigError | None:
-    """The ConfigError that stopped the server, also when a nursery wrapped it in an
-    exception group (an actor found it while starting, such as a store file in use); None
-    when anything else failed too."""
-    if isinstance(exc, ConfigError):
-        return exc
-    if isinstance(exc, BaseExceptionGroup):
-        found = [_config_error(inner) for inner in exc.exceptions]
-        if found and all(error is not None for error in found):
-            return found[0]
-    return None
 
 
 def server_main(argv: Sequence[str] | None = None) -> int:

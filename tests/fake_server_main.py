@@ -15,9 +15,7 @@ import argparse
 import functools
 import sys
 
-import trio
-
-from mlxcel.app import _serve_until_signalled
+from mlxcel.app import serve_until_signalled
 from mlxcel.cli import _serve
 from mlxcel.config import Settings
 from mlxcel.model.fake import FakeEngine, fake_factory
@@ -32,7 +30,7 @@ def serve_fake(settings: Settings, step_delay: float) -> None:
     """Serve `settings` on a fake engine until SIGINT or SIGTERM."""
     factory = functools.partial(fake_factory, FakeEngine(step_delay=step_delay), CONTEXT_LENGTH)
     names = ModelNames(MODEL, "/models/fake")
-    trio.run(functools.partial(_serve_until_signalled, settings, factory, names))
+    serve_until_signalled(settings, factory, names)
 
 
 def main(argv: list[str]) -> int:
