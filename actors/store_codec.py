@@ -16,6 +16,7 @@ import functools
 import json
 import types
 import typing
+from collections.abc import Callable
 from typing import Any, Union
 
 from mlxcel import items
@@ -33,6 +34,7 @@ _CLASSES: dict[str, type[Any]] = {
     if isinstance(cls, type) and dataclasses.is_dataclass(cls) and cls.__module__ == items.__name__
 }
 """Every dataclass of `mlxcel.items`: the kinds a stored value is built from."""
+_KINDS = frozenset(_CLASSES.values())
 
 
 class CodecError(ValueError):
@@ -71,83 +73,138 @@ def encoded_size(value: Stored) -> int:
     return len(encode(value))
 
 
+_REQUIRED = object()
+Decoder = Callable[[object], object]
+
+
+_DEFAULTS: dict[type[Any], tuple[tuple[str, object], ...]] = {}
+_FIELD_DECODERS: dict[type[Any], dict[str, Decoder]] = {}
+
+
+def _defaults(cls: type[Any]) -> tuple[tuple[str, object], ...]:
+    """Each field's name and default value (`_REQUIRED` when it has none), read once."""
+    if cls in _DEFAULTS:
+        return _DEFAULTS[cls]
+    found: list[tuple[str, object]] = []
+    for field in dataclasses.fields(cls):
+        if field.default is not dataclasses.MISSING:
+            found.append((field.name, field.default))
+        elif field.default_factory is not dataclasses.MISSING:
+            found.append((field.name, field.default_factory()))
+        else:
+            found.append((field.name, _REQUIRED))
+    _DEFAULTS[cls] = tuple(found)
+    return _DEFAULTS[cls]
+
+
 def _encode(value: object) -> object:
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        tree: dict[str, object] = {_TAG: type(value).__name__}
-        for field in dataclasses.fields(value):
-            item = getattr(value, field.name)
-            if not _is_default(field, item):
-                tree[field.name] = _encode(item)
+    cls = type(value)
+    if cls in _KINDS:
+        tree: dict[str, object] = {_TAG: cls.__name__}
+        for name, default in _defaults(cls):
+            item = getattr(value, name)
+            if default is _REQUIRED or type(item) is not type(default) or item != default:
+                tree[name] = _encode(item)
         return tree
-    if isinstance(value, (tuple, list)):
-        return [_encode(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _encode(v) for k, v in value.items()}
+    if cls is tuple or cls is list:
+        return [_encode(v) for v in value]  # type: ignore[attr-defined]
+    if cls is dict:
+        return {k: _encode(v) for k, v in value.items()}  # type: ignore[attr-defined]
     return value
 
 
-def _is_default(field: dataclasses.Field[Any], value: object) -> bool:
-    if field.default is not dataclasses.MISSING:
-        return bool(value == field.default and type(value) is type(field.default))
-    if field.default_factory is not dataclasses.MISSING:
-        return bool(value == field.default_factory())
-    return False
-
-
-def _decode_tagged(tree: dict[str, Any]) -> object:
-    name = tree.get(_TAG)
+def _decode_tagged(raw: object) -> object:
+    if not isinstance(raw, dict):
+        raise CodecError(f"expected a tagged object, got {type(raw).__name__}")
+    name = raw.get(_TAG)
     cls = _CLASSES.get(name) if isinstance(name, str) else None
     if cls is None:
         raise CodecError(f"unknown stored kind {name!r}")
-    hints = _hints(cls)
+    fields = _field_decoders(cls)
     kwargs: dict[str, object] = {}
-    for key, raw in tree.items():
-        if key in (_TAG, "v"):
+    for key, value in raw.items():
+        if key == _TAG or key == "v":
             continue
-        if key not in hints:
+        decoder = fields.get(key)
+        if decoder is None:
             raise CodecError(f"{name} has no field {key!r}")
-        kwargs[key] = _decode(hints[key], raw)
+        kwargs[key] = decoder(value)
     try:
         return cls(**kwargs)
     except TypeError as exc:
         raise CodecError(f"{name}: {exc}") from None
 
 
-_HINTS: dict[type[Any], dict[str, Any]] = {}
-
-
-def _hints(cls: type[Any]) -> dict[str, Any]:
-    """The class's fields and their resolved annotations (worked out once)."""
-    if cls not in _HINTS:
+def _field_decoders(cls: type[Any]) -> dict[str, Decoder]:
+    """A decoder for each field of the class, from its resolved annotation (once)."""
+    if cls not in _FIELD_DECODERS:
         names = {f.name for f in dataclasses.fields(cls)}
         hints = typing.get_type_hints(cls, vars(items))
-        _HINTS[cls] = {k: v for k, v in hints.items() if k in names}
-    return _HINTS[cls]
+        _FIELD_DECODERS[cls] = {k: _decoder(v) for k, v in hints.items() if k in names}
+    return _FIELD_DECODERS[cls]
 
 
-def _decode(hint: Any, raw: object) -> object:
+def _decoder(hint: Any) -> Decoder:
+    """How a value annotated `hint` comes back from JSON, worked out once per field."""
     if _is_json(hint):
-        return raw  # a client's JSON, kept as it came
+        return _as_is  # a client's JSON, kept as it came
     origin = typing.get_origin(hint)
     if origin in (Union, types.UnionType):
-        return _decode_union(typing.get_args(hint), raw)
-    if isinstance(raw, dict) and _TAG in raw and isinstance(hint, type):
-        return _decode_tagged(raw)
+        return _union_decoder(typing.get_args(hint))
+    if isinstance(hint, type) and hint in _KINDS:
+        return _decode_tagged
     if origin is tuple:
-        if not isinstance(raw, list):
-            raise CodecError(f"expected a list for {hint}, got {type(raw).__name__}")
         args = typing.get_args(hint)
         if len(args) == 2 and args[1] is Ellipsis:
-            return tuple(_decode(args[0], v) for v in raw)
-        if len(args) != len(raw):
-            raise CodecError(f"expected {len(args)} values for {hint}, got {len(raw)}")
-        return tuple(_decode(a, v) for a, v in zip(args, raw, strict=True))
+            each = _decoder(args[0])
+            return lambda raw: tuple(each(v) for v in _list(raw))
+        parts = [_decoder(a) for a in args]
+
+        def fixed(raw: object) -> object:
+            values = _list(raw)
+            if len(values) != len(parts):
+                raise CodecError(f"expected {len(parts)} values, got {len(values)}")
+            return tuple(d(v) for d, v in zip(parts, values, strict=True))
+
+        return fixed
     if origin is dict:
-        if not isinstance(raw, dict):
-            raise CodecError(f"expected an object for {hint}, got {type(raw).__name__}")
-        value_hint = typing.get_args(hint)[1]
-        return {k: _decode(value_hint, v) for k, v in raw.items()}
-    return raw  # str, int, float, bool, a Literal
+        value = _decoder(typing.get_args(hint)[1])
+        return lambda raw: {k: value(v) for k, v in _dict(raw).items()}
+    return _as_is  # str, int, float, bool, a Literal
+
+
+def _union_decoder(options: tuple[Any, ...]) -> Decoder:
+    """An optional value, an item or part of several kinds (its tag says which), or a
+    tuple or mapping that may be absent."""
+    sequence = next((_decoder(o) for o in options if typing.get_origin(o) is tuple), None)
+    mapping = next((_decoder(o) for o in options if typing.get_origin(o) is dict), None)
+
+    def decode_one(raw: object) -> object:
+        if isinstance(raw, dict):
+            if _TAG in raw:
+                return _decode_tagged(raw)
+            return mapping(raw) if mapping is not None else raw
+        if isinstance(raw, list) and sequence is not None:
+            return sequence(raw)
+        return raw
+
+    return decode_one
+
+
+def _as_is(raw: object) -> object:
+    return raw
+
+
+def _list(raw: object) -> list[object]:
+    if not isinstance(raw, list):
+        raise CodecError(f"expected a list, got {type(raw).__name__}")
+    return raw
+
+
+def _dict(raw: object) -> dict[str, object]:
+    if not isinstance(raw, dict):
+        raise CodecError(f"expected an object, got {type(raw).__name__}")
+    return raw
 
 
 @functools.cache
@@ -158,19 +215,3 @@ def _is_json(hint: Any) -> bool:
         return True
     options = typing.get_args(hint) if typing.get_origin(hint) in (Union, types.UnionType) else ()
     return any(typing.get_origin(o) is list for o in options)
-
-
-def _decode_union(options: tuple[Any, ...], raw: object) -> object:
-    if raw is None:
-        return None
-    if isinstance(raw, dict) and _TAG in raw:
-        return _decode_tagged(raw)  # an item or a part: its tag says which
-    for option in options:
-        if option is type(None):
-            continue
-        origin = typing.get_origin(option)
-        if isinstance(raw, list) and origin is tuple:
-            return _decode(option, raw)
-        if isinstance(raw, dict) and origin is dict:
-            return _decode(option, raw)
-    return raw
