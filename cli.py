@@ -10,14 +10,17 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from mlxcel import __version__
+from mlxcel.config import Settings
 from mlxcel.errors import ConfigError
 from mlxcel.flags import build_parser, settings_from_args
 
 
-def _serve(prog: str, argv: Sequence[str]) -> int:
+def _serve(prog: str, argv: Sequence[str], serve: Callable[[Settings], None] | None = None) -> int:
+    """Parse the serve flags and `serve` them (by default `mlxcel.app.run`, the real
+    model's server); a configuration error is one `PROG: error: ...` line and exit 2."""
     environ = dict(os.environ)
     try:
         parser = build_parser(prog, environ)
@@ -30,10 +33,13 @@ def _serve(prog: str, argv: Sequence[str]) -> int:
         level=args.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    from mlxcel.app import run
+    if serve is None:
+        from mlxcel.app import run
+
+        serve = run
 
     try:
-        run(settings)
+        serve(settings)
     except ConfigError as exc:
         print(f"{prog}: error: {exc.message}", file=sys.stderr)
         return 2

@@ -1,0 +1,44 @@
+"""A server process on the fake engine, started with the real command line's flags.
+
+    python tests/fake_server_main.py [--fake-step-delay SECONDS] [mlxcel-server flags]
+
+Every server flag (`--store`, the store limits, `--parallel`, ...) goes through the
+command line's own parsing and error handling (`mlxcel.cli`), and the server runs as
+`mlxcel-server` runs it, signals included; only the model is the deterministic fake
+engine (`mlxcel.model.fake`), whose steps last `--fake-step-delay` seconds each, so tests
+can hold a job in flight.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import sys
+
+from mlxcel.app import serve_until_signalled
+from mlxcel.cli import _serve
+from mlxcel.config import Settings
+from mlxcel.model.fake import FakeEngine, fake_factory
+from mlxcel.prepare.intake import ModelNames
+
+PROG = "fake-server"
+MODEL = "fake-model"
+CONTEXT_LENGTH = 65536
+
+
+def serve_fake(settings: Settings, step_delay: float) -> None:
+    """Serve `settings` on a fake engine until SIGINT or SIGTERM."""
+    factory = functools.partial(fake_factory, FakeEngine(step_delay=step_delay), CONTEXT_LENGTH)
+    names = ModelNames(MODEL, "/models/fake")
+    serve_until_signalled(settings, factory, names)
+
+
+def main(argv: list[str]) -> int:
+    own = argparse.ArgumentParser(add_help=False)
+    own.add_argument("--fake-step-delay", type=float, default=0.0)
+    mine, rest = own.parse_known_args(argv)
+    return _serve(PROG, rest, functools.partial(serve_fake, step_delay=mine.fake_step_delay))
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
