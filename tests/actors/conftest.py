@@ -7,9 +7,10 @@ from pathlib import Path
 from unittest import mock
 
 import pytest
-from builder_stream import Script, ScriptedParser
 
 from mlxcel.model.tool_parsers import PARSERS
+
+from builder_stream import Script, ScriptedParser
 
 
 @pytest.fixture

@@ -17,17 +17,6 @@ from collections.abc import Sequence
 from unittest import mock
 
 import pytest
-from builder_stream import (
-    F_CALL,
-    HI,
-    NAMES,
-    Script,
-    builder,
-    feed,
-    hermes,
-    plain,
-    replay,
-)
 
 from mlxcel.actors.events import (
     CompactionCompleted,
@@ -63,6 +52,18 @@ from mlxcel.model.tool_parsers import (
     CallDropped,
     CallOpened,
     ParseEvent,
+)
+
+from builder_stream import (
+    F_CALL,
+    HI,
+    NAMES,
+    Script,
+    builder,
+    feed,
+    hermes,
+    plain,
+    replay,
 )
 
 

@@ -5,20 +5,6 @@ from __future__ import annotations
 
 import json
 
-from builder_stream import (
-    F_CALL,
-    G_CALL,
-    HI,
-    Script,
-    builder,
-    feed,
-    hermes,
-    kept,
-    plain,
-    replay,
-    statuses,
-)
-
 from mlxcel.actors.events import OutputItemAdded, OutputItemDone
 from mlxcel.generation import ToolUse
 from mlxcel.items import (
@@ -32,6 +18,20 @@ from mlxcel.model.tool_parsers import (
     CallDropped,
     CallOpened,
     TextPiece,
+)
+
+from builder_stream import (
+    F_CALL,
+    G_CALL,
+    HI,
+    Script,
+    builder,
+    feed,
+    hermes,
+    kept,
+    plain,
+    replay,
+    statuses,
 )
 
 # --- function calls --------------------------------------------------------------

@@ -6,20 +6,6 @@ from __future__ import annotations
 from typing import Any, Literal
 
 import pytest
-from builder_stream import (
-    F_CALL,
-    G_CALL,
-    HI,
-    Script,
-    builder,
-    feed,
-    hermes,
-    kept,
-    lp,
-    plain,
-    replay,
-    statuses,
-)
 
 from mlxcel.actors.events import (
     ContentPartDone,
@@ -43,6 +29,21 @@ from mlxcel.model.tool_parsers import (
     CallArguments,
     CallOpened,
     TextPiece,
+)
+
+from builder_stream import (
+    F_CALL,
+    G_CALL,
+    HI,
+    Script,
+    builder,
+    feed,
+    hermes,
+    kept,
+    lp,
+    plain,
+    replay,
+    statuses,
 )
 
 # --- how a response ends ---------------------------------------------------------

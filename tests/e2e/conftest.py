@@ -6,8 +6,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from codex_cli import codex_executable
 
+from codex_cli import codex_executable
 from support import RealServer, start_server
 
 

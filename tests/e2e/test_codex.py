@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 import trio
-from codex_cli import codex_home, run_codex
 
 from mlxcel.model.fake import FakeEngine
 
+from codex_cli import codex_home, run_codex
 from support import RealServer, StartServer
 
 pytestmark = pytest.mark.e2e

@@ -20,15 +20,6 @@ from openai.types.responses import (
     ResponseTextDeltaEvent,
 )
 from pydantic import BaseModel
-from sse_frames import (
-    COMPACTION,
-    EVENTS,
-    SDK_EVENT,
-    encode_all,
-    finished,
-    frames,
-    sdk_event,
-)
 
 from mlxcel.actors.events import (
     CompactionCompleted,
@@ -39,6 +30,16 @@ from mlxcel.actors.events import (
     ResponseFinished,
 )
 from mlxcel.http.sse import SseEncoder, event_json
+
+from sse_frames import (
+    COMPACTION,
+    EVENTS,
+    SDK_EVENT,
+    encode_all,
+    finished,
+    frames,
+    sdk_event,
+)
 
 
 def test_every_event_kind_is_covered() -> None:

@@ -18,13 +18,6 @@ from openai.types.responses import (
     ResponseTextDeltaEvent,
     ResponseTextDoneEvent,
 )
-from sse_frames import (
-    EVENTS,
-    RECORD,
-    encode_all,
-    frames,
-    sdk_event,
-)
 
 from mlxcel.actors.events import (
     KeepAlive,
@@ -41,6 +34,14 @@ from mlxcel.http.sse import KEEPALIVE_FRAME, SseEncoder
 from mlxcel.items import (
     RequestEcho,
     TokenLogprob,
+)
+
+from sse_frames import (
+    EVENTS,
+    RECORD,
+    encode_all,
+    frames,
+    sdk_event,
 )
 
 # --- numbering and keep-alives -----------------------------------------------------

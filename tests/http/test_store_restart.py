@@ -16,10 +16,11 @@ from typing import Any
 
 import httpx
 import pytest
-from server_process import MODEL, ServerProcesses
 
 from mlxcel.actors.store_backend import RESTART_MESSAGE
 from mlxcel.actors.store_codec import decode, encoded_size
+
+from server_process import MODEL, ServerProcesses
 
 LONG = "echo: " + " ".join(f"w{i}" for i in range(400))  # 20 s at 50 ms a step
 TOOL = {
