@@ -284,7 +284,8 @@ class SqliteBackend:
         return found
 
     def _delete(self, now: float, table: Table, key: str) -> bool:
-        return self._remove(table, "id = :id", id=key) > 0
+        # An expired entry not yet dropped is already gone, as in memory.
+        return self._remove(table, f"id = :id AND {_LIVE}", id=key, now=now) > 0
 
     def _change(
         self, now: float, conversation_id: str, change: ConversationChange, create: bool
