@@ -115,7 +115,7 @@ class BoundedTable:
         found: dict[str, Item] = {}
         if self.index is None:
             return found
-        for item_id in ids:
+        for item_id in sorted(ids):  # each record found is touched, in the same order always
             for response_id, place in self.index.places(item_id):
                 record = self._cache.get(response_id)
                 item = item_at(record, place) if isinstance(record, ResponseRecord) else None
