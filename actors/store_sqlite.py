@@ -348,7 +348,7 @@ class SqliteBackend:
     def _reap(self, now: float, owner: JobOwner) -> int:
         rows = self._db.execute(
             "SELECT body, cancel_requested FROM entries WHERE tbl = 'active' "
-            "AND NOT (owner IS :replica AND epoch IS :epoch)",
+            "AND NOT (owner IS :replica AND epoch IS :epoch) ORDER BY last_access",
             {"replica": owner.replica, "epoch": owner.epoch},
         ).fetchall()
         for body, cancel_requested in rows:
