@@ -53,7 +53,7 @@ def decode(data: bytes | str) -> Stored:
     """The value `encode` was given; CodecError when the bytes are not such a value."""
     try:
         tree = json.loads(data)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:
         raise CodecError(f"not JSON: {exc}") from None
     if not isinstance(tree, dict) or tree.get("v") != VERSION:
         version = tree.get("v") if isinstance(tree, dict) else None

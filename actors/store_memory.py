@@ -235,6 +235,7 @@ class MemoryBackend:
             await trio.lowlevel.cancel_shielded_checkpoint()
 
     async def register_job(self, record: ResponseRecord, owner: JobOwner) -> None:
+        self._active.pop(record.id, None)  # registered again: reaped in its new place
         self._active[record.id] = _Pinned(record, owner, encoded_size(record))
         await trio.lowlevel.cancel_shielded_checkpoint()
 

@@ -242,7 +242,8 @@ class SqliteBackend:
         return found
 
     def _delete(self, now: float, table: Table, key: str) -> bool:
-        return self._remove(table, "id = :id", id=key) > 0
+        # An expired entry not yet dropped is already gone, as in memory.
+        return self._remove(table, f"id = :id AND {_LIVE}", id=key, now=now) > 0
 
     def _change(
         self, now: float, conversation_id: str, change: ConversationChange, create: bool
@@ -305,7 +306,7 @@ class SqliteBackend:
     def _reap(self, now: float, owner: JobOwner) -> int:
         rows = self._db.execute(
             "SELECT body, cancel_requested FROM entries WHERE tbl = 'active' "
-            "AND NOT (owner IS :replica AND epoch IS :epoch)",
+            "AND NOT (owner IS :replica AND epoch IS :epoch) ORDER BY last_access",
             {"replica": owner.replica, "epoch": owner.epoch},
         ).fetchall()
         for body, cancel_requested in rows:

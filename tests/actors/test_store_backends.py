@@ -1,0 +1,449 @@
+"""The memory and SQLite backends, driven side by side on one clock, answer every
+operation the same, and each keeps its counters, caps and byte budgets.
+
+Limits are small, so entry caps, byte budgets, TTL expiry and LRU eviction all happen
+within a few steps. A new conversation's `created_at` is the wall clock's; here the time
+source of `store_backend` reads the machine's clock, so both backends stamp the same.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sqlite3
+import tempfile
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from types import SimpleNamespace
+from typing import TypeVar
+from unittest import mock
+
+import trio
+from cachetools import Cache
+from hypothesis import HealthCheck, event, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    rule,
+    run_state_machine_as_test,
+)
+
+from mlxcel.actors import store_backend
+from mlxcel.actors.limits import StoreLimits
+from mlxcel.actors.messages import (
+    AddItems,
+    ConversationChange,
+    RemoveItem,
+    SetMetadata,
+    Table,
+)
+from mlxcel.actors.store_backend import JobOwner, StoreBackend
+from mlxcel.actors.store_codec import encoded_size
+from mlxcel.actors.store_memory import MemoryBackend
+from mlxcel.actors.store_sqlite import SqliteBackend
+from mlxcel.items import (
+    Conversation,
+    FunctionCall,
+    InputText,
+    Item,
+    Message,
+    OutputText,
+    RequestEcho,
+    ResponseRecord,
+    ResponseStatus,
+    new_conversation_id,
+)
+
+T = TypeVar("T")
+
+KEYS = [f"resp_{n}" for n in range(5)]
+"""Response ids; a response's `previous_response_id` is always an earlier one (no loops)."""
+ITEM_IDS = ["msg_a", "msg_b", "fc_c", None]
+MINTED = (new_conversation_id(), new_conversation_id())
+CONVERSATION_IDS = ["chat-1", "conv_made_up", *MINTED]
+CURRENT, STALE, OTHER = JobOwner("a", "2"), JobOwner("a", "1"), JobOwner("b", "2")
+PADS = [0, 10, 60, 200, 600, 3000]
+"""Text lengths: from small records to ones larger than any budget below."""
+START = 1_000_000.0
+
+
+def response(
+    key: str,
+    pad: int,
+    prev: str | None = None,
+    item_ids: tuple[str | None, ...] = (),
+    *,
+    store: bool = True,
+    status: ResponseStatus = "completed",
+) -> ResponseRecord:
+    output: tuple[Item, ...] = tuple(
+        FunctionCall(f"call_{n}", "f", "{}", id=item_id)
+        if item_id is not None and item_id.startswith("fc_")
+        else Message("assistant", (OutputText(f"{key}:{n}:" + "x" * pad),), id=item_id)
+        for n, item_id in enumerate(item_ids)
+    )
+    return ResponseRecord(
+        id=key,
+        created_at=0,
+        status=status,
+        echo=RequestEcho("m", previous_response_id=prev, store=store, background=True),
+        output=output,
+        input_items=(Message("user", (InputText("q" * (pad // 2)),)),),
+    )
+
+
+UNIT = encoded_size(response("resp_0", 60, "resp_1", ("msg_a",)))
+"""About one record: the byte budgets are counted in these."""
+
+
+@st.composite
+def responses(draw: st.DrawFn, key: str | None = None) -> ResponseRecord:
+    index = draw(st.integers(0, len(KEYS) - 1)) if key is None else KEYS.index(key)
+    # Mostly the one just before, so chains of several turns form.
+    prev = (
+        draw(st.sampled_from([KEYS[index - 1], KEYS[index - 1], None, *KEYS[:index]]))
+        if index
+        else None
+    )
+    item_ids = draw(st.lists(st.sampled_from(ITEM_IDS), max_size=2).map(tuple))
+    return response(KEYS[index], draw(st.sampled_from(PADS)), prev, item_ids)
+
+
+said = st.builds(
+    lambda item_id, pad: Message("user", (InputText("y" * pad),), id=item_id),
+    st.sampled_from(["item_a", "item_b", None]),
+    st.sampled_from([0, 30, 300, 900]),
+)
+changes: st.SearchStrategy[ConversationChange] = st.one_of(
+    st.builds(
+        AddItems,
+        st.lists(said, min_size=1, max_size=2).map(tuple),
+        st.none() | st.sampled_from(KEYS[:3]),
+    ),
+    st.builds(RemoveItem, st.sampled_from(["item_a", "item_b", "item_c"])),
+    st.builds(
+        SetMetadata,
+        st.dictionaries(st.sampled_from(["k", "$", "v"]), st.text("ab", max_size=4), max_size=2),
+    ),
+)
+table_tuples = st.sampled_from(
+    [
+        (Table.RESPONSES,),
+        (Table.CONVERSATIONS,),
+        (Table.EPHEMERAL,),
+        (Table.ACTIVE,),
+        (Table.ACTIVE, Table.RESPONSES),
+        (Table.RESPONSES, Table.EPHEMERAL),
+        (Table.EPHEMERAL, Table.RESPONSES),
+        (Table.ACTIVE, Table.RESPONSES, Table.EPHEMERAL),
+        (Table.CONVERSATIONS, Table.RESPONSES),
+    ]
+)
+owners = st.sampled_from([CURRENT, STALE, OTHER])
+HOLDER = JobOwner("", "")
+"""Stands for whoever holds the job now (the machine keeps track), so writes that are not
+fenced out happen often."""
+job_writers = st.sampled_from([HOLDER, HOLDER, CURRENT, STALE, OTHER])
+BOUNDED = (Table.RESPONSES, Table.CONVERSATIONS, Table.EPHEMERAL)
+
+
+def limits(entries: range, units: list[float], ttls: list[float]) -> st.SearchStrategy[StoreLimits]:
+    return st.builds(
+        StoreLimits,
+        st.sampled_from(entries),
+        st.sampled_from(units).map(lambda u: int(u * UNIT)),
+        st.sampled_from(ttls),
+    )
+
+
+class BackendsMachine(RuleBasedStateMachine):
+    """Every rule runs on both backends and asserts the answers are equal."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.now = START
+        self.directory = Path(tempfile.mkdtemp())
+        self.path = self.directory / "store.sqlite3"
+        self.backends: tuple[MemoryBackend, SqliteBackend] | None = None
+        self.reader: sqlite3.Connection | None = None
+        self.holders: dict[str, JobOwner] = {}
+        """Who holds each unfinished job, as both backends say."""
+        self.frozen = mock.patch.object(store_backend, "time", SimpleNamespace(time=self.clock))
+        self.frozen.start()
+
+    def clock(self) -> float:
+        return self.now
+
+    def both(self, operation: Callable[[StoreBackend], Awaitable[T]]) -> T:
+        """The operation's answer, the same from both backends."""
+        assert self.backends is not None
+        memory, sqlite = self.backends
+        in_memory = trio.from_thread.run(operation, memory)
+        in_sqlite = trio.from_thread.run(operation, sqlite)
+        assert in_memory == in_sqlite
+        return in_memory
+
+    @initialize(
+        response_limits=limits(range(1, 6), [1.5, 2, 3, 4], [0, 3, 5]),
+        conversation_limits=limits(range(1, 4), [1, 2, 4], [0, 4, 7]),
+        ephemeral_limits=limits(range(0, 3), [1, 3], [2, 3]),
+    )
+    def open(
+        self,
+        response_limits: StoreLimits,
+        conversation_limits: StoreLimits,
+        ephemeral_limits: StoreLimits,
+    ) -> None:
+        self.limits = {
+            Table.RESPONSES: response_limits,
+            Table.CONVERSATIONS: conversation_limits,
+            Table.EPHEMERAL: ephemeral_limits,
+        }
+        memory = MemoryBackend(
+            response_limits, conversation_limits, ephemeral_limits, clock=self.clock
+        )
+        sqlite = trio.from_thread.run(
+            lambda: SqliteBackend.open(
+                self.path, response_limits, conversation_limits, ephemeral_limits, clock=self.clock
+            )
+        )
+        self.backends = (memory, sqlite)
+        self.reader = sqlite3.connect(
+            f"file:{self.path}?mode=ro", uri=True, isolation_level=None, check_same_thread=False
+        )
+
+    def teardown(self) -> None:
+        try:
+            if self.backends is not None:
+                for backend in self.backends:
+                    trio.from_thread.run(backend.aclose)
+            if self.reader is not None:
+                self.reader.close()
+        finally:
+            self.frozen.stop()
+            shutil.rmtree(self.directory, ignore_errors=True)
+
+    # --- the store's operations ------------------------------------------------------
+
+    @rule(record=responses(), table=st.sampled_from([Table.RESPONSES, Table.EPHEMERAL]))
+    def put(self, record: ResponseRecord, table: Table) -> None:
+        kept = self.both(lambda b: b.put(table, record))
+        event(f"put {table.value}: kept={kept}")
+        assert kept == (
+            self.limits[table].enabled and encoded_size(record) <= self.limits[table].max_bytes
+        )
+
+    @rule(
+        conversation_id=st.sampled_from(CONVERSATION_IDS),
+        items=st.lists(said, max_size=3).map(tuple),
+    )
+    def put_conversation(self, conversation_id: str, items: tuple[Item, ...]) -> None:
+        conversation = Conversation(conversation_id, int(self.now), items=items)
+        self.both(lambda b: b.put(Table.CONVERSATIONS, conversation))
+
+    @rule(tables=table_tuples, key=st.sampled_from(KEYS + CONVERSATION_IDS))
+    def get(self, tables: tuple[Table, ...], key: str) -> None:
+        self.both(lambda b: b.get(tables, key))
+
+    @rule(key=st.sampled_from(KEYS))
+    def get_chain(self, key: str) -> None:
+        chain = self.both(lambda b: b.get_chain(key))
+        event(f"chain: {min(len(chain.records), 3)} records, missing={chain.missing is not None}")
+        for newer, older in zip(chain.records, chain.records[1:], strict=False):
+            assert newer.echo.previous_response_id == older.id
+        if chain.records and chain.missing is None:
+            assert chain.records[-1].echo.previous_response_id is None
+
+    @rule(ids=st.frozensets(st.sampled_from(["msg_a", "msg_b", "fc_c", "msg_none"]), min_size=1))
+    def find_items(self, ids: frozenset[str]) -> None:
+        found = self.both(lambda b: b.find_items(ids))
+        assert set(found) <= ids
+        assert all(item.id == item_id for item_id, item in found.items())
+        event(f"items found: {len(found)}")
+
+    @rule(
+        table=st.sampled_from(list(Table)),
+        key=st.sampled_from(KEYS + CONVERSATION_IDS),
+    )
+    def delete(self, table: Table, key: str) -> None:
+        deleted = self.both(lambda b: b.delete(table, key))
+        if table is Table.ACTIVE:
+            assert deleted == (self.holders.pop(key, None) is not None)
+        event(f"deleted: {deleted}")
+
+    @rule(conversation_id=st.sampled_from(CONVERSATION_IDS), change=changes, create=st.booleans())
+    def change_conversation(
+        self, conversation_id: str, change: ConversationChange, create: bool
+    ) -> None:
+        changed = self.both(lambda b: b.change_conversation(conversation_id, change, create))
+        event(
+            f"conversation change: {changed if not isinstance(changed, Conversation) else 'made'}"
+        )
+
+    @rule()
+    def statistics(self) -> None:
+        statistics = self.both(lambda b: b.statistics())
+        # Expired entries are gone now, so the file holds exactly what is counted.
+        assert self.reader is not None
+        rows = self.reader.execute(
+            "SELECT tbl, count(*), sum(size) FROM entries GROUP BY tbl"
+        ).fetchall()
+        in_file = {Table(tbl): (entries, size) for tbl, entries, size in rows}
+        for table in Table:
+            counted = getattr(statistics, table.value)
+            assert (counted.entries, counted.bytes) == in_file.get(table, (0, 0))
+
+    @rule(seconds=st.sampled_from([0.5, 1.0, 2.0, 3.0, 5.0]))
+    def advance_clock(self, seconds: float) -> None:
+        self.now += seconds
+
+    # --- background jobs -------------------------------------------------------------
+
+    @rule(key=st.sampled_from(KEYS), owner=owners, store=st.booleans(), data=st.data())
+    def register_job(self, key: str, owner: JobOwner, store: bool, data: st.DataObject) -> None:
+        record = data.draw(responses(key))
+        queued = response(key, 0, record.echo.previous_response_id, store=store, status="queued")
+        self.both(lambda b: b.register_job(queued, owner))
+        self.holders[key] = owner
+
+    @rule(pick=st.integers(0, 2 * len(KEYS)), writer=job_writers, pad=st.sampled_from(PADS))
+    def update_job(self, pick: int, writer: JobOwner, pad: int) -> None:
+        key = self.job_key(pick)
+        owner = self.writer(key, writer)
+        running = self.both(lambda b: b.get((Table.ACTIVE,), key))
+        if not isinstance(running, ResponseRecord):
+            running = response(key, 0, status="queued")
+        progressed = response(
+            key,
+            pad,
+            running.echo.previous_response_id,
+            ("msg_b",),
+            store=running.echo.store,
+            status="in_progress",
+        )
+        updated = self.both(lambda b: b.update_job(progressed, owner))
+        assert updated == (self.holders.get(key) == owner)
+
+    @rule(pick=st.integers(0, 2 * len(KEYS)), writer=job_writers, pad=st.sampled_from(PADS))
+    def finish_job(self, pick: int, writer: JobOwner, pad: int) -> None:
+        key = self.job_key(pick)
+        owner = self.writer(key, writer)
+        running = self.both(lambda b: b.get((Table.ACTIVE,), key))
+        store = running.echo.store if isinstance(running, ResponseRecord) else True
+        prev = running.echo.previous_response_id if isinstance(running, ResponseRecord) else None
+        final = response(key, pad, prev, ("msg_a", "fc_c"), store=store)
+        stored = self.both(lambda b: b.finish_job(final, owner))
+        event(f"finish: {'fenced' if stored is None else stored.status}")
+        assert (stored is not None) == (self.holders.get(key) == owner)
+        if stored is not None:
+            del self.holders[key]
+            assert stored.id == key
+            assert stored == final or stored.status == "failed"
+
+    @rule(pick=st.integers(0, 2 * len(KEYS)))
+    def request_cancel(self, pick: int) -> None:
+        key = self.job_key(pick)
+        assert self.both(lambda b: b.request_cancel(key)) == self.holders.get(key)
+
+    @rule(owner=owners)
+    def reap(self, owner: JobOwner) -> None:
+        reaped = self.both(lambda b: b.reap(owner))
+        assert reaped == sum(holder != owner for holder in self.holders.values())
+        self.holders = {k: h for k, h in self.holders.items() if h == owner}
+        event(f"reaped: {min(reaped, 2)}")
+        # Idempotent: what one reap ended is no longer unfinished.
+        assert self.both(lambda b: b.reap(owner)) == 0
+
+    def job_key(self, pick: int) -> str:
+        """Mostly an unfinished job's id (when there is one), else any id."""
+        if pick < len(KEYS) or not self.holders:
+            return KEYS[pick % len(KEYS)]
+        return sorted(self.holders)[pick % len(self.holders)]
+
+    def writer(self, key: str, writer: JobOwner) -> JobOwner:
+        return self.holders.get(key, CURRENT) if writer is HOLDER else writer
+
+    # --- invariants (read without touching: no expiry, no LRU order changes) ---------
+
+    @invariant()
+    def memory_tables_are_within_their_limits(self) -> None:
+        assert self.backends is not None
+        memory = self.backends[0]
+        for table in BOUNDED:
+            cache = memory._tables[table]._cache
+            keys = list(Cache.__iter__(cache))
+            size = Cache.currsize.fget(cache)  # type: ignore[attr-defined]
+            assert size == sum(encoded_size(Cache.__getitem__(cache, k)) for k in keys)
+            assert len(keys) <= self.limits[table].max_entries
+            assert size <= self.limits[table].max_bytes
+        index = memory._tables[Table.RESPONSES].index
+        assert index is not None
+        assert set(index._ids) == set(Cache.__iter__(memory._tables[Table.RESPONSES]._cache))
+        for pinned in memory._active.values():
+            assert pinned.size == encoded_size(pinned.record)
+
+    @invariant()
+    def the_file_is_within_its_limits_and_its_counters(self) -> None:
+        assert self.reader is not None
+        assert self.backends is not None
+        sqlite = self.backends[1]
+        rows = self.reader.execute(
+            "SELECT tbl, count(*), sum(size), sum(size != length(body)) FROM entries GROUP BY tbl"
+        ).fetchall()
+        in_file = {Table(tbl): (entries, size) for tbl, entries, size, _ in rows}
+        assert all(wrong == 0 for *_, wrong in rows)
+        for table in Table:
+            assert list(in_file.get(table, (0, 0))) == sqlite._counts[table]
+        for table in BOUNDED:
+            entries, size = in_file.get(table, (0, 0))
+            assert entries <= self.limits[table].max_entries
+            assert size <= self.limits[table].max_bytes
+        (strays,) = self.reader.execute(
+            "SELECT count(*) FROM items WHERE response_id NOT IN "
+            "(SELECT id FROM entries WHERE tbl = 'responses')"
+        ).fetchone()
+        assert strays == 0
+
+    @invariant()
+    def both_hold_the_same_entries_in_the_same_eviction_order(self) -> None:
+        """Expired entries not yet dropped included: each backend drops them at the same
+        operations, and evicts in the same least-recently-used order."""
+        assert self.reader is not None
+        assert self.backends is not None
+        memory = self.backends[0]
+        for table in BOUNDED:
+            cache = memory._tables[table]._cache
+            in_memory = list(cache._TTLCache__links)  # type: ignore[attr-defined]
+            in_file = [
+                key
+                for (key,) in self.reader.execute(
+                    "SELECT id FROM entries WHERE tbl = ? ORDER BY last_access", (table.value,)
+                )
+            ]
+            assert in_memory == in_file, table
+        # Unfinished jobs: the same, in the order a reap ends them.
+        in_file_active = [
+            key
+            for (key,) in self.reader.execute(
+                "SELECT id FROM entries WHERE tbl = 'active' ORDER BY last_access"
+            )
+        ]
+        assert list(memory._active) == in_file_active
+
+
+def _run(machine: type[RuleBasedStateMachine], examples: int, steps: int) -> None:
+    run_state_machine_as_test(
+        machine,
+        settings=settings(
+            max_examples=examples,
+            stateful_step_count=steps,
+            deadline=None,
+            suppress_health_check=[HealthCheck.too_slow],
+        ),
+    )
+
+
+def test_the_backends_agree_step_by_step() -> None:
+    """The machine runs on a worker thread of one Trio run; each call hops onto Trio."""
+    trio.run(trio.to_thread.run_sync, lambda: _run(BackendsMachine, 200, 50))
