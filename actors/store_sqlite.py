@@ -243,7 +243,7 @@ class SqliteBackend:
 
     def _delete(self, now: float, table: Table, key: str) -> bool:
         # An expired entry not yet dropped is already gone, as in memory.
-        return self._remove(table, f"id = :id AND {_LIVE}", id=key, now=now) > 0
+        return self._remove(table, f"id = :id AND {LIVE}", id=key, now=now) > 0
 
     def _change(
         self, now: float, conversation_id: str, change: ConversationChange, create: bool
