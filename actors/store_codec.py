@@ -17,7 +17,7 @@ import json
 import types
 import typing
 from collections.abc import Callable
-from typing import Any, Union
+from typing import Any, Literal, Union
 
 from mlxcel import items
 from mlxcel.actors.messages import Stored
@@ -55,7 +55,7 @@ def decode(data: bytes | str) -> Stored:
         tree = json.loads(data)
     except (ValueError, RecursionError) as exc:
         raise CodecError(f"not JSON: {exc}") from None
-    if not isinstance(tree, dict) or tree.get("v") != VERSION:
+    if not isinstance(tree, dict) or type(tree.get("v")) is not int or tree["v"] != VERSION:
         version = tree.get("v") if isinstance(tree, dict) else None
         raise CodecError(
             f"unknown store encoding version {version!r} (this release reads {VERSION})"
@@ -152,7 +152,7 @@ def _decoder(hint: Any) -> Decoder:
     if origin in (Union, types.UnionType):
         return _union_decoder(typing.get_args(hint))
     if isinstance(hint, type) and hint in _KINDS:
-        return _decode_tagged
+        return _kind_decoder((hint,))
     if origin is tuple:
         args = typing.get_args(hint)
         if len(args) == 2 and args[1] is Ellipsis:
@@ -170,25 +170,75 @@ def _decoder(hint: Any) -> Decoder:
     if origin is dict:
         value = _decoder(typing.get_args(hint)[1])
         return lambda raw: {k: value(v) for k, v in _dict(raw).items()}
-    return _as_is  # str, int, float, bool, a Literal
+    return _scalar_decoder(hint)
 
 
 def _union_decoder(options: tuple[Any, ...]) -> Decoder:
     """An optional value, an item or part of several kinds (its tag says which), or a
-    tuple or mapping that may be absent."""
+    tuple, mapping or plain value that may be absent."""
+    kinds = tuple(o for o in options if isinstance(o, type) and o in _KINDS)
+    tagged = _kind_decoder(kinds) if kinds else None
     sequence = next((_decoder(o) for o in options if typing.get_origin(o) is tuple), None)
     mapping = next((_decoder(o) for o in options if typing.get_origin(o) is dict), None)
+    scalars = [
+        _scalar_decoder(o)
+        for o in options
+        if o is not type(None) and (o not in kinds) and typing.get_origin(o) not in (tuple, dict)
+    ]
+    optional = type(None) in options
 
     def decode_one(raw: object) -> object:
+        if raw is None and optional:
+            return None
         if isinstance(raw, dict):
-            if _TAG in raw:
-                return _decode_tagged(raw)
-            return mapping(raw) if mapping is not None else raw
-        if isinstance(raw, list) and sequence is not None:
-            return sequence(raw)
-        return raw
+            decoder = tagged if _TAG in raw else mapping
+        elif isinstance(raw, list):
+            decoder = sequence
+        else:
+            for scalar in scalars:
+                try:
+                    return scalar(raw)
+                except CodecError:
+                    continue
+            decoder = None
+        if decoder is None:
+            raise CodecError(f"{type(raw).__name__} is none of {options}")
+        return decoder(raw)
 
     return decode_one
+
+
+def _kind_decoder(kinds: tuple[type[Any], ...]) -> Decoder:
+    """A tagged object that must be one of `kinds`."""
+
+    def decode_kind(raw: object) -> object:
+        value = _decode_tagged(raw)
+        if not isinstance(value, kinds):
+            raise CodecError(f"{type(value).__name__} where {kinds} belongs")
+        return value
+
+    return decode_kind
+
+
+def _scalar_decoder(hint: Any) -> Decoder:
+    """A str, int, float or bool field (an int is a float's value too), or a Literal."""
+    if typing.get_origin(hint) is Literal:
+        allowed = typing.get_args(hint)
+
+        def literal(raw: object) -> object:
+            if raw not in allowed or isinstance(raw, bool):
+                raise CodecError(f"{raw!r} is none of {allowed}")
+            return raw
+
+        return literal
+    accepted: tuple[type, ...] = (int, float) if hint is float else (hint,)
+
+    def scalar(raw: object) -> object:
+        if not isinstance(raw, accepted) or (isinstance(raw, bool) and hint is not bool):
+            raise CodecError(f"expected {getattr(hint, '__name__', hint)}, got {raw!r:.40}")
+        return raw
+
+    return scalar
 
 
 def _as_is(raw: object) -> object:
