@@ -10,17 +10,32 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import logging
 import os
 import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 
+import trio
+
 from mlxcel.errors import ConfigError
+
+log = logging.getLogger(__name__)
 
 BUSY_TIMEOUT_SECS = 2.0
 """How long an operation waits while another program (a backup, an `sqlite3` shell) holds
 the file's write lock before it fails as the store being unavailable: every other store
 call waits behind it meanwhile."""
+
+CHECKPOINT_BYTES = 4 * 1024 * 1024
+"""The write-ahead log is copied into the file once about this much was written (SQLite's
+own default: a thousand pages)."""
+
+PAGE_BYTES = 4096
+"""What one operation counts towards `CHECKPOINT_BYTES` besides the values it writes."""
+
+WAL_SIZE_LIMIT = 64 * 1024 * 1024
+"""The write-ahead log file is cut back to this many bytes once it has been copied."""
 
 SCHEMA_VERSION = 1
 """`PRAGMA user_version` of the layout below; a file from a newer release is refused."""
@@ -120,6 +135,10 @@ def connect(path: Path) -> sqlite3.Connection:
         with _closing_on_error(db):
             db.execute("PRAGMA journal_mode = WAL")
             db.execute("PRAGMA synchronous = NORMAL")
+            # Writes never copy the log into the file themselves (that stalls one write
+            # in a hundred on an fsync): `checkpointer` does it beside them.
+            db.execute("PRAGMA wal_autocheckpoint = 0")
+            db.execute(f"PRAGMA journal_size_limit = {WAL_SIZE_LIMIT}")
             (version,) = db.execute("PRAGMA user_version").fetchone()
             if version > SCHEMA_VERSION:
                 raise ConfigError(
@@ -133,6 +152,51 @@ def connect(path: Path) -> sqlite3.Connection:
         return db
     except sqlite3.DatabaseError as exc:
         raise ConfigError(f"the store {path} cannot be opened: {exc}") from exc
+
+
+class Checkpointer:
+    """Copies the store's write-ahead log into its file on a second connection, in its own
+    thread, once about `CHECKPOINT_BYTES` were written: the store's writes go on meanwhile
+    (a passive checkpoint waits for nothing), and none of them waits for an fsync."""
+
+    def __init__(self, path: Path) -> None:
+        try:
+            self._db = sqlite3.connect(
+                path, timeout=BUSY_TIMEOUT_SECS, isolation_level=None, check_same_thread=False
+            )
+        except sqlite3.DatabaseError as exc:
+            raise ConfigError(f"the store {path} cannot be opened: {exc}") from exc
+        self._limiter = trio.CapacityLimiter(1)
+        self._due = trio.Event()
+        self._written = 0
+        self._closed = False
+
+    def wrote(self, size: int) -> None:
+        """Count `size` more bytes written to the log (call it from the Trio thread)."""
+        self._written += size
+        if self._written >= CHECKPOINT_BYTES:
+            self._written = 0
+            self._due.set()
+
+    async def run_when_due(self) -> None:
+        """Wait until enough was written, then checkpoint; a failure is logged."""
+        await self._due.wait()
+        self._due = trio.Event()
+
+        def checkpoint() -> None:
+            if not self._closed:
+                self._db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+
+        try:
+            await trio.to_thread.run_sync(checkpoint, limiter=self._limiter)
+        except sqlite3.Error as exc:
+            log.warning("the store's log could not be copied into its file: %s", exc)
+
+    async def aclose(self) -> None:
+        """Close the connection once a checkpoint under way is over."""
+        async with self._limiter:
+            self._closed = True
+            self._db.close()
 
 
 @contextlib.contextmanager

@@ -179,7 +179,9 @@ class StoreActor:
 
         Resource handling: memory is bounded by each table's entry cap and byte budget;
         a SQLite store holds its file's lock (one server per file) until closed, and the
-        close is shielded so a cancel cannot skip it. The server opens its store around
+        close is shielded so a cancel cannot skip it. A task beside the block runs the
+        backend's housekeeping whenever it is due (SQLite copies its log into the file
+        there, so that no write waits for it). The server opens its store around
         the nursery of every other actor, so the store closes only after the last of
         them (a job storing its end under a shield) is done.
 
@@ -196,7 +198,10 @@ class StoreActor:
                     "they now answer failed",
                     ended,
                 )
-            yield StoreHandle(backend, owner, self._responses, self._conversations)
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(_maintain, backend)
+                yield StoreHandle(backend, owner, self._responses, self._conversations)
+                nursery.cancel_scope.cancel()
         finally:
             with trio.CancelScope(shield=True):
                 await backend.aclose()
@@ -210,6 +215,12 @@ class StoreActor:
         return await SqliteBackend.open(
             self._path, self._responses, self._conversations, self._ephemeral, clock=self._clock
         )
+
+
+async def _maintain(backend: StoreBackend) -> None:
+    """The backend's housekeeping, whenever it is due, until cancelled."""
+    while True:
+        await backend.maintain()
 
 
 def conversation_not_found(conversation_id: str) -> NotFound:

@@ -134,6 +134,12 @@ class StoreBackend(Protocol):
         `finish_job` would; how many. Idempotent: a reaped job is no longer unfinished."""
         ...
 
+    async def maintain(self) -> None:
+        """Wait until housekeeping is due, then do it, beside the other operations
+        (SQLite: copy its write-ahead log into the file once enough was written); the
+        store actor calls it in a loop. Never raises but Cancelled."""
+        ...
+
     async def aclose(self) -> None:
         """Release the storage (files, locks); nothing is called after."""
         ...

@@ -277,6 +277,9 @@ class MemoryBackend:
         finally:
             await trio.lowlevel.cancel_shielded_checkpoint()
 
+    async def maintain(self) -> None:
+        await trio.sleep_forever()  # nothing is ever due: expiry happens as tables are used
+
     async def aclose(self) -> None:
         await trio.lowlevel.checkpoint()
 

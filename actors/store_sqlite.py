@@ -14,7 +14,6 @@ touches its entry's `last_access` (a counter, not a time), which orders LRU evic
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import sqlite3
@@ -35,7 +34,16 @@ from mlxcel.actors.messages import (
     Table,
     TableStatistics,
 )
-from mlxcel.actors.sqlite_file import CHAIN, ITEM_PLACES, LIVE, connect, lock_file
+from mlxcel.actors.sqlite_file import (
+    CHAIN,
+    ITEM_PLACES,
+    LIVE,
+    PAGE_BYTES,
+    Checkpointer,
+    connect,
+    lock_file,
+)
+from mlxcel.actors.sqlite_rows import Rows
 from mlxcel.actors.store_backend import (
     MAX_CHAIN_HOPS,
     Chain,
@@ -60,19 +68,19 @@ class SqliteBackend:
     def __init__(
         self,
         db: sqlite3.Connection,
+        checkpointer: Checkpointer,
         lock: int,
         limits: dict[Table, StoreLimits],
         clock: Callable[[], float],
     ) -> None:
         self._db = db
+        self._checkpointer = checkpointer
         self._lock = lock
         self._limits = limits
         self._clock = clock
         self._limiter = trio.CapacityLimiter(1)
         self._closed = False
-        self._counts: dict[Table, list[int]] = {}
-        self._tick = 0
-        self._recount()
+        self._rows = Rows(db)
 
     @classmethod
     async def open(
@@ -95,7 +103,12 @@ class SqliteBackend:
         def opened() -> SqliteBackend:
             lock = lock_file(path)
             try:
-                return cls(connect(path), lock, limits, clock or time.time)
+                db = connect(path)
+                try:
+                    return cls(db, Checkpointer(path), lock, limits, clock or time.time)
+                except BaseException:
+                    db.close()
+                    raise
             except BaseException:
                 os.close(lock)
                 raise
@@ -142,13 +155,17 @@ class SqliteBackend:
     async def reap(self, owner: JobOwner) -> int:
         return await self._call(self._reap, owner)
 
+    async def maintain(self) -> None:
+        await self._checkpointer.run_when_due()
+
     async def aclose(self) -> None:
         def close() -> None:
             if not self._closed:
                 self._closed = True
-                self._db.close()
+                self._db.close()  # the last connection copies the log in and removes it
                 os.close(self._lock)
 
+        await self._checkpointer.aclose()
         await trio.to_thread.run_sync(close, limiter=self._limiter)
 
     # --- one transaction each, on the store's thread ------------------------------------
@@ -168,7 +185,11 @@ class SqliteBackend:
                     code="store_unavailable",
                 ) from exc
 
-        return await trio.to_thread.run_sync(run, limiter=self._limiter)
+        try:
+            return await trio.to_thread.run_sync(run, limiter=self._limiter)
+        finally:
+            self._checkpointer.wrote(PAGE_BYTES + self._rows.written)
+            self._rows.written = 0
 
     def _in_transaction(self, operation: Callable[..., T], now: float, *args: Any) -> T:
         self._db.execute("BEGIN IMMEDIATE")
@@ -176,7 +197,7 @@ class SqliteBackend:
             result = operation(now, *args)
         except BaseException:
             self._db.execute("ROLLBACK")
-            self._recount()  # the counters follow what was committed
+            self._rows.recount()  # the counters follow what was committed
             raise
         self._db.execute("COMMIT")
         return result
@@ -189,14 +210,14 @@ class SqliteBackend:
         if len(body) > limits.max_bytes:
             log.info("%s is larger than its store's byte budget; not kept", value.id)
             return False
-        self._purge(table, now)
-        self._remove(table, "id = :id", id=value.id)  # replacing a key never double-counts
-        while self._counts[table][1] + len(body) > limits.max_bytes:
-            self._evict_one(table)
+        self._rows.purge(table, now)
+        self._rows.remove(table, "id = :id", id=value.id)  # replacing a key never double-counts
+        while self._rows.counts[table][1] + len(body) > limits.max_bytes:
+            self._rows.evict_one(table)
         expires = now + limits.ttl_secs if limits.ttl_secs > 0 else None
-        self._insert(table, value, body, expires=expires)
-        while self._counts[table][0] > limits.max_entries:
-            self._evict_one(table)
+        self._rows.insert(table, value, body, expires=expires)
+        while self._rows.counts[table][0] > limits.max_entries:
+            self._rows.evict_one(table)
         return True
 
     def _get(self, now: float, tables: tuple[Table, ...], key: str) -> Stored | None:
@@ -206,7 +227,7 @@ class SqliteBackend:
                 {"tbl": table.value, "id": key, "now": now},
             ).fetchone()
             if row is not None:
-                self._touch(table, row[0])
+                self._rows.touch(table, row[0])
                 return decode(row[1])
         return None
 
@@ -219,7 +240,7 @@ class SqliteBackend:
         for key, rowid, tbl, body in rows:
             if rowid is None:
                 return Chain(tuple(records), key)
-            self._touch(Table(tbl), rowid)
+            self._rows.touch(Table(tbl), rowid)
             record = decode(body)
             assert isinstance(record, ResponseRecord)
             records.append(record)
@@ -236,14 +257,14 @@ class SqliteBackend:
                 record = decode(body)
                 item = item_at(record, place) if isinstance(record, ResponseRecord) else None
                 if item is not None and item.id == item_id:
-                    self._touch(Table.RESPONSES, rowid)
+                    self._rows.touch(Table.RESPONSES, rowid)
                     found[item_id] = item
                     break
         return found
 
     def _delete(self, now: float, table: Table, key: str) -> bool:
         # An expired entry not yet dropped is already gone, as in memory.
-        return self._remove(table, f"id = :id AND {LIVE}", id=key, now=now) > 0
+        return self._rows.remove(table, f"id = :id AND {LIVE}", id=key, now=now) > 0
 
     def _change(
         self, now: float, conversation_id: str, change: ConversationChange, create: bool
@@ -259,10 +280,10 @@ class SqliteBackend:
 
     def _statistics(self, now: float) -> StoreStatistics:
         for table in self._limits:
-            self._purge(table, now)
+            self._rows.purge(table, now)
 
         def of(table: Table) -> TableStatistics:
-            entries, size = self._counts[table]
+            entries, size = self._rows.counts[table]
             return TableStatistics(entries=entries, bytes=size)
 
         return StoreStatistics(
@@ -273,11 +294,11 @@ class SqliteBackend:
         )
 
     def _register_job(self, now: float, record: ResponseRecord, owner: JobOwner) -> None:
-        self._remove(Table.ACTIVE, "id = :id", id=record.id)
-        self._insert(Table.ACTIVE, record, encode(record), owner=owner)
+        self._rows.remove(Table.ACTIVE, "id = :id", id=record.id)
+        self._rows.insert(Table.ACTIVE, record, encode(record), owner=owner)
 
     def _update_job(self, now: float, record: ResponseRecord, owner: JobOwner) -> bool:
-        old = self._held_size(record.id, owner)
+        old = self._rows.held_size(record.id, owner)
         if old is None:
             return False
         body = encode(record)
@@ -285,13 +306,13 @@ class SqliteBackend:
             "UPDATE entries SET body = :body, size = :size WHERE tbl = 'active' AND id = :id",
             {"body": body, "size": len(body), "id": record.id},
         )
-        self._counts[Table.ACTIVE][1] += len(body) - old
+        self._rows.counts[Table.ACTIVE][1] += len(body) - old
         return True
 
     def _finish_job(
         self, now: float, final: ResponseRecord, owner: JobOwner
     ) -> ResponseRecord | None:
-        if self._held_size(final.id, owner) is None:
+        if self._rows.held_size(final.id, owner) is None:
             return None
         return self._finish(now, final)
 
@@ -322,90 +343,5 @@ class SqliteBackend:
         if not self._put(now, table, final):
             final = too_large(final)
             self._put(now, table, final)
-        self._remove(Table.ACTIVE, "id = :id", id=final.id)
+        self._rows.remove(Table.ACTIVE, "id = :id", id=final.id)
         return final
-
-    def _held_size(self, response_id: str, owner: JobOwner) -> int | None:
-        """The size of an unfinished job's record if `owner` holds it, else None."""
-        row = self._db.execute(
-            "SELECT owner, epoch, size FROM entries WHERE tbl = 'active' AND id = :id",
-            {"id": response_id},
-        ).fetchone()
-        if row is None or (row[0], row[1]) != (owner.replica, owner.epoch):
-            return None
-        return int(row[2])
-
-    def _insert(
-        self,
-        table: Table,
-        value: Stored,
-        body: bytes,
-        *,
-        expires: float | None = None,
-        owner: JobOwner | None = None,
-    ) -> None:
-        self._tick += 1
-        prev = value.echo.previous_response_id if isinstance(value, ResponseRecord) else None
-        self._db.execute(
-            "INSERT INTO entries (tbl, id, size, expires_at, last_access, prev, owner, epoch, "
-            "body) VALUES (:tbl, :id, :size, :expires, :tick, :prev, :owner, :epoch, :body)",
-            {
-                "tbl": table.value,
-                "id": value.id,
-                "size": len(body),
-                "expires": expires,
-                "tick": self._tick,
-                "prev": prev,
-                "owner": owner.replica if owner else None,
-                "epoch": owner.epoch if owner else None,
-                "body": body,
-            },
-        )
-        if table is Table.RESPONSES and isinstance(value, ResponseRecord):
-            places = [
-                (item.id, value.id, place)
-                for place, item in enumerate((*value.input_items, *value.output))
-                if item.id is not None
-            ]
-            self._db.executemany(
-                "INSERT INTO items (item_id, response_id, place) VALUES (?, ?, ?)", places
-            )
-        self._counts[table][0] += 1
-        self._counts[table][1] += len(body)
-
-    def _remove(self, table: Table, where: str, **params: Any) -> int:
-        """Delete the table's rows matching `where`; how many."""
-        gone = self._db.execute(
-            f"DELETE FROM entries WHERE tbl = :tbl AND {where} RETURNING size",
-            {"tbl": table.value, **params},
-        ).fetchall()
-        self._counts[table][0] -= len(gone)
-        self._counts[table][1] -= sum(size for (size,) in gone)
-        return len(gone)
-
-    def _purge(self, table: Table, now: float) -> None:
-        self._remove(table, "expires_at <= :now", now=now)
-
-    def _evict_one(self, table: Table) -> None:
-        self._remove(
-            table,
-            "rowid = (SELECT rowid FROM entries WHERE tbl = :tbl ORDER BY last_access LIMIT 1)",
-        )
-
-    def _touch(self, table: Table, rowid: int) -> None:
-        if table is not Table.ACTIVE:
-            self._tick += 1
-            self._db.execute(
-                "UPDATE entries SET last_access = ? WHERE rowid = ?", (self._tick, rowid)
-            )
-
-    def _recount(self) -> None:
-        self._counts = {table: [0, 0] for table in Table}
-        rows = self._db.execute(
-            "SELECT tbl, count(*), coalesce(sum(size), 0) FROM entries GROUP BY tbl"
-        )
-        for tbl, entries, size in rows:
-            with contextlib.suppress(ValueError):
-                self._counts[Table(tbl)] = [entries, size]
-        (tick,) = self._db.execute("SELECT coalesce(max(last_access), 0) FROM entries").fetchone()
-        self._tick = max(self._tick, tick)

@@ -95,6 +95,4 @@ class ServerProcesses:
 
     def close(self) -> None:
         for server in self._started:
-            if server.proc.poll() is None:
-                server.proc.kill()
-            server.proc.wait()
+            server.kill()  # and its clients closed

@@ -394,7 +394,7 @@ class BackendsMachine(RuleBasedStateMachine):
         in_file = {Table(tbl): (entries, size) for tbl, entries, size, _ in rows}
         assert all(wrong == 0 for *_, wrong in rows)
         for table in Table:
-            assert list(in_file.get(table, (0, 0))) == sqlite._counts[table]
+            assert list(in_file.get(table, (0, 0))) == sqlite._rows.counts[table]
         for table in BOUNDED:
             entries, size = in_file.get(table, (0, 0))
             assert entries <= self.limits[table].max_entries
