@@ -61,9 +61,13 @@ class RealServer:
     url: str
     alias: str
     log: Path
+    _clients: list[OpenAI] = field(default_factory=list)
 
     def client(self) -> OpenAI:
-        return OpenAI(base_url=f"{self.url}/v1", api_key="sk-no-auth", max_retries=0, timeout=600)
+        """An SDK client for this server, closed when the server stops."""
+        client = OpenAI(base_url=f"{self.url}/v1", api_key="sk-no-auth", max_retries=0, timeout=600)
+        self._clients.append(client)
+        return client
 
 
 def free_port() -> int:
@@ -91,7 +95,10 @@ def start_server(log: Path, *flags: str) -> Iterator[RealServer]:
             except httpx.TransportError:
                 pass
             time.sleep(0.5)
-        yield RealServer(url, DEFAULT_ALIAS, log)
+        server = RealServer(url, DEFAULT_ALIAS, log)
+        yield server
+        for client in server._clients:
+            client.close()
     finally:
         proc.terminate()
         try:
