@@ -195,11 +195,12 @@ class SqliteBackend:
         self._db.execute("BEGIN IMMEDIATE")
         try:
             result = operation(now, *args)
+            self._db.execute("COMMIT")
         except BaseException:
-            self._db.execute("ROLLBACK")
+            if self._db.in_transaction:  # SQLite ends some failed ones itself
+                self._db.execute("ROLLBACK")
             self._rows.recount()  # the counters follow what was committed
             raise
-        self._db.execute("COMMIT")
         return result
 
     def _put(self, now: float, table: Table, value: Stored) -> bool:
@@ -241,9 +242,7 @@ class SqliteBackend:
             if rowid is None:
                 return Chain(tuple(records), key)
             self._rows.touch(Table(tbl), rowid)
-            record = decode(body)
-            assert isinstance(record, ResponseRecord)
-            records.append(record)
+            records.append(_response(body))
         return Chain(tuple(records))
 
     def _find_items(self, now: float, ids: frozenset[str]) -> dict[str, Item]:
@@ -331,9 +330,7 @@ class SqliteBackend:
             {"replica": owner.replica, "epoch": owner.epoch},
         ).fetchall()
         for body, cancel_requested in rows:
-            record = decode(body)
-            assert isinstance(record, ResponseRecord)
-            self._finish(now, reaped(record, bool(cancel_requested)))
+            self._finish(now, reaped(_response(body), bool(cancel_requested)))
         return len(rows)
 
     # --- pieces of one transaction ---------------------------------------------------
@@ -345,3 +342,11 @@ class SqliteBackend:
             self._put(now, table, final)
         self._rows.remove(Table.ACTIVE, "id = :id", id=final.id)
         return final
+
+
+def _response(body: bytes) -> ResponseRecord:
+    """A stored response's row read back; CodecError if it holds something else."""
+    record = decode(body)
+    if not isinstance(record, ResponseRecord):
+        raise CodecError(f"a response's row holds a {type(record).__name__}")
+    return record
