@@ -1,6 +1,6 @@
-"""The root nursery: echo → model → scheduler → jobs → HTTP, each started when the one
-before is ready, and all stopped together, inside the store, which is opened first and
-closed last.
+"""The root nursery: model → scheduler → jobs → HTTP, each started when the one before
+is ready, and all stopped together, inside the store (with the reasoning-echo cache),
+which is opened first and closed last.
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ from pathlib import Path
 
 import trio
 
-from mlxcel.actors.echo import EchoActor
 from mlxcel.actors.jobs import JobsHandle, JobSupervisor
 from mlxcel.actors.scheduler import Scheduler, SchedulerHandle
 from mlxcel.actors.store import StoreActor, StoreHandle
@@ -44,7 +43,7 @@ async def serve(
     shutdown: trio.Event | None = None,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Run every actor (store → echo → model → scheduler → jobs → HTTP) until cancelled,
+    """Run every actor (store → model → scheduler → jobs → HTTP) until cancelled,
     or until `shutdown` is set and the drain is over; reports the HTTP URLs once listening.
 
     Resource handling: every actor but the store lives in this one nursery, and the store
@@ -69,6 +68,7 @@ async def serve(
         settings.conversations,
         settings.background_ephemeral_ttl_secs,
         store=settings.store,
+        echo_bytes=settings.reasoning_echo_max_bytes,
     )
     # The store outlives every other actor: it closes once the last of them is done.
     async with store_actor.open() as store, trio.open_nursery() as nursery:
@@ -103,10 +103,10 @@ async def _start_actors(
     shutdown: trio.Event,
     store: StoreHandle,
 ) -> Handles:
-    """Start echo → model → scheduler → jobs in `nursery`, each once the one before is
+    """Start model → scheduler → jobs in `nursery`, each once the one before is
     ready; the handles the HTTP edge talks to."""
     metrics = Metrics()
-    echo = await nursery.start(EchoActor(settings.reasoning_echo_max_bytes).run)
+    echo = store.echo
     model = await nursery.start(ModelActor(factory, settings.parallel, metrics).run)
     scheduler_actor = Scheduler(
         model,

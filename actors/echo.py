@@ -5,21 +5,17 @@ The server remembers the reasoning it returned with each ordinary response, keye
 everything that decides how that turn renders (model, template arguments and tools, the
 client's session, every earlier item as sent, and the trimmed assistant text), so when
 the same turn comes back without its reasoning it renders exactly as it was generated.
-Bounded by bytes, least recently used first; 0 bytes disables it.
+Bounded by bytes, least recently used first; 0 bytes disables it. The traces are kept by
+the store's backend: in memory, or in the SQLite file, where they survive a restart.
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol
 
-import trio
-from cachetools import LRUCache
-
-from mlxcel.actors.messages import EchoCommand, Recall, Remember
 from mlxcel.items import (
     Compaction,
     FunctionCall,
@@ -80,49 +76,27 @@ def turn_key(prefix: str, assistant_text: str) -> str:
     return hashlib.sha256(f"{prefix}\x00{assistant_text.strip()}".encode()).hexdigest()
 
 
+class Traces(Protocol):
+    """Where traces are kept: the store's backend (`actors/store_backend.py`)."""
+
+    async def remember(self, key: str, reasoning: str) -> None: ...
+
+    async def recall(self, keys: tuple[str, ...]) -> dict[str, str]: ...
+
+
 class EchoHandle:
-    def __init__(self, inbox: trio.MemorySendChannel[EchoCommand], enabled: bool) -> None:
-        self._inbox = inbox
+    """The cache's two questions, answered by the store's backend (so, with a durable
+    store, traces outlive the process); off when its byte budget is 0."""
+
+    def __init__(self, traces: Traces, enabled: bool) -> None:
+        self._traces = traces
         self.enabled = enabled
 
     async def remember(self, key: str, reasoning: str) -> None:
         if self.enabled and reasoning.strip():
-            await self._inbox.send(Remember(key, reasoning))
+            await self._traces.remember(key, reasoning)
 
     async def recall(self, keys: Sequence[str]) -> dict[str, str]:
         if not self.enabled or not keys:
             return {}
-        send, recv = trio.open_memory_channel[dict[str, str]](1)
-        await self._inbox.send(Recall(tuple(keys), send))
-        return await recv.receive()
-
-
-class EchoActor:
-    def __init__(self, max_bytes: int) -> None:
-        self._max_bytes = max_bytes
-        self._traces: LRUCache[str, str] = LRUCache(
-            maxsize=max(max_bytes, 1), getsizeof=lambda text: len(text.encode())
-        )
-
-    async def run(
-        self, *, task_status: trio.TaskStatus[EchoHandle] = trio.TASK_STATUS_IGNORED
-    ) -> None:
-        """Serve remember/recall until cancelled.
-
-        Resource handling: traces are bounded by `max_bytes` (LRU); a trace larger than
-        the whole budget is not kept. The inbox is unbuffered.
-
-        Error handling: a caller gone before its reply is ignored; nothing else raises.
-        """
-        send, recv = trio.open_memory_channel[EchoCommand](0)
-        task_status.started(EchoHandle(send, self._max_bytes > 0))
-        async with recv:
-            async for command in recv:
-                match command:
-                    case Remember(key, reasoning):
-                        with contextlib.suppress(ValueError):  # larger than the budget
-                            self._traces[key] = reasoning
-                    case Recall(keys, reply):
-                        found = {k: self._traces[k] for k in keys if k in self._traces}
-                        with contextlib.suppress(trio.BrokenResourceError):
-                            reply.send_nowait(found)
+        return await self._traces.recall(tuple(keys))

@@ -218,21 +218,3 @@ class StoreStatistics:
     conversations: TableStatistics
     ephemeral: TableStatistics
     active: TableStatistics
-
-
-# --- reasoning echo ----------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Remember:
-    key: str
-    reasoning: str
-
-
-@dataclass(frozen=True, slots=True)
-class Recall:
-    keys: tuple[str, ...]
-    reply: trio.MemorySendChannel[dict[str, str]]
-
-
-EchoCommand = Remember | Recall

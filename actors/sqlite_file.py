@@ -68,10 +68,18 @@ CREATE TRIGGER entries_gone AFTER DELETE ON entries WHEN old.tbl = 'responses'
 BEGIN
     DELETE FROM items WHERE response_id = old.id;
 END;
+CREATE TABLE traces (
+    key TEXT PRIMARY KEY,
+    size INTEGER NOT NULL,
+    last_access INTEGER NOT NULL,
+    reasoning TEXT NOT NULL
+);
+CREATE INDEX traces_lru ON traces (last_access);
 """
 """One row per stored value (`body` is its encoding, last so scans of the other columns
 never read it); `items` says where each stored response's items live, for
-`item_reference`, and follows `entries` through the trigger."""
+`item_reference`, and follows `entries` through the trigger; `traces` is the
+reasoning-echo cache."""
 
 
 LIVE = "(expires_at IS NULL OR expires_at > :now)"

@@ -1,8 +1,9 @@
 """The SQLite store's rows: one per stored value, their counters and their recency.
 
 `Rows` does the row-level pieces the backend's transactions are made of (insert, remove,
-evict, touch) and keeps the entry and byte counters of each table in step with them. It
-runs on the store's thread, inside a transaction the backend opened.
+evict, touch) and keeps the entry and byte counters of each table in step with them;
+`Traces` is the reasoning-echo cache's table. Both run on the store's thread, inside a
+transaction the backend opened.
 """
 
 from __future__ import annotations
@@ -114,3 +115,55 @@ class Rows:
                 self.counts[Table(tbl)] = [entries, size]
         (tick,) = self._db.execute("SELECT coalesce(max(last_access), 0) FROM entries").fetchone()
         self._tick = max(self._tick, tick)
+
+
+class Traces:
+    """The `traces` table: returned reasoning by turn key, least recently used first
+    out once `max_bytes` would be passed (the reasoning-echo cache)."""
+
+    def __init__(self, db: sqlite3.Connection, max_bytes: int) -> None:
+        self._db = db
+        self._max_bytes = max_bytes
+        self._bytes = 0
+        self._tick = 0
+        self.recount()
+
+    def remember(self, now: float, key: str, reasoning: str) -> None:
+        size = len(reasoning.encode())
+        if size > self._max_bytes:
+            return  # what was there stays
+        self._forget("key = ?", (key,))
+        oldest = "key = (SELECT key FROM traces ORDER BY last_access LIMIT 1)"
+        while self._bytes + size > self._max_bytes and self._forget(oldest, ()):
+            pass
+        self._tick += 1
+        self._db.execute(
+            "INSERT INTO traces (key, size, last_access, reasoning) VALUES (?, ?, ?, ?)",
+            (key, size, self._tick, reasoning),
+        )
+        self._bytes += size
+
+    def recall(self, now: float, keys: tuple[str, ...]) -> dict[str, str]:
+        found: dict[str, str] = {}
+        for key in keys:
+            row = self._db.execute("SELECT reasoning FROM traces WHERE key = ?", (key,)).fetchone()
+            if row is not None:
+                self._tick += 1
+                self._db.execute(
+                    "UPDATE traces SET last_access = ? WHERE key = ?", (self._tick, key)
+                )
+                found[key] = row[0]
+        return found
+
+    def recount(self) -> None:
+        (self._bytes, tick) = self._db.execute(
+            "SELECT coalesce(sum(size), 0), coalesce(max(last_access), 0) FROM traces"
+        ).fetchone()
+        self._tick = max(self._tick, tick)
+
+    def _forget(self, where: str, params: tuple[str, ...]) -> int:
+        """Delete the traces matching `where`; how many."""
+        gone = self._db.execute(f"DELETE FROM traces WHERE {where} RETURNING size", params)
+        sizes = [size for (size,) in gone.fetchall()]
+        self._bytes -= sum(sizes)
+        return len(sizes)

@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator, Callable
 
 import trio
 
+from mlxcel.actors.echo import EchoHandle
 from mlxcel.actors.limits import StoreLimits, sqlite_path
 from mlxcel.actors.messages import (
     AddItems,
@@ -43,8 +44,11 @@ class StoreHandle:
         owner: JobOwner,
         responses: StoreLimits,
         conversations: StoreLimits,
+        echo_enabled: bool = False,
     ) -> None:
         self._backend = backend
+        self.echo = EchoHandle(backend, echo_enabled)
+        """The reasoning-echo cache, kept by the same backend."""
         self.owner = owner
         """This process in this life: the owner of the jobs it runs."""
         self.responses_limits = responses
@@ -154,6 +158,7 @@ class StoreActor:
         ephemeral_ttl_secs: float,
         *,
         store: str = "memory",
+        echo_bytes: int = 0,
         clock: Callable[[], float] | None = None,
     ) -> None:
         self._responses = responses
@@ -162,6 +167,7 @@ class StoreActor:
             responses.max_entries, responses.max_bytes, ephemeral_ttl_secs
         )
         self._path = sqlite_path(store)
+        self._echo_bytes = echo_bytes
         self._clock = clock
 
     async def run(
@@ -200,7 +206,9 @@ class StoreActor:
                 )
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(_maintain, backend)
-                yield StoreHandle(backend, owner, self._responses, self._conversations)
+                yield StoreHandle(
+                    backend, owner, self._responses, self._conversations, self._echo_bytes > 0
+                )
                 nursery.cancel_scope.cancel()
         finally:
             with trio.CancelScope(shield=True):
@@ -209,11 +217,22 @@ class StoreActor:
     async def _open(self) -> StoreBackend:
         if self._path is None:
             clock = self._clock or trio.current_time
-            return MemoryBackend(self._responses, self._conversations, self._ephemeral, clock=clock)
+            return MemoryBackend(
+                self._responses,
+                self._conversations,
+                self._ephemeral,
+                echo_bytes=self._echo_bytes,
+                clock=clock,
+            )
         from mlxcel.actors.store_sqlite import SqliteBackend
 
         return await SqliteBackend.open(
-            self._path, self._responses, self._conversations, self._ephemeral, clock=self._clock
+            self._path,
+            self._responses,
+            self._conversations,
+            self._ephemeral,
+            echo_bytes=self._echo_bytes,
+            clock=self._clock,
         )
 
 

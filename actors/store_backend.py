@@ -134,6 +134,17 @@ class StoreBackend(Protocol):
         `finish_job` would; how many. Idempotent: a reaped job is no longer unfinished."""
         ...
 
+    async def remember(self, key: str, reasoning: str) -> None:
+        """Keep a returned reasoning trace under its turn key, within the echo byte budget
+        (least recently used first out); a trace larger than the whole budget is not
+        kept."""
+        ...
+
+    async def recall(self, keys: tuple[str, ...]) -> dict[str, str]:
+        """The traces kept under these keys (those found), each now the most recently
+        used, in the order of `keys`."""
+        ...
+
     async def maintain(self) -> None:
         """Wait until housekeeping is due, then do it, beside the other operations
         (SQLite: copy its write-ahead log into the file once enough was written); the

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import trio
-from cachetools import Cache, TTLCache
+from cachetools import Cache, LRUCache, TTLCache
 
 from mlxcel.actors.item_index import ItemIndex, item_at
 from mlxcel.actors.limits import StoreLimits
@@ -157,8 +157,13 @@ class MemoryBackend:
         conversations: StoreLimits,
         ephemeral: StoreLimits,
         *,
+        echo_bytes: int = 0,
         clock: Callable[[], float] = trio.current_time,
     ) -> None:
+        self._echo_bytes = echo_bytes
+        self._traces: LRUCache[str, str] = LRUCache(
+            maxsize=max(echo_bytes, 1), getsizeof=lambda text: len(text.encode())
+        )
         self._tables: dict[Table, BoundedTable] = {
             Table.RESPONSES: BoundedTable(responses, index=ItemIndex(), clock=clock),
             Table.CONVERSATIONS: BoundedTable(conversations, clock=clock),
@@ -276,6 +281,17 @@ class MemoryBackend:
             return len(orphans)
         finally:
             await trio.lowlevel.cancel_shielded_checkpoint()
+
+    async def remember(self, key: str, reasoning: str) -> None:
+        if len(reasoning.encode()) <= self._echo_bytes:  # else what was there stays
+            self._traces.pop(key, None)  # a replaced trace is never counted twice
+            self._traces[key] = reasoning
+        await trio.lowlevel.cancel_shielded_checkpoint()
+
+    async def recall(self, keys: tuple[str, ...]) -> dict[str, str]:
+        found = {k: self._traces[k] for k in keys if k in self._traces}
+        await trio.lowlevel.cancel_shielded_checkpoint()
+        return found
 
     async def maintain(self) -> None:
         await trio.sleep_forever()  # nothing is ever due: expiry happens as tables are used

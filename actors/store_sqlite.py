@@ -43,7 +43,7 @@ from mlxcel.actors.sqlite_file import (
     connect,
     lock_file,
 )
-from mlxcel.actors.sqlite_rows import Rows
+from mlxcel.actors.sqlite_rows import Rows, Traces
 from mlxcel.actors.store_backend import (
     MAX_CHAIN_HOPS,
     Chain,
@@ -72,6 +72,7 @@ class SqliteBackend:
         lock: int,
         limits: dict[Table, StoreLimits],
         clock: Callable[[], float],
+        echo_bytes: int = 0,
     ) -> None:
         self._db = db
         self._checkpointer = checkpointer
@@ -81,6 +82,7 @@ class SqliteBackend:
         self._limiter = trio.CapacityLimiter(1)
         self._closed = False
         self._rows = Rows(db)
+        self._traces = Traces(db, echo_bytes)
 
     @classmethod
     async def open(
@@ -90,6 +92,7 @@ class SqliteBackend:
         conversations: StoreLimits,
         ephemeral: StoreLimits,
         *,
+        echo_bytes: int = 0,
         clock: Callable[[], float] | None = None,
     ) -> SqliteBackend:
         """Lock and open (or create) the file; ConfigError when another server holds it
@@ -105,7 +108,9 @@ class SqliteBackend:
             try:
                 db = connect(path)
                 try:
-                    return cls(db, Checkpointer(path), lock, limits, clock or time.time)
+                    checkpointer = Checkpointer(path)
+                    clock_or_wall = clock or time.time
+                    return cls(db, checkpointer, lock, limits, clock_or_wall, echo_bytes)
                 except BaseException:
                     db.close()
                     raise
@@ -155,6 +160,12 @@ class SqliteBackend:
     async def reap(self, owner: JobOwner) -> int:
         return await self._call(self._reap, owner)
 
+    async def remember(self, key: str, reasoning: str) -> None:
+        await self._call(self._traces.remember, key, reasoning)
+
+    async def recall(self, keys: tuple[str, ...]) -> dict[str, str]:
+        return await self._call(self._traces.recall, keys)
+
     async def maintain(self) -> None:
         await self._checkpointer.run_when_due()
 
@@ -200,6 +211,7 @@ class SqliteBackend:
             if self._db.in_transaction:  # SQLite ends some failed ones itself
                 self._db.execute("ROLLBACK")
             self._rows.recount()  # the counters follow what was committed
+            self._traces.recount()
             raise
         return result
 

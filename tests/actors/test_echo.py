@@ -1,10 +1,12 @@
-"""The reasoning-echo cache actor and its keys."""
+"""The reasoning-echo cache (on both store backends) and its keys."""
 
 from __future__ import annotations
 
 import trio
 
-from mlxcel.actors.echo import EchoActor, EchoHandle, TurnHasher, turn_key, turn_prefix
+from mlxcel.actors.echo import EchoHandle, TurnHasher, turn_key, turn_prefix
+from mlxcel.actors.limits import StoreLimits
+from mlxcel.actors.store import StoreActor, StoreHandle
 from mlxcel.items import (
     Compaction,
     FunctionCall,
@@ -17,13 +19,15 @@ from mlxcel.items import (
 )
 
 
-async def start(nursery: trio.Nursery, max_bytes: int) -> EchoHandle:
-    handle: EchoHandle = await nursery.start(EchoActor(max_bytes).run)
-    return handle
+async def start(nursery: trio.Nursery, max_bytes: int, store: str = "memory") -> EchoHandle:
+    limits = StoreLimits(10, 1 << 20, 0)
+    actor = StoreActor(limits, limits, 600, store=store, echo_bytes=max_bytes)
+    handle: StoreHandle = await nursery.start(actor.run)
+    return handle.echo
 
 
-async def test_remember_recall_and_byte_bound(nursery: trio.Nursery) -> None:
-    echo = await start(nursery, max_bytes=20)
+async def test_remember_recall_and_byte_bound(nursery: trio.Nursery, store_spec: str) -> None:
+    echo = await start(nursery, max_bytes=20, store=store_spec)
     await echo.remember("a", "0123456789")
     await echo.remember("b", "0123456789")
     assert await echo.recall(["a", "b", "c"]) == {"a": "0123456789", "b": "0123456789"}
@@ -34,8 +38,8 @@ async def test_remember_recall_and_byte_bound(nursery: trio.Nursery) -> None:
     assert await echo.recall(["huge", "blank"]) == {}
 
 
-async def test_zero_bytes_disables(nursery: trio.Nursery) -> None:
-    echo = await start(nursery, max_bytes=0)
+async def test_zero_bytes_disables(nursery: trio.Nursery, store_spec: str) -> None:
+    echo = await start(nursery, max_bytes=0, store=store_spec)
     assert not echo.enabled
     await echo.remember("a", "trace")
     assert await echo.recall(["a"]) == {}

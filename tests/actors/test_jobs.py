@@ -9,7 +9,6 @@ import pytest
 import trio
 import trio.testing
 
-from mlxcel.actors.echo import EchoActor
 from mlxcel.actors.jobs import BYTES_PER_OUTPUT_TOKEN, JobsHandle, JobSupervisor
 from mlxcel.actors.messages import Table
 from mlxcel.actors.scheduler import Scheduler
@@ -51,7 +50,7 @@ async def start(
         Scheduler(
             model,
             store,
-            await nursery.start(EchoActor(0).run),
+            store.echo,
             parallel=1,
             max_queue_depth=0,
             keepalive_secs=3600,

@@ -8,7 +8,6 @@ import pytest
 import trio
 import trio.testing
 
-from mlxcel.actors.echo import EchoActor
 from mlxcel.actors.events import (
     KeepAlive,
     OutputTextDelta,
@@ -44,11 +43,10 @@ async def start(
     )
     model = await nursery.start(ModelActor(functools.partial(fake_factory, engine), parallel).run)
     await model.ready.wait()
-    echo = await nursery.start(EchoActor(0).run)
     scheduler = Scheduler(
         model,
         store,
-        echo,
+        store.echo,
         parallel=parallel,
         max_queue_depth=depth,
         keepalive_secs=keepalive,

@@ -181,3 +181,19 @@ async def test_a_file_from_a_newer_release_or_not_a_store_is_refused(tmp_path: P
     # A refused file leaves its lock free.
     with pytest.raises(ConfigError, match="cannot be opened"):
         await open_store(garbage, Clock())
+
+
+async def test_reasoning_traces_outlive_a_reopen_within_their_budget(tmp_path: Path) -> None:
+    path, clock = tmp_path / "store.sqlite3", Clock()
+    store = await SqliteBackend.open(path, LIMITS, LIMITS, LIMITS, echo_bytes=20, clock=clock)
+    await store.remember("a", "0123456789")
+    await store.remember("b", "0123456789")
+    await store.aclose()
+    store = await SqliteBackend.open(path, LIMITS, LIMITS, LIMITS, echo_bytes=20, clock=clock)
+    assert await store.recall(("a", "b", "c")) == {"a": "0123456789", "b": "0123456789"}
+    await store.recall(("a",))  # now b is the least recently used
+    await store.remember("c", "xyz")  # the reopened budget still counts a and b
+    assert set(await store.recall(("a", "b", "c"))) == {"a", "c"}
+    await store.remember("a", "x" * 21)  # larger than the budget: what was there stays
+    assert await store.recall(("a",)) == {"a": "0123456789"}
+    await store.aclose()
