@@ -321,3 +321,33 @@ def _counted(path: Path) -> tuple[int, int]:
         bodies = [b for (b,) in db.execute("SELECT body FROM entries WHERE tbl = 'conversations'")]
     assert all(encoded_size(decode(body)) == len(body) for body in bodies)
     return len(bodies), sum(len(body) for body in bodies)
+
+
+def test_a_dropped_reasoning_trace_comes_back_after_a_restart(
+    servers: ServerProcesses, tmp_path: Path
+) -> None:
+    path = tmp_path / "store.sqlite3"
+    first = servers.start("--store", f"sqlite:{path}")
+    said = [{"role": "user", "content": "echo: <think>secret plan</think> answer"}]
+    with first.http() as http:
+        created = http.post("/v1/responses", json={"model": MODEL, "input": said}).json()
+    assert [item["type"] for item in created["output"]] == ["reasoning", "message"]
+    first.kill()
+
+    reasoning, message = created["output"]
+    nxt = {"role": "user", "content": "echo: next"}
+    without_trace = {"model": MODEL, "input": [*said, message, nxt]}
+    with_trace = {"model": MODEL, "input": [*said, reasoning, message, nxt]}
+    second = servers.start("--store", f"sqlite:{path}")
+    with second.http() as http:
+        counts = [
+            http.post("/v1/responses/input_tokens", json=body).json()["input_tokens"]
+            for body in (without_trace, with_trace)
+        ]
+    # The trace the client dropped is put back from the store: the prompt is the one the
+    # client would have sent with it.
+    assert counts[0] == counts[1]
+    third = servers.start("--store", f"sqlite:{tmp_path / 'other.sqlite3'}")
+    with third.http() as http:
+        fresh = http.post("/v1/responses/input_tokens", json=without_trace).json()
+    assert fresh["input_tokens"] < counts[0]  # a store that never saw the turn has nothing
