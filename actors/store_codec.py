@@ -46,7 +46,10 @@ def encode(value: Stored) -> bytes:
     tree = _encode(value)
     assert isinstance(tree, dict)
     tree["v"] = VERSION
-    return json.dumps(tree, ensure_ascii=False, separators=(",", ":")).encode()
+    text = json.dumps(tree, ensure_ascii=False, separators=(",", ":"))
+    # A lone surrogate (the HTTP edge refuses them, but a value may come from elsewhere)
+    # is kept as it is: `json.loads` reads bytes back the same way.
+    return text.encode("utf-8", "surrogatepass")
 
 
 def decode(data: bytes | str) -> Stored:

@@ -321,6 +321,12 @@ def test_extreme_logprobs_round_trip(logprob: float) -> None:
     assert_round_trip(ResponseRecord("r", 0, "completed", RequestEcho("m"), output=(message,)))
 
 
+def test_a_lone_surrogate_round_trips() -> None:
+    record = ResponseRecord("r", 0, "completed", RequestEcho("m", instructions="a\ud800b"))
+    assert decode(encode(record)) == record
+    assert encoded_size(record) == len(encode(record))
+
+
 def test_defaults_are_left_out_but_a_value_equal_to_one_of_another_type_is_kept() -> None:
     plain = ResponseRecord("r", 0, "completed", RequestEcho("m"))
     assert json.loads(encode(plain))["echo"] == {"$": "RequestEcho", "model": "m"}

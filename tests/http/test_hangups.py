@@ -4,6 +4,7 @@ requesters that leave the queue. After each, the server answers and a slot is fr
 from __future__ import annotations
 
 import httpx
+import pytest
 import trio
 
 from mlxcel.model.fake import FakeEngine
@@ -17,6 +18,13 @@ from support import (
 )
 
 LONG = "echo: " + " ".join(f"w{i}" for i in range(400))
+
+
+@pytest.fixture(params=["memory", "sqlite"])
+def fake_store(request: pytest.FixtureRequest) -> str:
+    """Every test here runs on both store backends: a requester that leaves never keeps
+    a store write from finishing."""
+    return str(request.param)
 
 
 async def test_hanging_up_right_after_sending_never_leaks_a_slot(
