@@ -1,8 +1,9 @@
-"""Shared fixtures: an in-process server on the fake engine."""
+"""Shared fixtures: an in-process server on the fake engine, and real Redis servers."""
 
 from __future__ import annotations
 
 import functools
+import uuid
 from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
@@ -15,6 +16,7 @@ from mlxcel.config import Settings
 from mlxcel.model.fake import FakeEngine, fake_factory
 from mlxcel.prepare.intake import ModelNames
 
+from redis_server import RedisServer
 from support import FakeServer, StartServer
 
 
@@ -61,3 +63,36 @@ def start_fake_server(
 @pytest.fixture
 async def fake_server(start_fake_server: StartServer) -> FakeServer:
     return await start_fake_server()
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[RedisServer]:
+    """One real `redis-server` for the whole session; tests keep apart by `redis_prefix`.
+    Tests that stop, kill or pause Redis take `own_redis` instead."""
+    server = RedisServer()
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+@pytest.fixture
+def redis_prefix() -> str:
+    """A key prefix of this test's own (`--redis-key-prefix`, `MLXCEL_REDIS_KEY_PREFIX`)."""
+    return f"t-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture
+def redis_store(redis_server: RedisServer) -> str:
+    """The `--store` value for the session's Redis (pass `redis_prefix` alongside)."""
+    return redis_server.url
+
+
+@pytest.fixture
+def own_redis() -> Iterator[RedisServer]:
+    """A private `redis-server` for this test, free to stop, kill or pause; closed after."""
+    server = RedisServer()
+    try:
+        yield server
+    finally:
+        server.close()

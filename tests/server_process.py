@@ -1,6 +1,6 @@
-"""Fake-engine servers in their own processes (`fake_server_main.py`), for tests that kill
-and restart a server: each is started with real command-line flags, waited for on
-`/health`, and killed at the end whatever happened."""
+"""Fake-engine servers in their own processes (`fake_server_main.py`), for tests that kill,
+freeze or restart a server, or run several replicas: each is started with real
+command-line flags, waited for on `/health`, and killed at the end whatever happened."""
 
 from __future__ import annotations
 
@@ -55,6 +55,17 @@ class ServerProcess:
         for client in self._clients:
             client.close()
 
+    def pause(self) -> None:
+        """SIGSTOP: the process holds its connections but answers nothing (a hung replica);
+        `kill` still ends it."""
+        assert self.proc.poll() is None, f"server exited:\n{self.log.read_text()}"
+        self.proc.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        """SIGCONT: the process carries on where `pause` froze it."""
+        assert self.proc.poll() is None, f"server exited:\n{self.log.read_text()}"
+        self.proc.send_signal(signal.SIGCONT)
+
     def wait_ready(self) -> None:
         deadline = time.monotonic() + READY_SECS
         while True:
@@ -92,6 +103,16 @@ class ServerProcesses:
         server = self.launch(*flags, step_delay=step_delay)
         server.wait_ready()
         return server
+
+    def start_replicas(
+        self, count: int, *flags: str, step_delay: float = 0.0
+    ) -> list[ServerProcess]:
+        """`count` server processes with the same flags, started together and then each
+        waited for on `/health` (they start in parallel, not one after another)."""
+        replicas = [self.launch(*flags, step_delay=step_delay) for _ in range(count)]
+        for replica in replicas:
+            replica.wait_ready()
+        return replicas
 
     def close(self) -> None:
         for server in self._started:

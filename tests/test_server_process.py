@@ -1,0 +1,54 @@
+"""Fake-engine server processes as replicas: started together, each answers on its own
+port, and one frozen with SIGSTOP answers nothing until resumed while the others carry
+on; a frozen one can still be killed."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from haproxy import Haproxy
+from server_process import ServerProcesses
+
+
+@pytest.fixture
+def servers(tmp_path: Path) -> Iterator[ServerProcesses]:
+    started = ServerProcesses(tmp_path)
+    try:
+        yield started
+    finally:
+        started.close()
+
+
+def test_replicas_start_together_and_one_can_be_frozen(servers: ServerProcesses) -> None:
+    one, two = servers.start_replicas(2, "--parallel", "1")
+    assert one.url != two.url
+    one.pause()
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.get(f"{one.url}/health", timeout=0.5)
+    assert httpx.get(f"{two.url}/health", timeout=10).status_code == 200
+    one.resume()
+    assert httpx.get(f"{one.url}/health", timeout=10).status_code == 200
+    one.pause()
+    one.kill()  # SIGKILL ends a frozen process too
+    assert one.proc.returncode is not None
+
+
+def _health_count(url: str) -> float:
+    metrics = httpx.get(f"{url}/metrics", timeout=10).text
+    line = 'mlxcel_http_requests_total{method="GET",route="/health",status="200"} '
+    return sum(
+        float(row.removeprefix(line)) for row in metrics.splitlines() if row.startswith(line)
+    )
+
+
+def test_replicas_behind_haproxy_share_the_requests(servers: ServerProcesses) -> None:
+    replicas = servers.start_replicas(2)
+    before = [_health_count(r.url) for r in replicas]
+    with Haproxy([r.url for r in replicas]) as proxy, httpx.Client(timeout=30) as http:
+        for _ in range(4):
+            assert http.get(f"{proxy.url}/health").status_code == 200
+    assert [_health_count(r.url) - b for r, b in zip(replicas, before, strict=True)] == [2, 2]
