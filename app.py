@@ -69,6 +69,8 @@ async def serve(
         settings.background_ephemeral_ttl_secs,
         store=settings.store,
         echo_bytes=settings.reasoning_echo_max_bytes,
+        key_prefix=settings.redis_key_prefix,
+        lease_secs=settings.replica_lease_secs,
     )
     # The store outlives every other actor: it closes once the last of them is done.
     async with store_actor.open() as store, trio.open_nursery() as nursery:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from mlxcel.actors.limits import StoreLimits, sqlite_path
+from mlxcel.actors.limits import StoreLimits, redis_url, sqlite_path
 from mlxcel.errors import ConfigError
 
 __all__ = ["Settings", "StoreLimits"]
@@ -41,8 +41,10 @@ class Settings:
     which clients that give up on a silent stream count; off, they are SSE comments."""
     api_keys: tuple[str, ...] = ()
     store: str = "memory"
-    """Where stored state lives: `memory` (gone with the process) or `sqlite[:PATH]` (a
-    file that survives restarts)."""
+    """Where stored state lives: `memory` (gone with the process), `sqlite[:PATH]` (a
+    file that survives restarts) or `redis://...` (a server replicas share)."""
+    redis_key_prefix: str = "mlxcel"
+    replica_lease_secs: float = 15.0
     responses: StoreLimits = StoreLimits(1024, 268_435_456, 3600)
     conversations: StoreLimits = StoreLimits(256, 67_108_864, 3600)
     background_max_jobs: int = 64
@@ -99,12 +101,18 @@ class Settings:
                 "--hosted-tools must be reject or ignore",
             ),
             (self.images in ("reject", "placeholder"), "--images must be reject or placeholder"),
+            (self.replica_lease_secs >= 0.3, "--replica-lease-secs must be at least 0.3"),
+            (
+                bool(self.redis_key_prefix) and not set("{}\n") & set(self.redis_key_prefix),
+                "--redis-key-prefix must be non-empty, without braces or newlines",
+            ),
         ]
         for ok, message in checks:
             if not ok:
                 raise ConfigError(message)
         try:
             sqlite_path(self.store)
+            redis_url(self.store)
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
 

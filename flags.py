@@ -202,8 +202,26 @@ FLAGS: tuple[Flag, ...] = (
         str,
         _DEFAULTS.store,
         "MLXCEL_STORE",
-        "where stored responses, conversations and background jobs live: memory, or "
-        "sqlite[:PATH] to keep them across restarts (default path: the user data folder)",
+        "where stored responses, conversations and background jobs live: memory, "
+        "sqlite[:PATH] to keep them across restarts (default path: the user data folder), "
+        "or redis://HOST:PORT/DB (rediss:// for TLS) to share them between replicas",
+    ),
+    Flag(
+        ("--redis-key-prefix",),
+        "redis_key_prefix",
+        str,
+        _DEFAULTS.redis_key_prefix,
+        "MLXCEL_REDIS_KEY_PREFIX",
+        "what every key of a Redis store begins with (replicas sharing state use the same)",
+    ),
+    Flag(
+        ("--replica-lease-secs",),
+        "replica_lease_secs",
+        float,
+        _DEFAULTS.replica_lease_secs,
+        "MLXCEL_REPLICA_LEASE_SECS",
+        "on a Redis store: seconds a replica's lease lasts without renewal; a stopped "
+        "replica's background responses end failed about this long after it stops",
     ),
     Flag(
         ("--responses-store-max-entries",),
@@ -370,6 +388,8 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         progress_events=not args.no_progress_events,
         api_keys=keys,
         store=args.store,
+        redis_key_prefix=args.redis_key_prefix,
+        replica_lease_secs=args.replica_lease_secs,
         responses=StoreLimits(
             args.responses_store_max_entries,
             args.responses_store_max_bytes,

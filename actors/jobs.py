@@ -11,6 +11,7 @@ endpoint stops a job; no HTTP connection owns it.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 from dataclasses import dataclass, field
@@ -27,10 +28,12 @@ from mlxcel.actors.messages import (
     JobRefused,
     SubmitJob,
 )
+from mlxcel.actors.replica import LEASE_LOST_MESSAGE, Membership
 from mlxcel.actors.replies import answer
 from mlxcel.actors.responses import ResponseBuilder
 from mlxcel.actors.scheduler import SchedulerHandle
 from mlxcel.actors.store import StoreHandle
+from mlxcel.actors.store_backend import JobOwner
 from mlxcel.actors.store_codec import encoded_size
 from mlxcel.errors import RateLimited, StoreUnavailable
 from mlxcel.generation import GenerationRequest
@@ -79,9 +82,11 @@ class JobsHandle:
 class _Job:
     request: GenerationRequest
     bytes: int
+    owner: JobOwner
+    """Who the store says holds the job: this process, in the life it was admitted in."""
     scope: trio.CancelScope = field(default_factory=trio.CancelScope)
-    shutdown: bool = False
-    """Ended by a shutdown (failed), not by a cancel."""
+    ended_by: str | None = None
+    """Why it ends `failed` (a shutdown, a lost lease) when that, not a cancel, stopped it."""
     status: str = "queued"
     """Where the metrics count it: `queued`, `in_progress`, then how it ended."""
     waiters: list[trio.MemorySendChannel[ResponseRecord | None]] = field(default_factory=list)
@@ -126,6 +131,9 @@ class JobSupervisor:
         """
         send, recv = trio.open_memory_channel[JobCommand](0)
         async with trio.open_nursery() as nursery:
+            followers = trio.CancelScope()
+            if (membership := self._store.membership) is not None:
+                nursery.start_soon(self._follow, membership, followers)
             task_status.started(JobsHandle(send))
             async with recv:
                 async for command in recv:
@@ -137,9 +145,10 @@ class JobSupervisor:
                         case EndJobs(reply):
                             self._drained.append(reply)
                             for job in self._jobs.values():
-                                job.shutdown = True
+                                job.ended_by = SHUTDOWN_MESSAGE
                                 job.scope.cancel()
                             self._answer_drained()
+            followers.cancel()  # the inbox closed: running jobs end, nothing new comes
 
     async def _admit(
         self,
@@ -165,10 +174,10 @@ class JobSupervisor:
                 )
             )
         try:
-            await self._store.register_job(queued)
+            owner = await self._store.register_job(queued)
         except StoreUnavailable as exc:
             return JobRefused(exc)
-        job = _Job(dataclasses.replace(request, record=queued), size)
+        job = _Job(dataclasses.replace(request, record=queued), size, owner)
         self._jobs[queued.id] = job
         self._active_bytes += size
         self._metrics.job_moved(None, job.status)
@@ -176,14 +185,56 @@ class JobSupervisor:
         return JobAdmitted(queued)
 
     def _cancel(
-        self, response_id: str, reply: trio.MemorySendChannel[ResponseRecord | None]
+        self, response_id: str, reply: trio.MemorySendChannel[ResponseRecord | None] | None
     ) -> None:
         job = self._jobs.get(response_id)
         if job is None:
-            answer(reply, None)
+            if reply is not None:
+                answer(reply, None)
             return
         job.scope.cancel()
-        job.waiters.append(reply)  # answered once the cancelled object is stored
+        if reply is not None:
+            job.waiters.append(reply)  # answered once the cancelled object is stored
+
+    # --- on a shared store: the lease and cancels asked on other replicas ------------
+
+    async def _follow(self, membership: Membership, scope: trio.CancelScope) -> None:
+        with scope:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._follow_lease, membership)
+                nursery.start_soon(self._hear_cancels, membership)
+                nursery.start_soon(self._recheck_cancels, membership)
+
+    async def _follow_lease(self, membership: Membership) -> None:
+        """Give up the jobs of each owner whose lease is lost: their ends would be
+        fenced out, and the replicas that reap them store `failed` instead."""
+        while True:
+            owner = membership.owner
+            await membership.lost(owner)
+            for job in self._jobs.values():
+                if job.owner == owner:
+                    job.ended_by = LEASE_LOST_MESSAGE
+                    job.scope.cancel()
+
+    async def _hear_cancels(self, membership: Membership) -> None:
+        """Stop the jobs other replicas are asked to cancel, as they are asked."""
+        while True:
+            try:
+                async with membership.cancel_requests() as requests:
+                    async for response_id in requests:
+                        self._cancel(response_id, None)
+            except StoreUnavailable:
+                await trio.sleep(1)  # the flags are re-read every renewal meanwhile
+
+    async def _recheck_cancels(self, membership: Membership) -> None:
+        """Stop the jobs whose cancel flag is set (a message missed in an outage)."""
+        while True:
+            await trio.sleep(membership.lease_secs / 3)
+            try:
+                for response_id in await membership.cancels_asked():
+                    self._cancel(response_id, None)
+            except StoreUnavailable:
+                pass
 
     async def _run_job(self, job: _Job) -> None:
         record_id = job.request.record.id
@@ -195,13 +246,13 @@ class JobSupervisor:
             except Exception:
                 log.exception("background response %s failed", record_id)
                 final = self._failed(job, "server_error", "The server had an error.")
-            if final is None and job.shutdown:
-                final = self._failed(job, "server_error", SHUTDOWN_MESSAGE)
+            if final is None and job.ended_by is not None:
+                final = self._failed(job, "server_error", job.ended_by)
             elif final is None:
                 final = self._cancelled(job)
             with trio.CancelScope(shield=True):
                 try:
-                    final = await self._keep(final)
+                    final = await self._keep(final, job.owner)
                 except (StoreUnavailable, trio.ClosedResourceError):
                     # Still pinned in a durable store: its next start ends it `failed`.
                     log.warning("the end of background response %s was not stored", record_id)
@@ -227,7 +278,10 @@ class JobSupervisor:
                 if isinstance(event, ResponseInProgress):
                     self._move(job, "in_progress")
                     started = dataclasses.replace(event.record, usage=Usage(), output=())
-                    await self._store.update_job(started)
+                    with contextlib.suppress(StoreUnavailable):  # its end is what counts
+                        if not await self._store.update_job(started, job.owner):
+                            job.ended_by = LEASE_LOST_MESSAGE  # reaped: no longer ours
+                            job.scope.cancel()
                 elif isinstance(event, ResponseFinished):
                     return event.record
         return self._failed(job, "server_error", "the generation worker stopped")
@@ -248,11 +302,11 @@ class JobSupervisor:
         builder = ResponseBuilder(job.request.record, len(job.request.prompt))
         return dataclasses.replace(builder.cancel(), usage=Usage())
 
-    async def _keep(self, final: ResponseRecord) -> ResponseRecord:
+    async def _keep(self, final: ResponseRecord, owner: JobOwner) -> ResponseRecord:
         """Store the final object and unpin the job in one step: polling never misses the
         end. A job that is no longer ours (its end already stored by another) keeps
         what is stored."""
-        kept = await self._store.finish_job(final)
+        kept = await self._store.finish_job(final, owner)
         if kept is None:
             log.warning(
                 "background response %s was ended elsewhere; its end here is dropped", final.id

@@ -28,16 +28,34 @@ STORE_FILE = "store.sqlite3"
 
 
 def sqlite_path(store: str) -> Path | None:
-    """The SQLite file `--store` names (`sqlite` or `sqlite:PATH`); None for `memory`.
+    """The SQLite file `--store` names (`sqlite` or `sqlite:PATH`); None for `memory` and
+    a Redis URL.
 
     ValueError for anything else."""
+    if redis_url(store) is not None:
+        return None
     kind, _, path = store.partition(":")
     if kind == "memory" and not path:
         return None
     if kind != "sqlite":
-        raise ValueError(f"--store must be 'memory', 'sqlite' or 'sqlite:PATH', not {store!r}")
+        raise ValueError(
+            "--store must be 'memory', 'sqlite', 'sqlite:PATH' or a redis:// or rediss:// "
+            f"URL, not {store!r}"
+        )
     if path:
         return Path(path).expanduser()
     import platformdirs
 
     return platformdirs.user_data_path("mlxcel") / STORE_FILE
+
+
+def redis_url(store: str) -> str | None:
+    """The Redis server `--store` names (`redis://HOST:PORT/DB` or `rediss://...`);
+    None for any other kind of store. ValueError for a Redis URL with no host."""
+    scheme, sep, rest = store.partition("://")
+    if not sep or scheme not in ("redis", "rediss"):
+        return None
+    host = rest.split("/", 1)[0].rpartition("@")[2]
+    if not host.split(":", 1)[0]:
+        raise ValueError(f"--store {store.split('@')[-1]!r} names no Redis host")
+    return store

@@ -1,10 +1,11 @@
 """The store: stored responses, conversation transcripts and background jobs.
 
-`StoreActor` owns a backend (`actors/store_backend.py`: in memory, or a SQLite file that
-survives restarts) for the server's life: it opens it, ends the jobs a previous process
-left unfinished, hands out a `StoreHandle`, and closes the backend when cancelled. Callers
-use the handle's methods, which call the backend directly: each backend operation is one
-atomic step, so no inbox serialises them.
+`StoreActor` owns a backend (`actors/store_backend.py`: in memory, a SQLite file that
+survives restarts, or a Redis server several replicas share) for the server's life: it
+opens it, ends the jobs a previous process left unfinished, hands out a `StoreHandle`,
+and closes the backend when cancelled. Callers use the handle's methods, which call the
+backend directly: each backend operation is one atomic step, so no inbox serialises them.
+On a shared store the actor also keeps this replica's lease (`actors/replica.py`).
 """
 
 from __future__ import annotations
@@ -13,13 +14,12 @@ import contextlib
 import logging
 import os
 import socket
-import uuid
 from collections.abc import AsyncIterator, Callable
 
 import trio
 
 from mlxcel.actors.echo import EchoHandle
-from mlxcel.actors.limits import StoreLimits, sqlite_path
+from mlxcel.actors.limits import StoreLimits, redis_url, sqlite_path
 from mlxcel.actors.messages import (
     AddItems,
     ConversationChange,
@@ -27,12 +27,18 @@ from mlxcel.actors.messages import (
     StoreStatistics,
     Table,
 )
+from mlxcel.actors.replica import Membership, SharedStore, new_epoch
 from mlxcel.actors.store_backend import Chain, JobOwner, StoreBackend
 from mlxcel.actors.store_memory import MemoryBackend
 from mlxcel.errors import NotFound
 from mlxcel.items import Conversation, Item, ResponseRecord, is_minted_conversation_id
 
 log = logging.getLogger(__name__)
+
+ROUTED_CANCEL_WAIT_SECS = 5.0
+"""How long a cancel asked for another replica's job waits for its owner to end it."""
+ROUTED_CANCEL_POLL_SECS = 0.02
+UNFINISHED = ("queued", "in_progress")
 
 
 class StoreHandle:
@@ -45,14 +51,21 @@ class StoreHandle:
         responses: StoreLimits,
         conversations: StoreLimits,
         echo_enabled: bool = False,
+        membership: Membership | None = None,
     ) -> None:
         self._backend = backend
         self.echo = EchoHandle(backend, echo_enabled)
         """The reasoning-echo cache, kept by the same backend."""
-        self.owner = owner
-        """This process in this life: the owner of the jobs it runs."""
+        self._owner = owner
+        self.membership = membership
+        """This replica's lease in a shared store; None when no other process shares it."""
         self.responses_limits = responses
         self.conversations_limits = conversations
+
+    @property
+    def owner(self) -> JobOwner:
+        """This process in this life: who the jobs it starts now are registered under."""
+        return self.membership.owner if self.membership is not None else self._owner
 
     async def put(self, record: ResponseRecord, table: Table = Table.RESPONSES) -> bool:
         return await self._backend.put(table, record)
@@ -134,18 +147,34 @@ class StoreHandle:
 
     # --- background jobs: this process is their owner --------------------------------
 
-    async def register_job(self, record: ResponseRecord) -> None:
-        """Pin a new job's `queued` record (never evicted until it ends)."""
-        await self._backend.register_job(record, self.owner)
+    async def register_job(self, record: ResponseRecord) -> JobOwner:
+        """Pin a new job's `queued` record (never evicted until it ends); who holds it."""
+        owner = self.owner
+        await self._backend.register_job(record, owner)
+        return owner
 
-    async def update_job(self, record: ResponseRecord) -> bool:
-        """Record an unfinished job's progress; False when it is no longer ours."""
-        return await self._backend.update_job(record, self.owner)
+    async def update_job(self, record: ResponseRecord, owner: JobOwner) -> bool:
+        """Record an unfinished job's progress; False when `owner` no longer holds it."""
+        return await self._backend.update_job(record, owner)
 
-    async def finish_job(self, final: ResponseRecord) -> ResponseRecord | None:
+    async def finish_job(self, final: ResponseRecord, owner: JobOwner) -> ResponseRecord | None:
         """Store a job's final object (or the small `failed` one when it does not fit)
-        and unpin the job, in one step; what was stored, None when it is no longer ours."""
-        return await self._backend.finish_job(final, self.owner)
+        and unpin the job, in one step; what was stored, None when `owner` no longer
+        holds it."""
+        return await self._backend.finish_job(final, owner)
+
+    async def cancel_elsewhere(self, response_id: str) -> ResponseRecord | None:
+        """Ask the owner of an unfinished job this process does not run to cancel it,
+        and wait (up to `ROUTED_CANCEL_WAIT_SECS`) for the end it stores; the record as
+        it then is, or None when it is not stored at all."""
+        await self._backend.request_cancel(response_id)
+        with trio.move_on_after(ROUTED_CANCEL_WAIT_SECS):
+            while True:
+                record = await self.get(response_id)
+                if record is None or record.status not in UNFINISHED:
+                    return record
+                await trio.sleep(ROUTED_CANCEL_POLL_SECS)
+        return await self.get(response_id)
 
 
 class StoreActor:
@@ -160,6 +189,8 @@ class StoreActor:
         store: str = "memory",
         echo_bytes: int = 0,
         clock: Callable[[], float] | None = None,
+        key_prefix: str = "mlxcel",
+        lease_secs: float = 15.0,
     ) -> None:
         self._responses = responses
         self._conversations = conversations
@@ -167,8 +198,11 @@ class StoreActor:
             responses.max_entries, responses.max_bytes, ephemeral_ttl_secs
         )
         self._path = sqlite_path(store)
+        self._url = redis_url(store)
         self._echo_bytes = echo_bytes
         self._clock = clock
+        self._key_prefix = key_prefix
+        self._lease_secs = lease_secs
 
     async def run(
         self, *, task_status: trio.TaskStatus[StoreHandle] = trio.TASK_STATUS_IGNORED
@@ -191,42 +225,77 @@ class StoreActor:
         the nursery of every other actor, so the store closes only after the last of
         them (a job storing its end under a shield) is done.
 
+        On a shared store, this replica takes its lease before it reaps (so it ends only
+        the jobs of replicas whose lease is gone), keeps it beside the block, and gives it
+        up after the block, once the last job's end is stored.
+
         Error handling: a SQLite file another server holds, or one this release cannot
-        read, is a ConfigError before the server starts serving.
+        read, or a Redis server that cannot be reached or evicts keys on its own, is a
+        ConfigError before the server starts serving.
         """
-        backend = await self._open()
+        backend, shared = await self._open()
         try:
-            owner = JobOwner(f"{socket.gethostname()}:{os.getpid()}", uuid.uuid4().hex)
+            replica = f"{socket.gethostname()}:{os.getpid()}"
+            membership = None
+            if shared is not None:
+                membership = Membership(shared, replica, self._lease_secs)
+                await membership.join()
+            owner = membership.owner if membership else JobOwner(replica, new_epoch())
             ended = await backend.reap(owner)
             if ended:
                 log.warning(
-                    "%d background responses were unfinished at the last stop; "
+                    "%d background responses were unfinished when their server stopped; "
                     "they now answer failed",
                     ended,
                 )
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(_maintain, backend)
+                if membership is not None:
+                    nursery.start_soon(membership.keep)
                 yield StoreHandle(
-                    backend, owner, self._responses, self._conversations, self._echo_bytes > 0
+                    backend,
+                    owner,
+                    self._responses,
+                    self._conversations,
+                    self._echo_bytes > 0,
+                    membership,
                 )
                 nursery.cancel_scope.cancel()
+            if membership is not None:
+                with trio.CancelScope(shield=True):
+                    await membership.leave()
         finally:
             with trio.CancelScope(shield=True):
                 await backend.aclose()
 
-    async def _open(self) -> StoreBackend:
+    async def _open(self) -> tuple[StoreBackend, SharedStore | None]:
+        """The backend, and the same as a shared store when other replicas share it."""
+        if self._url is not None:
+            from mlxcel.actors.store_redis import RedisBackend
+
+            backend = await RedisBackend.open(
+                self._url,
+                self._key_prefix,
+                self._responses,
+                self._conversations,
+                self._ephemeral,
+                echo_bytes=self._echo_bytes,
+                clock=self._clock,
+            )
+            return backend, backend
         if self._path is None:
             clock = self._clock or trio.current_time
-            return MemoryBackend(
+            memory = MemoryBackend(
                 self._responses,
                 self._conversations,
                 self._ephemeral,
                 echo_bytes=self._echo_bytes,
                 clock=clock,
             )
+            return memory, None
         from mlxcel.actors.store_sqlite import SqliteBackend
 
-        return await SqliteBackend.open(
+        sqlite = await SqliteBackend.open(
             self._path,
             self._responses,
             self._conversations,
@@ -234,6 +303,7 @@ class StoreActor:
             echo_bytes=self._echo_bytes,
             clock=self._clock,
         )
+        return sqlite, None
 
 
 async def _maintain(backend: StoreBackend) -> None:

@@ -38,7 +38,7 @@ from mlxcel.items import (
     is_minted_conversation_id,
 )
 
-RESTART_MESSAGE = "The server restarted before this response finished."
+RESTART_MESSAGE = "The server running this response stopped before it finished."
 """The error of a background job whose process ended before the job did."""
 
 MAX_CHAIN_HOPS = 100_000
@@ -129,9 +129,11 @@ class StoreBackend(Protocol):
         ...
 
     async def reap(self, owner: JobOwner) -> int:
-        """End every unfinished job held by any other owner or epoch `failed` with a
-        `server_error` (`RESTART_MESSAGE`), or `cancelled` when a cancel was asked, as
-        `finish_job` would; how many. Idempotent: a reaped job is no longer unfinished."""
+        """End every unfinished job held by any other owner or epoch that is gone
+        `failed` with a `server_error` (`RESTART_MESSAGE`), or `cancelled` when a cancel
+        was asked, as `finish_job` would; how many. A store only this process uses holds
+        no other live owner, so it ends them all; a shared one spares the owners whose
+        lease is live. Exactly once: a reaped job is no longer unfinished."""
         ...
 
     async def remember(self, key: str, reasoning: str) -> None:

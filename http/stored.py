@@ -44,6 +44,9 @@ async def cancel_response(response_id: str) -> Response:
         record = await h.scheduler.cancel(response_id)
     if record is None:
         record = await _stored(h, response_id)
+        if record.status in ("queued", "in_progress"):
+            # Another replica runs it: ask its owner, and answer with the end it stores.
+            record = await h.store.cancel_elsewhere(response_id) or record
     return json_response(response_json(record))
 
 

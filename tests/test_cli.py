@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from mlxcel.actors.limits import sqlite_path
+from mlxcel.actors.limits import redis_url, sqlite_path
 from mlxcel.cli import main, server_main
 from mlxcel.config import Settings
 from mlxcel.errors import ConfigError
@@ -136,6 +136,19 @@ def test_store_from_flag_or_environment(tmp_path: Path) -> None:
     assert default.parent.name == "mlxcel"
 
 
+def test_redis_store_prefix_and_lease_from_flag_or_environment() -> None:
+    url = "redis://127.0.0.1:6390/2"
+    chosen = settings(["--store", url, "--redis-key-prefix", "team", "--replica-lease-secs", "4"])
+    assert (chosen.store, chosen.redis_key_prefix, chosen.replica_lease_secs) == (url, "team", 4)
+    env = {"MLXCEL_STORE": "rediss://:pw@cache:6380/0", "MLXCEL_REDIS_KEY_PREFIX": "x"}
+    assert settings([], env).store == "rediss://:pw@cache:6380/0"
+    assert settings([], env).redis_key_prefix == "x"
+    assert (Settings().redis_key_prefix, Settings().replica_lease_secs) == ("mlxcel", 15.0)
+    assert redis_url(url) == url
+    assert redis_url("sqlite") is None
+    assert sqlite_path(url) is None
+
+
 def test_progress_events_are_on_unless_turned_off() -> None:
     assert settings([]).progress_events is True
     assert settings(["--no-progress-events"]).progress_events is False
@@ -178,7 +191,10 @@ def test_zero_disables_background_mode() -> None:
         ["--reasoning-echo-max-bytes", "-1"],
         ["--hosted-tools", "allow"],
         ["--images", "describe"],
-        ["--store", "redis://127.0.0.1"],
+        ["--store", "redis://"],
+        ["--store", "rediss://:secret@/0"],
+        ["--replica-lease-secs", "0"],
+        ["--redis-key-prefix", "a{b}"],
         ["--store", "sqlite3:/tmp/x"],
         ["--store", "memory:/tmp/x"],
         ["--store", ""],

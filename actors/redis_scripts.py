@@ -1,0 +1,392 @@
+"""The Redis store's Lua scripts: each backend operation is one script, so Redis runs it
+as one atomic step (no other client's command lands inside it).
+
+Every script gets the key prefix as ARGV[1] and the time (seconds) as ARGV[2]; the rest
+of its arguments follow. A table `t` is kept in five keys: `t:body` (id → encoded
+value), `t:lru` (id → recency tick; for `active`, the order jobs were registered in),
+`t:exp` (id → expiry time, for tables with a TTL), `t:bytes` (the sum of the bodies'
+lengths), `t:link` (id → `previous_response_id`) and `t:ver` (id → the tick it was
+written at, for compare-and-set). Stored responses' items are indexed in `items`
+(item id → [[response id, place], ...], oldest first) and `responses:itemids`. Unfinished
+jobs keep their owner in `active:owner` ("replica\\nepoch") and their cancel requests in
+`active:cancel`; a replica's lease is `lease:<replica>` holding its epoch. The reasoning
+echo cache is the table `echo`.
+"""
+
+from __future__ import annotations
+
+PRELUDE = r"""
+local B = ARGV[1]
+local NOW = tonumber(ARGV[2])
+local function k(name) return B .. name end
+local function tick() return redis.call('INCR', k('tick')) end
+
+local function live(t, id)
+  if redis.call('HEXISTS', k(t .. ':body'), id) == 0 then return false end
+  local expires = redis.call('ZSCORE', k(t .. ':exp'), id)
+  return (not expires) or tonumber(expires) > NOW
+end
+
+local function touch(t, id)
+  if t ~= 'active' then redis.call('ZADD', k(t .. ':lru'), 'XX', tick(), id) end
+end
+
+local function unindex(rid)
+  local ids = redis.call('HGET', k('responses:itemids'), rid)
+  if not ids then return end
+  redis.call('HDEL', k('responses:itemids'), rid)
+  for _, item in ipairs(cjson.decode(ids)) do
+    local raw = redis.call('HGET', k('items'), item)
+    if raw then
+      local kept = {}
+      for _, place in ipairs(cjson.decode(raw)) do
+        if place[1] ~= rid then kept[#kept + 1] = place end
+      end
+      if #kept == 0 then
+        redis.call('HDEL', k('items'), item)
+      else
+        redis.call('HSET', k('items'), item, cjson.encode(kept))
+      end
+    end
+  end
+end
+
+local function index(rid, items)
+  local places = cjson.decode(items)
+  if #places == 0 then return end
+  local ids = {}
+  for _, p in ipairs(places) do
+    local raw = redis.call('HGET', k('items'), p[1])
+    local list = raw and cjson.decode(raw) or {}
+    list[#list + 1] = {rid, p[2]}
+    redis.call('HSET', k('items'), p[1], cjson.encode(list))
+    ids[#ids + 1] = p[1]
+  end
+  redis.call('HSET', k('responses:itemids'), rid, cjson.encode(ids))
+end
+
+local function remove(t, id)
+  local body = redis.call('HGET', k(t .. ':body'), id)
+  if not body then return false end
+  redis.call('HDEL', k(t .. ':body'), id)
+  redis.call('DECRBY', k(t .. ':bytes'), #body)
+  redis.call('ZREM', k(t .. ':lru'), id)
+  redis.call('ZREM', k(t .. ':exp'), id)
+  redis.call('HDEL', k(t .. ':link'), id)
+  redis.call('HDEL', k(t .. ':ver'), id)
+  if t == 'responses' then unindex(id) end
+  if t == 'active' then
+    redis.call('HDEL', k('active:owner'), id)
+    redis.call('SREM', k('active:cancel'), id)
+  end
+  return true
+end
+
+local function purge(t)
+  for _, id in ipairs(redis.call('ZRANGEBYSCORE', k(t .. ':exp'), '-inf', NOW)) do
+    remove(t, id)
+  end
+end
+
+local function evict_one(t)
+  local oldest = redis.call('ZRANGE', k(t .. ':lru'), 0, 0)
+  return #oldest > 0 and remove(t, oldest[1])
+end
+
+local function count(t) return redis.call('HLEN', k(t .. ':body')) end
+local function bytes(t) return tonumber(redis.call('GET', k(t .. ':bytes')) or '0') end
+
+local function insert(t, id, body, ttl, link, items)
+  local at = tick()
+  redis.call('HSET', k(t .. ':body'), id, body)
+  redis.call('INCRBY', k(t .. ':bytes'), #body)
+  redis.call('ZADD', k(t .. ':lru'), at, id)
+  redis.call('HSET', k(t .. ':ver'), id, at)
+  if ttl > 0 then redis.call('ZADD', k(t .. ':exp'), NOW + ttl, id) end
+  if link ~= '' then redis.call('HSET', k(t .. ':link'), id, link) end
+  if t == 'responses' then index(id, items) end
+end
+
+-- Store under the table's limits: drop expired entries, replace the id, evict least
+-- recently used entries until the body fits the byte budget, then until the entry cap
+-- holds. The caller checked that the table is enabled and the body fits at all.
+local function put(t, id, body, max_entries, max_bytes, ttl, link, items)
+  purge(t)
+  remove(t, id)
+  while bytes(t) + #body > max_bytes and evict_one(t) do end
+  insert(t, id, body, ttl, link, items)
+  while count(t) > max_entries and evict_one(t) do end
+end
+
+-- A put spec is 8 arguments from `i`: table, max entries, max bytes, ttl, fits, body,
+-- link, items. Stores it under `id` when it fits.
+local function put_spec(i, id)
+  if ARGV[i + 4] == '1' then
+    put(ARGV[i], id, ARGV[i + 5], tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2]),
+        tonumber(ARGV[i + 3]), ARGV[i + 6], ARGV[i + 7])
+  end
+end
+
+local function lease_live(owner)
+  local split = string.find(owner, '\n', 1, true)
+  if not split then return false end
+  local replica, epoch = string.sub(owner, 1, split - 1), string.sub(owner, split + 1)
+  return redis.call('GET', k('lease:' .. replica)) == epoch
+end
+"""
+
+
+def _script(body: str) -> str:
+    return PRELUDE + body
+
+
+PUT = _script(
+    r"""
+-- ARGV[3..]: table, id, body, max entries, max bytes, ttl, link, items
+put(ARGV[3], ARGV[4], ARGV[5], tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8]),
+    ARGV[9], ARGV[10])
+return 1
+"""
+)
+
+GET = _script(
+    r"""
+-- ARGV[3]: id; ARGV[4..]: tables in order. Returns {table, body} or nil.
+for i = 4, #ARGV do
+  local t = ARGV[i]
+  if live(t, ARGV[3]) then
+    touch(t, ARGV[3])
+    return {t, redis.call('HGET', k(t .. ':body'), ARGV[3])}
+  end
+end
+return false
+"""
+)
+
+GET_VERSIONED = _script(
+    r"""
+-- ARGV[3]: table, ARGV[4]: id. Returns {body, version} of a live entry, or nil.
+local t, id = ARGV[3], ARGV[4]
+if not live(t, id) then return false end
+touch(t, id)
+return {redis.call('HGET', k(t .. ':body'), id), redis.call('HGET', k(t .. ':ver'), id)}
+"""
+)
+
+PUT_IF_VERSION = _script(
+    r"""
+-- ARGV[3..10] as PUT; ARGV[11]: the version read ('' for none). 1 if stored, 0 if the
+-- entry changed since it was read.
+local t, id = ARGV[3], ARGV[4]
+local current = ''
+if live(t, id) then current = redis.call('HGET', k(t .. ':ver'), id) end
+if current ~= ARGV[11] then return 0 end
+put(t, id, ARGV[5], tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8]), ARGV[9],
+    ARGV[10])
+return 1
+"""
+)
+
+CHAIN = _script(
+    r"""
+-- ARGV[3]: the newest id, ARGV[4]: most hops. Returns {missing id or '', bodies...}.
+local out = {''}
+local id, hops = ARGV[3], tonumber(ARGV[4])
+while id and #out - 1 < hops do
+  local t = nil
+  if live('active', id) then t = 'active' elseif live('responses', id) then t = 'responses' end
+  if not t then
+    out[1] = id
+    return out
+  end
+  touch(t, id)
+  out[#out + 1] = redis.call('HGET', k(t .. ':body'), id)
+  id = redis.call('HGET', k(t .. ':link'), id)
+end
+return out
+"""
+)
+
+FIND_ITEMS = _script(
+    r"""
+-- ARGV[3..]: item ids, sorted. Returns {item id, body, place, ...} from the newest live
+-- stored response holding each.
+local out = {}
+for i = 3, #ARGV do
+  local raw = redis.call('HGET', k('items'), ARGV[i])
+  if raw then
+    local places = cjson.decode(raw)
+    for j = #places, 1, -1 do
+      local rid = places[j][1]
+      if live('responses', rid) then
+        touch('responses', rid)
+        out[#out + 1] = ARGV[i]
+        out[#out + 1] = redis.call('HGET', k('responses:body'), rid)
+        out[#out + 1] = tostring(places[j][2])
+        break
+      end
+    end
+  end
+end
+return out
+"""
+)
+
+DELETE = _script(
+    r"""
+-- ARGV[3]: table, ARGV[4]: id. An expired entry not yet dropped is already gone.
+local t, id = ARGV[3], ARGV[4]
+if not live(t, id) then return 0 end
+remove(t, id)
+return 1
+"""
+)
+
+STATISTICS = _script(
+    r"""
+local out = {}
+for _, t in ipairs({'responses', 'conversations', 'ephemeral', 'active'}) do
+  purge(t)
+  out[#out + 1] = count(t)
+  out[#out + 1] = bytes(t)
+end
+return out
+"""
+)
+
+REGISTER_JOB = _script(
+    r"""
+-- ARGV[3]: id, ARGV[4]: body, ARGV[5]: link, ARGV[6]: owner
+remove('active', ARGV[3])
+insert('active', ARGV[3], ARGV[4], 0, ARGV[5], '[]')
+redis.call('HSET', k('active:owner'), ARGV[3], ARGV[6])
+return 1
+"""
+)
+
+UPDATE_JOB = _script(
+    r"""
+-- ARGV[3]: id, ARGV[4]: body, ARGV[5]: owner. 0 when fenced out.
+local id = ARGV[3]
+if redis.call('HGET', k('active:owner'), id) ~= ARGV[5] then return 0 end
+local old = redis.call('HGET', k('active:body'), id)
+redis.call('HSET', k('active:body'), id, ARGV[4])
+redis.call('INCRBY', k('active:bytes'), #ARGV[4] - #old)
+return 1
+"""
+)
+
+FINISH_JOB = _script(
+    r"""
+-- ARGV[3]: id, ARGV[4]: owner, ARGV[5..12]: the put spec of the final object.
+local id = ARGV[3]
+if redis.call('HGET', k('active:owner'), id) ~= ARGV[4] then return 0 end
+put_spec(5, id)
+remove('active', id)
+return 1
+"""
+)
+
+DEAD_JOBS = _script(
+    r"""
+-- ARGV[3]: the caller's owner. Returns {id, owner, body, ...} of the unfinished jobs
+-- whose owner is neither the caller nor live, in the order they were registered.
+local out = {}
+for _, id in ipairs(redis.call('ZRANGE', k('active:lru'), 0, -1)) do
+  local owner = redis.call('HGET', k('active:owner'), id)
+  if owner and owner ~= ARGV[3] and not lease_live(owner) then
+    out[#out + 1] = id
+    out[#out + 1] = owner
+    out[#out + 1] = redis.call('HGET', k('active:body'), id)
+  end
+end
+return out
+"""
+)
+
+REAP_JOB = _script(
+    r"""
+-- ARGV[3]: id, ARGV[4]: the dead owner read, ARGV[5..12]: the put spec of the failed end,
+-- ARGV[13..20]: of the cancelled end. 1 if this call ended the job (exactly one does).
+local id, owner = ARGV[3], ARGV[4]
+if redis.call('HGET', k('active:owner'), id) ~= owner or lease_live(owner) then return 0 end
+if redis.call('SISMEMBER', k('active:cancel'), id) == 1 then put_spec(13, id) else put_spec(5, id) end
+remove('active', id)
+return 1
+"""
+)
+
+REQUEST_CANCEL = _script(
+    r"""
+-- ARGV[3]: id. Flags the job and tells its owner's replica; returns the owner or nil.
+local owner = redis.call('HGET', k('active:owner'), ARGV[3])
+if not owner then return false end
+redis.call('SADD', k('active:cancel'), ARGV[3])
+local replica = string.sub(owner, 1, (string.find(owner, '\n', 1, true) or 0) - 1)
+redis.call('PUBLISH', k('cancel:' .. replica), ARGV[3])
+return owner
+"""
+)
+
+CANCELS_FOR = _script(
+    r"""
+-- ARGV[3]: an owner. The ids of its unfinished jobs asked to cancel.
+local out = {}
+for _, id in ipairs(redis.call('SMEMBERS', k('active:cancel'))) do
+  if redis.call('HGET', k('active:owner'), id) == ARGV[3] then out[#out + 1] = id end
+end
+return out
+"""
+)
+
+RENEW_LEASE = _script(
+    r"""
+-- ARGV[3]: replica, ARGV[4]: epoch, ARGV[5]: lease in ms, ARGV[6]: '1' to take it.
+-- 1 when the replica holds its lease (for another lease time), 0 when it lost it.
+local key = k('lease:' .. ARGV[3])
+if ARGV[6] == '1' then
+  redis.call('SET', key, ARGV[4], 'PX', ARGV[5])
+  return 1
+end
+if redis.call('GET', key) ~= ARGV[4] then return 0 end
+redis.call('PEXPIRE', key, ARGV[5])
+return 1
+"""
+)
+
+RELEASE_LEASE = _script(
+    r"""
+-- ARGV[3]: replica, ARGV[4]: epoch.
+local key = k('lease:' .. ARGV[3])
+if redis.call('GET', key) == ARGV[4] then redis.call('DEL', key) end
+return 1
+"""
+)
+
+REMEMBER = _script(
+    r"""
+-- ARGV[3]: key, ARGV[4]: trace, ARGV[5]: the echo byte budget.
+local key, trace, budget = ARGV[3], ARGV[4], tonumber(ARGV[5])
+if #trace > budget then return 0 end
+remove('echo', key)
+while bytes('echo') + #trace > budget and evict_one('echo') do end
+insert('echo', key, trace, 0, '', '[]')
+return 1
+"""
+)
+
+RECALL = _script(
+    r"""
+-- ARGV[3..]: keys. Returns {key, trace, ...} of those kept, each touched.
+local out = {}
+for i = 3, #ARGV do
+  local trace = redis.call('HGET', k('echo:body'), ARGV[i])
+  if trace then
+    touch('echo', ARGV[i])
+    out[#out + 1] = ARGV[i]
+    out[#out + 1] = trace
+  end
+end
+return out
+"""
+)

@@ -1,0 +1,379 @@
+"""The Redis backend: one store that several replicas share (`--store redis://...`).
+
+Every operation is one Lua script (`actors/redis_scripts.py`), so Redis runs it as one
+atomic step: budgets, TTL and LRU hold whichever replica writes, and no write lands
+inside another. A conversation change is computed here and written back only if the
+transcript is still the one read (compare-and-set on its version), so concurrent appends
+from any replica are never lost. Keys live under `{PREFIX}:` (one hash slot).
+
+Time is this process's wall clock by default (a TTL means the same on every replica and
+after a restart); a replica's lease runs on the Redis server's clock. A store that cannot
+be reached answers `StoreUnavailable` (503) until it can; the client reconnects by
+itself, so the server recovers without a restart.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import random
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import anyio
+import coredis
+import trio
+from coredis.commands.script import Script
+from coredis.exceptions import RedisError
+from coredis.retry import NoRetryPolicy
+
+from mlxcel.actors import redis_scripts as lua
+from mlxcel.actors.item_index import item_at
+from mlxcel.actors.limits import StoreLimits
+from mlxcel.actors.messages import (
+    ConversationChange,
+    Refused,
+    Stored,
+    StoreStatistics,
+    Table,
+    TableStatistics,
+)
+from mlxcel.actors.store_backend import (
+    MAX_CHAIN_HOPS,
+    Chain,
+    JobOwner,
+    changed_conversation,
+    final_table,
+    reaped,
+    too_large,
+)
+from mlxcel.actors.store_codec import CodecError, decode, encode
+from mlxcel.errors import ConfigError, StoreUnavailable
+from mlxcel.items import Conversation, Item, ResponseRecord
+
+log = logging.getLogger(__name__)
+
+CONNECT_TIMEOUT_SECS = 2.0
+COMMAND_TIMEOUT_SECS = 5.0
+"""A command that gets no answer this long (Redis paused or cut off) answers 503."""
+MAX_CONFLICTS = 1000
+"""Compare-and-set retries of one conversation change before it answers 503: far above
+what any number of concurrent writers to one transcript causes."""
+
+_FAILURES = (RedisError, OSError, anyio.BrokenResourceError, anyio.EndOfStream, CodecError)
+
+
+class RedisBackend:
+    """`StoreBackend` on a Redis server (see `actors/store_backend.py`)."""
+
+    def __init__(
+        self,
+        client: coredis.Redis[bytes],
+        prefix: str,
+        limits: dict[Table, StoreLimits],
+        clock: Callable[[], float],
+        echo_bytes: int = 0,
+    ) -> None:
+        self._client = client
+        self.base = "{" + prefix + "}:"
+        """What every key of this store begins with."""
+        self._limits = limits
+        self._clock = clock
+        self._echo_bytes = echo_bytes
+        self._stack = contextlib.AsyncExitStack()
+        self._closed = False
+        self._scripts: dict[str, Script[bytes]] = {}
+
+    @classmethod
+    async def open(
+        cls,
+        url: str,
+        prefix: str,
+        responses: StoreLimits,
+        conversations: StoreLimits,
+        ephemeral: StoreLimits,
+        *,
+        echo_bytes: int = 0,
+        clock: Callable[[], float] | None = None,
+    ) -> RedisBackend:
+        """Connect and check the server; ConfigError when it cannot be reached or evicts
+        keys on its own (`maxmemory-policy allkeys-*` would drop job records)."""
+        client = coredis.Redis.from_url(
+            url,
+            connect_timeout=CONNECT_TIMEOUT_SECS,
+            stream_timeout=COMMAND_TIMEOUT_SECS,
+            retry_policy=NoRetryPolicy(),
+        )
+        limits = {
+            Table.RESPONSES: responses,
+            Table.CONVERSATIONS: conversations,
+            Table.EPHEMERAL: ephemeral,
+        }
+        backend = cls(client, prefix, limits, clock or time.time, echo_bytes)
+        where = url.rpartition("@")[2]
+        try:
+            await backend._stack.enter_async_context(client)
+            policy = await _eviction_policy(client)
+        except BaseException as exc:
+            await backend._stack.aclose()
+            if isinstance(exc, _FAILURES):
+                raise ConfigError(f"cannot reach the Redis store at {where}: {exc}") from None
+            raise
+        if policy.startswith("allkeys-"):
+            await backend._stack.aclose()
+            raise ConfigError(
+                f"the Redis store at {where} has maxmemory-policy {policy}: it would evict "
+                "stored responses and background jobs on its own; run it with noeviction "
+                "(or a volatile-* policy)"
+            )
+        return backend
+
+    # --- the protocol ----------------------------------------------------------------
+
+    async def put(self, table: Table, value: Stored) -> bool:
+        limits = self._limits[table]
+        body = encode(value)
+        if not limits.enabled or len(body) > limits.max_bytes:
+            log.info("%s is larger than its store's byte budget; not kept", value.id)
+            return False
+        await self._run(
+            lua.PUT,
+            table.value,
+            value.id,
+            body,
+            *_limits_args(limits),
+            _link(value),
+            _items(table, value),
+        )
+        return True
+
+    async def get(self, tables: tuple[Table, ...], key: str) -> Stored | None:
+        found = await self._run(lua.GET, key, *(t.value for t in tables))
+        return None if found is None else _decode(found[1])
+
+    async def get_chain(self, response_id: str) -> Chain:
+        missing, *bodies = await self._run(lua.CHAIN, response_id, str(MAX_CHAIN_HOPS))
+        records = tuple(_response(body) for body in bodies)
+        return Chain(records, missing.decode() or None)
+
+    async def find_items(self, ids: frozenset[str]) -> dict[str, Item]:
+        if not ids:
+            return {}
+        flat = await self._run(lua.FIND_ITEMS, *sorted(ids))
+        found: dict[str, Item] = {}
+        for n in range(0, len(flat), 3):
+            item_id, body, place = flat[n].decode(), flat[n + 1], int(flat[n + 2])
+            item = item_at(_response(body), place)
+            if item is not None and item.id == item_id:
+                found[item_id] = item
+        return found
+
+    async def delete(self, table: Table, key: str) -> bool:
+        return bool(await self._run(lua.DELETE, table.value, key))
+
+    async def change_conversation(
+        self, conversation_id: str, change: ConversationChange, create: bool
+    ) -> Conversation | Refused:
+        table, limits = Table.CONVERSATIONS.value, self._limits[Table.CONVERSATIONS]
+        for _ in range(MAX_CONFLICTS):
+            found = await self._run(lua.GET_VERSIONED, table, conversation_id)
+            current = _decode(found[0]) if found is not None else None
+            if not isinstance(current, Conversation):
+                current = None
+            updated = changed_conversation(current, conversation_id, change, create)
+            if isinstance(updated, Refused) or updated is current:
+                return updated
+            body = encode(updated)
+            if not limits.enabled or len(body) > limits.max_bytes:
+                return Refused.FULL  # what was there stays
+            version = found[1].decode() if found is not None else ""
+            args = (*_limits_args(limits), "", "[]", version)
+            if await self._run(lua.PUT_IF_VERSION, table, conversation_id, body, *args):
+                return updated
+            await trio.sleep(random.uniform(0, 0.002))  # another writer won: read again
+        raise _unavailable("a conversation kept changing under this write")
+
+    async def statistics(self) -> StoreStatistics:
+        flat = await self._run(lua.STATISTICS)
+        of = [TableStatistics(int(flat[n]), int(flat[n + 1])) for n in range(0, 8, 2)]
+        return StoreStatistics(*of)
+
+    async def register_job(self, record: ResponseRecord, owner: JobOwner) -> None:
+        await self._run(lua.REGISTER_JOB, record.id, encode(record), _link(record), _owner(owner))
+
+    async def update_job(self, record: ResponseRecord, owner: JobOwner) -> bool:
+        return bool(await self._run(lua.UPDATE_JOB, record.id, encode(record), _owner(owner)))
+
+    async def finish_job(self, final: ResponseRecord, owner: JobOwner) -> ResponseRecord | None:
+        kept, spec = self._final_spec(final)
+        if await self._run(lua.FINISH_JOB, final.id, _owner(owner), *spec):
+            return kept
+        return None
+
+    async def request_cancel(self, response_id: str) -> JobOwner | None:
+        owner = await self._run(lua.REQUEST_CANCEL, response_id)
+        return None if owner is None else _parse_owner(owner)
+
+    async def reap(self, owner: JobOwner) -> int:
+        """End the unfinished jobs of every owner but `owner` whose lease is gone (a
+        replica holding its lease is alive: its jobs are its own)."""
+        flat = await self._run(lua.DEAD_JOBS, _owner(owner))
+        ended = 0
+        for n in range(0, len(flat), 3):
+            job_id, dead, record = flat[n].decode(), flat[n + 1], _response(flat[n + 2])
+            _, failed = self._final_spec(reaped(record, cancel_requested=False))
+            _, cancelled = self._final_spec(reaped(record, cancel_requested=True))
+            ended += await self._run(lua.REAP_JOB, job_id, dead, *failed, *cancelled)
+        return ended
+
+    async def remember(self, key: str, reasoning: str) -> None:
+        await self._run(lua.REMEMBER, key, reasoning, str(self._echo_bytes))
+
+    async def recall(self, keys: tuple[str, ...]) -> dict[str, str]:
+        if not keys:
+            return {}
+        flat = await self._run(lua.RECALL, *keys)
+        return {flat[n].decode(): flat[n + 1].decode() for n in range(0, len(flat), 2)}
+
+    async def maintain(self) -> None:
+        await trio.sleep_forever()  # expired entries go as their tables are written
+
+    async def aclose(self) -> None:
+        if not self._closed:
+            self._closed = True
+            await self._stack.aclose()
+
+    # --- what replicas share: leases and cancel requests ------------------------------
+
+    async def hold_lease(self, owner: JobOwner, lease_secs: float, *, take: bool) -> bool:
+        """Take (`take`) or renew `owner`'s lease for `lease_secs` on the server's clock;
+        False when it was lost (expired, or another epoch holds it)."""
+        ms = str(max(1, round(lease_secs * 1000)))
+        flag = "1" if take else "0"
+        return bool(await self._run(lua.RENEW_LEASE, owner.replica, owner.epoch, ms, flag))
+
+    async def release_lease(self, owner: JobOwner) -> None:
+        await self._run(lua.RELEASE_LEASE, owner.replica, owner.epoch)
+
+    async def cancels_for(self, owner: JobOwner) -> tuple[str, ...]:
+        """The ids of `owner`'s unfinished jobs that were asked to cancel."""
+        return tuple(i.decode() for i in await self._run(lua.CANCELS_FOR, _owner(owner)))
+
+    @contextlib.asynccontextmanager
+    async def cancel_requests(self, replica: str) -> AsyncIterator[AsyncIterator[str]]:
+        """The ids of jobs asked to cancel on `replica`, as they are asked (at most once
+        each: a message sent while disconnected is lost, which the durable flags cover)."""
+        channel = self.base + "cancel:" + replica
+        async with self._client.pubsub(channels=[channel], ignore_subscribe_messages=True) as sub:
+
+            async def ids() -> AsyncIterator[str]:
+                async for message in sub:
+                    data = message.get("data")
+                    if isinstance(data, bytes):
+                        yield data.decode()
+
+            yield ids()
+
+    # --- pieces ----------------------------------------------------------------------
+
+    def _final_spec(self, final: ResponseRecord) -> tuple[ResponseRecord, list[str | bytes]]:
+        """What a job's end stores (itself, or the small `failed` one when it does not
+        fit) and the script arguments that put it."""
+        table = final_table(final)
+        limits = self._limits[table]
+        body = encode(final)
+        if not limits.enabled or len(body) > limits.max_bytes:
+            final = too_large(final)
+            body = encode(final)
+        fits = limits.enabled and len(body) <= limits.max_bytes
+        entries, budget, ttl = _limits_args(limits)
+        spec: list[str | bytes] = [table.value, entries, budget, ttl, "1" if fits else "0", body]
+        return final, [*spec, _link(final), _items(table, final)]
+
+    async def _run(self, source: str, *args: str | bytes) -> Any:
+        """Run one script; StoreUnavailable when Redis cannot be reached or fails."""
+        if self._closed:
+            raise trio.ClosedResourceError("the store is closed")
+        script = self._scripts.get(source)
+        if script is None:
+            script = self._scripts[source] = self._client.register_script(source)
+        now = repr(float(self._clock()))
+        try:
+            return await script(keys=[], args=[self.base, now, *args])
+        except _FAILURES as exc:
+            log.error("the Redis store failed: %s", exc)
+            raise _unavailable(str(exc)) from exc
+
+
+async def _eviction_policy(client: coredis.Redis[bytes]) -> str:
+    """The server's `maxmemory-policy`; '' when the server does not say (CONFIG renamed
+    or refused, as managed services do)."""
+    try:
+        config = await client.config_get(["maxmemory-policy"])
+    except RedisError as exc:
+        if isinstance(exc, coredis.exceptions.ConnectionError):
+            raise
+        log.warning(
+            "cannot read the Redis store's maxmemory-policy (%s); make sure it is noeviction", exc
+        )
+        return ""
+    value = config.get(b"maxmemory-policy", b"")
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _unavailable(reason: str) -> StoreUnavailable:
+    del reason  # logged where it happened; the client gets the same answer whatever it was
+    return StoreUnavailable(
+        "The response store could not be read or written; retry later.",
+        code="store_unavailable",
+    )
+
+
+def _limits_args(limits: StoreLimits) -> tuple[str, str, str]:
+    return str(limits.max_entries), str(limits.max_bytes), repr(float(limits.ttl_secs))
+
+
+def _link(value: Stored) -> str:
+    if isinstance(value, ResponseRecord):
+        return value.echo.previous_response_id or ""
+    return ""
+
+
+def _items(table: Table, value: Stored) -> str:
+    """The item ids of a stored response and their places, for `find_items`."""
+    if table is not Table.RESPONSES or not isinstance(value, ResponseRecord):
+        return "[]"
+    places = [
+        [item.id, place]
+        for place, item in enumerate((*value.input_items, *value.output))
+        if item.id is not None
+    ]
+    return json.dumps(places)
+
+
+def _owner(owner: JobOwner) -> str:
+    return f"{owner.replica}\n{owner.epoch}"
+
+
+def _parse_owner(raw: bytes) -> JobOwner:
+    replica, _, epoch = raw.decode().partition("\n")
+    return JobOwner(replica, epoch)
+
+
+def _decode(body: bytes) -> Stored:
+    """A stored value read back; StoreUnavailable when it cannot be (a damaged entry)."""
+    try:
+        return decode(body)
+    except CodecError as exc:
+        log.error("the Redis store holds an unreadable entry: %s", exc)
+        raise _unavailable(str(exc)) from exc
+
+
+def _response(body: bytes) -> ResponseRecord:
+    record = _decode(body)
+    if not isinstance(record, ResponseRecord):
+        log.error("the Redis store holds a %s where a response was", type(record).__name__)
+        raise _unavailable("not a response")
+    return record
