@@ -80,6 +80,12 @@ class Metrics:
         self.store_entries = Gauge(
             "mlxcel_store_entries", "Entries kept in each store table.", ("table",), registry=r
         )
+        self.store_up = Gauge(
+            "mlxcel_store_up",
+            "1 when the store answered this scrape, 0 when it could not be reached (its "
+            "entry and byte gauges then keep their last readings).",
+            registry=r,
+        )
         self.store_bytes = Gauge(
             "mlxcel_store_bytes",
             "Approximate JSON bytes of each store table.",

@@ -30,7 +30,7 @@ from mlxcel.actors.messages import (
 from mlxcel.actors.replica import Membership, SharedStore, new_epoch
 from mlxcel.actors.store_backend import Chain, JobOwner, StoreBackend
 from mlxcel.actors.store_memory import MemoryBackend
-from mlxcel.errors import NotFound
+from mlxcel.errors import ConfigError, NotFound, StoreUnavailable
 from mlxcel.items import Conversation, Item, ResponseRecord, is_minted_conversation_id
 
 log = logging.getLogger(__name__)
@@ -239,7 +239,10 @@ class StoreActor:
             membership = None
             if shared is not None:
                 membership = Membership(shared, replica, self._lease_secs)
-                await membership.join()
+                try:
+                    await membership.join()
+                except StoreUnavailable as exc:
+                    raise ConfigError("the shared store stopped answering at start-up") from exc
             owner = membership.owner if membership else JobOwner(replica, new_epoch())
             ended = await backend.reap(owner)
             if ended:

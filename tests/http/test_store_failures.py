@@ -28,6 +28,7 @@ async def test_a_locked_store_file_answers_503_and_recovers(
             assert got.status_code == 503
             assert got.json()["error"]["code"] == "store_unavailable"
             assert got.json()["error"]["type"] == "server_error"
+            assert got.headers["Retry-After"] == "1"
             job = await post(
                 server,
                 "/v1/responses",
@@ -43,11 +44,16 @@ async def test_a_locked_store_file_answers_503_and_recovers(
             )
             assert free.status_code == 200
             assert (await http.get("/health")).status_code == 200
+            scraped = await http.get("/metrics")
+            assert scraped.status_code == 200  # the server is still watched
+            assert "\nmlxcel_store_up 0.0\n" in scraped.text
     finally:
         holder.execute("ROLLBACK")
         holder.close()
 
     again = await in_thread(client.responses.retrieve, kept.id)
     assert again.model_dump() == kept.model_dump()
+    async with httpx.AsyncClient(base_url=server.url, timeout=30) as http:
+        assert "\nmlxcel_store_up 1.0\n" in (await http.get("/metrics")).text
     after = await in_thread(client.responses.create, model="fake-model", input="echo: after")
     assert (await in_thread(client.responses.retrieve, after.id)).id == after.id
