@@ -167,7 +167,8 @@ class StoreHandle:
         """Ask the owner of an unfinished job this process does not run to cancel it,
         and wait (up to `ROUTED_CANCEL_WAIT_SECS`) for the end it stores; the record as
         it then is, or None when it is not stored at all."""
-        await self._backend.request_cancel(response_id)
+        if await self._backend.request_cancel(response_id) is not None:
+            await self._backend.reap(self.owner)  # an owner already gone ends it `cancelled` now
         with trio.move_on_after(ROUTED_CANCEL_WAIT_SECS):
             while True:
                 record = await self.get(response_id)
