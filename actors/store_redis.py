@@ -112,7 +112,7 @@ class RedisBackend:
             Table.EPHEMERAL: ephemeral,
         }
         backend = cls(client, prefix, limits, clock or time.time, echo_bytes)
-        where = url.rpartition("@")[2]
+        where = _where(url)
         try:
             await backend._stack.enter_async_context(client)
             policy = await _eviction_policy(client)
@@ -321,6 +321,12 @@ async def _eviction_policy(client: coredis.Redis[bytes]) -> str:
         return ""
     value = config.get(b"maxmemory-policy", b"")
     return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _where(url: str) -> str:
+    """The URL as it may be logged: no password, no query."""
+    scheme, _, rest = url.partition("://")
+    return f"{scheme}://{rest.rpartition('@')[2].split('?')[0]}"
 
 
 def _unavailable(reason: str) -> StoreUnavailable:
