@@ -149,7 +149,7 @@ class StoreHandle:
 
     async def register_job(self, record: ResponseRecord) -> JobOwner:
         """Pin a new job's `queued` record (never evicted until it ends); who holds it."""
-        owner = self.owner
+        owner = self._owner if self.membership is None else await self.membership.current()
         await self._backend.register_job(record, owner)
         return owner
 
