@@ -265,8 +265,10 @@ class StoreActor:
                 with trio.CancelScope(shield=True):
                     await membership.leave()
         finally:
-            with trio.CancelScope(shield=True):
-                await backend.aclose()
+            # Not in a cancel scope of ours: each backend's close finishes even when
+            # cancelled (SQLite shields itself), and the Redis client's task group must be
+            # left at the depth it was entered, not inside a newer scope.
+            await backend.aclose()
 
     async def _open(self) -> tuple[StoreBackend, SharedStore | None]:
         """The backend, and the same as a shared store when other replicas share it."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import re
+import signal
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -430,3 +431,30 @@ def test_a_redis_outage_answers_503_and_the_replicas_recover(
         job = client.responses.create(model=MODEL, input="echo: job after", background=True)
         done, _ = _poll(cl.clients[0], job.id, ("completed", "failed", "cancelled"))
         assert done.status == "completed", done.error
+
+
+# --- a clean stop --------------------------------------------------------------------
+
+
+def test_a_replica_stopped_by_sigterm_exits_cleanly_and_gives_its_lease_up(
+    cluster: Cluster, owner: ServerProcess
+) -> None:
+    r1 = owner.client()
+    assert r1.responses.create(model=MODEL, input="echo: bye").output_text == "bye"
+    job = r1.responses.create(model=MODEL, input="echo: a b c", background=True)
+    leases = f"{{{cluster.prefix}}}:lease:*"
+
+    def lease_keys() -> set[bytes]:
+        keys = cluster.redis.call("KEYS", leases)
+        assert isinstance(keys, list)
+        return {k for k in keys if isinstance(k, bytes)}
+
+    before = lease_keys()
+    owner.proc.send_signal(signal.SIGTERM)
+    assert owner.proc.wait(timeout=30) == 0, owner.log.read_text()
+    assert "Traceback" not in owner.log.read_text()
+    gone = before - lease_keys()
+    assert len(gone) == 1  # the stopped replica's lease, given up at once
+    assert len(lease_keys()) == len(cluster.replicas)
+    done, _ = _poll(cluster.clients[1], job.id, ("completed", "failed", "cancelled"), secs=5)
+    assert done.status in ("completed", "failed")  # drained or ended by the shutdown
