@@ -72,6 +72,18 @@ class Membership:
         with contextlib.suppress(StoreUnavailable, trio.ClosedResourceError):
             await self._shared.release_lease(self.owner)
 
+    async def current(self) -> JobOwner:
+        """The owner to register a new job under, its lease renewed just now. A lease
+        lost while this process could not renew it (frozen past it) is found here,
+        before a job is registered under it for peers to reap, and a new one is taken at
+        once. StoreUnavailable when the store cannot be reached."""
+        owner = self.owner
+        if self._held and await self._shared.hold_lease(owner, self.lease_secs, take=False):
+            return owner
+        self._lose(owner, "it expired or was taken")
+        await self._take()
+        return self.owner
+
     async def lost(self, owner: JobOwner) -> None:
         """Return once `owner` no longer holds the lease (at once if it is not current)."""
         while owner == self.owner:
@@ -93,22 +105,33 @@ class Membership:
         while True:
             await trio.sleep(period)
             try:
-                if not self._held:
-                    self._held = await self._shared.hold_lease(
-                        self.owner, self.lease_secs, take=True
-                    )
-                elif not await self._shared.hold_lease(self.owner, self.lease_secs, take=False):
-                    self._lose("it expired or was taken")
-                    continue
+                owner = self.owner
+                if self._held and not await self._shared.hold_lease(
+                    owner, self.lease_secs, take=False
+                ):
+                    self._lose(owner, "it expired or was taken")
+                await self._take()  # at once: a new job must not wait unleased for peers
                 renewed_at = trio.current_time()
                 ended = await self._shared.reap(self.owner)
                 if ended:
                     log.warning("ended %d background responses of replicas that stopped", ended)
             except StoreUnavailable:
                 if self._held and trio.current_time() - renewed_at >= self.lease_secs:
-                    self._lose("the store could not be reached for a whole lease")
+                    self._lose(self.owner, "the store could not be reached for a whole lease")
 
-    def _lose(self, why: str) -> None:
+    async def _take(self) -> None:
+        """Take the current owner's lease unless it is held."""
+        if not self._held:
+            owner = self.owner
+            taken = await self._shared.hold_lease(owner, self.lease_secs, take=True)
+            if owner == self.owner:  # not lost meanwhile
+                self._held = taken
+
+    def _lose(self, owner: JobOwner, why: str) -> None:
+        """`owner`'s lease is gone: a new epoch, its lease not yet taken (nothing if
+        `owner` is no longer current: another task found the loss first)."""
+        if owner != self.owner or not self._held:
+            return
         log.warning(
             "replica %s lost its lease (%s); its running background responses are given up",
             self.owner.replica,

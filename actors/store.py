@@ -149,7 +149,7 @@ class StoreHandle:
 
     async def register_job(self, record: ResponseRecord) -> JobOwner:
         """Pin a new job's `queued` record (never evicted until it ends); who holds it."""
-        owner = self.owner
+        owner = self._owner if self.membership is None else await self.membership.current()
         await self._backend.register_job(record, owner)
         return owner
 
@@ -269,8 +269,10 @@ class StoreActor:
                 with trio.CancelScope(shield=True):
                     await membership.leave()
         finally:
-            with trio.CancelScope(shield=True):
-                await backend.aclose()
+            # Not in a cancel scope of ours: each backend's close finishes even when
+            # cancelled (SQLite shields itself), and the Redis client's task group must be
+            # left at the depth it was entered, not inside a newer scope.
+            await backend.aclose()
 
     async def _open(self) -> tuple[StoreBackend, SharedStore | None]:
         """The backend, and the same as a shared store when other replicas share it."""

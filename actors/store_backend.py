@@ -154,7 +154,8 @@ class StoreBackend(Protocol):
         ...
 
     async def aclose(self) -> None:
-        """Release the storage (files, locks); nothing is called after."""
+        """Release the storage (files, locks, connections); nothing is called after. It
+        finishes even when the caller is cancelled (it shields itself where needed)."""
         ...
 
 

@@ -297,7 +297,8 @@ class MemoryBackend:
         await trio.sleep_forever()  # nothing is ever due: expiry happens as tables are used
 
     async def aclose(self) -> None:
-        await trio.lowlevel.checkpoint()
+        with trio.CancelScope(shield=True):
+            await trio.lowlevel.checkpoint()
 
     def _finish(self, final: ResponseRecord) -> ResponseRecord:
         table = self._tables[final_table(final)]

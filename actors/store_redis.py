@@ -241,6 +241,10 @@ class RedisBackend:
         await trio.sleep_forever()  # expired entries go as their tables are written
 
     async def aclose(self) -> None:
+        """Leave the client's context: its connection pool cancels its own tasks and waits
+        for them, so a cancel of the caller does not cut it short. Called in no cancel
+        scope newer than the one `open` ran in (the pool's task group must be left at the
+        depth it was entered)."""
         if not self._closed:
             self._closed = True
             await self._stack.aclose()

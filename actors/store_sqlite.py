@@ -176,8 +176,9 @@ class SqliteBackend:
                 self._db.close()  # the last connection copies the log in and removes it
                 os.close(self._lock)
 
-        await self._checkpointer.aclose()
-        await trio.to_thread.run_sync(close, limiter=self._limiter)
+        with trio.CancelScope(shield=True):
+            await self._checkpointer.aclose()
+            await trio.to_thread.run_sync(close, limiter=self._limiter)
 
     # --- one transaction each, on the store's thread ------------------------------------
 
