@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -77,35 +78,57 @@ def free_port() -> int:
 
 
 def start_server(log: Path, *flags: str) -> Iterator[RealServer]:
-    port = free_port()
-    exe = Path(sys.executable).with_name("mlxcel-server")
-    with log.open("w") as out:
-        proc = subprocess.Popen(
-            [str(exe), "--port", str(port), *flags], stdout=out, stderr=subprocess.STDOUT
-        )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 300
-        while True:
-            assert proc.poll() is None, f"server exited:\n{log.read_text()}"
-            assert time.monotonic() < deadline, f"server not ready:\n{log.read_text()}"
-            try:
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(0.5)
-        server = RealServer(url, DEFAULT_ALIAS, log)
+    """The real server (`mlxcel-server`) with `flags`, once it answers `/health`; stopped
+    (SIGTERM) when the generator closes."""
+    with contextlib.ExitStack() as stack:
+        (server,) = stack.enter_context(_real_servers([log], flags))
         yield server
-        for client in server._clients:
-            client.close()
+
+
+def start_replicas(logs: Sequence[Path], *flags: str) -> Iterator[list[RealServer]]:
+    """One real server per log file, all with `flags`, started together (each loads the
+    model at the same time as the others) and yielded once every one answers `/health`."""
+    with _real_servers(logs, flags) as servers:
+        yield servers
+
+
+@contextlib.contextmanager
+def _real_servers(logs: Sequence[Path], flags: Sequence[str]) -> Iterator[list[RealServer]]:
+    exe = Path(sys.executable).with_name("mlxcel-server")
+    procs: list[tuple[subprocess.Popen[bytes], RealServer]] = []
+    try:
+        for log in logs:
+            port = free_port()
+            with log.open("w") as out:
+                proc = subprocess.Popen(
+                    [str(exe), "--port", str(port), *flags], stdout=out, stderr=subprocess.STDOUT
+                )
+            procs.append((proc, RealServer(f"http://127.0.0.1:{port}", DEFAULT_ALIAS, log)))
+        deadline = time.monotonic() + 300
+        for proc, server in procs:
+            while True:
+                assert proc.poll() is None, f"server exited:\n{server.log.read_text()}"
+                assert time.monotonic() < deadline, f"server not ready:\n{server.log.read_text()}"
+                try:
+                    if httpx.get(f"{server.url}/health", timeout=2).status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                time.sleep(0.5)
+        servers = [server for _, server in procs]
+        yield servers
+        for server in servers:
+            for client in server._clients:
+                client.close()
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        for proc, _ in procs:
+            proc.terminate()
+        for proc, _ in procs:
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
 
 
 def pieces(tokenizer: Any, text: str) -> list[str]:
