@@ -99,7 +99,8 @@ class RedisBackend:
         clock: Callable[[], float] | None = None,
     ) -> RedisBackend:
         """Connect and check the server; ConfigError when it cannot be reached or evicts
-        keys on its own (`maxmemory-policy allkeys-*` would drop job records)."""
+        keys on its own: any `maxmemory-policy` but `noeviction` (`allkeys-*` would drop
+        job records, `volatile-*` the replicas' leases, the only keys with an expiry)."""
         client = coredis.Redis.from_url(
             url,
             connect_timeout=CONNECT_TIMEOUT_SECS,
@@ -121,12 +122,12 @@ class RedisBackend:
             if isinstance(exc, _FAILURES):
                 raise ConfigError(f"cannot reach the Redis store at {where}: {exc}") from None
             raise
-        if policy.startswith("allkeys-"):
+        if policy not in ("noeviction", ""):
             await backend._stack.aclose()
             raise ConfigError(
                 f"the Redis store at {where} has maxmemory-policy {policy}: it would evict "
-                "stored responses and background jobs on its own; run it with noeviction "
-                "(or a volatile-* policy)"
+                "stored responses, background jobs or replica leases on its own; run it "
+                "with noeviction"
             )
         return backend
 
