@@ -265,7 +265,14 @@ class StoreActor:
                 with trio.CancelScope(shield=True):
                     await membership.leave()
         finally:
-            with trio.CancelScope(shield=True):
+            if shared is None:
+                with trio.CancelScope(shield=True):
+                    await backend.aclose()
+            else:
+                # The Redis client leaves a task group this task entered when it opened;
+                # that cannot be left inside a scope entered after it (a shield would
+                # corrupt Trio's cancel scope stack), and needs none: it only cancels its
+                # own connection tasks.
                 await backend.aclose()
 
     async def _open(self) -> tuple[StoreBackend, SharedStore | None]:

@@ -62,7 +62,14 @@ MAX_CONFLICTS = 1000
 """Compare-and-set retries of one conversation change before it answers 503: far above
 what any number of concurrent writers to one transcript causes."""
 
-_FAILURES = (RedisError, OSError, anyio.BrokenResourceError, anyio.EndOfStream, CodecError)
+_FAILURES = (
+    RedisError,
+    OSError,
+    anyio.BrokenResourceError,
+    anyio.ClosedResourceError,
+    anyio.EndOfStream,
+    CodecError,
+)
 
 
 class RedisBackend:
@@ -266,15 +273,29 @@ class RedisBackend:
         """The ids of jobs asked to cancel on `replica`, as they are asked (at most once
         each: a message sent while disconnected is lost, which the durable flags cover)."""
         channel = self.base + "cancel:" + replica
-        async with self._client.pubsub(channels=[channel], ignore_subscribe_messages=True) as sub:
+        try:
+            async with self._client.pubsub(
+                channels=[channel], ignore_subscribe_messages=True
+            ) as sub:
 
-            async def ids() -> AsyncIterator[str]:
-                async for message in sub:
-                    data = message.get("data")
-                    if isinstance(data, bytes):
-                        yield data.decode()
+                async def ids() -> AsyncIterator[str]:
+                    async for message in sub:
+                        data = message.get("data")
+                        if isinstance(data, bytes):
+                            yield data.decode()
 
-            yield ids()
+                yield ids()
+        except BaseException as exc:
+            # The subscription's own tasks fail with the client's errors when Redis goes
+            # away, and when it is torn down together with its connection (a cancel);
+            # a cancel or another error is raised without them, failures alone as 503.
+            failures, rest = _split_failures(exc)
+            if rest is None:
+                log.error("the Redis store failed: %s", failures)
+                raise _unavailable(str(failures)) from exc
+            if failures is None:
+                raise
+            raise rest from None
 
     # --- pieces ----------------------------------------------------------------------
 
@@ -321,6 +342,13 @@ async def _eviction_policy(client: coredis.Redis[bytes]) -> str:
         return ""
     value = config.get(b"maxmemory-policy", b"")
     return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _split_failures(exc: BaseException) -> tuple[BaseException | None, BaseException | None]:
+    """`exc` split into the store's failures and the rest (None for an empty part)."""
+    if isinstance(exc, BaseExceptionGroup):
+        return exc.split(_FAILURES)
+    return (exc, None) if isinstance(exc, _FAILURES) else (None, exc)
 
 
 def _unavailable(reason: str) -> StoreUnavailable:
