@@ -275,7 +275,9 @@ class RedisBackend:
         channel = self.base + "cancel:" + replica
         try:
             async with self._client.pubsub(
-                channels=[channel], ignore_subscribe_messages=True
+                channels=[channel],
+                ignore_subscribe_messages=True,
+                retry_policy=NoRetryPolicy(),  # the caller subscribes again after a 503
             ) as sub:
 
                 async def ids() -> AsyncIterator[str]:
@@ -284,7 +286,8 @@ class RedisBackend:
                         if isinstance(data, bytes):
                             yield data.decode()
 
-                yield ids()
+                async with contextlib.aclosing(ids()) as stream:  # closed here, not by GC
+                    yield stream
         except BaseException as exc:
             # The subscription's own tasks fail with the client's errors when Redis goes
             # away, and when it is torn down together with its connection (a cancel);
