@@ -19,7 +19,7 @@ import json
 import logging
 import random
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any
 
 import anyio
@@ -280,7 +280,7 @@ class RedisBackend:
                 retry_policy=NoRetryPolicy(),  # the caller subscribes again after a 503
             ) as sub:
 
-                async def ids() -> AsyncIterator[str]:
+                async def ids() -> AsyncGenerator[str]:
                     async for message in sub:
                         data = message.get("data")
                         if isinstance(data, bytes):
