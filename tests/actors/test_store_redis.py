@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 
 import pytest
 import trio
@@ -111,7 +111,7 @@ async def test_an_unreachable_server_is_a_config_error_at_once(failed_connection
 
 async def every_operation_is_unavailable(backend: RedisBackend) -> None:
     owner = JobOwner("r", "e")
-    operations = [
+    operations: list[Callable[[], Awaitable[object]]] = [
         lambda: backend.put(Table.RESPONSES, record("resp_2")),
         lambda: backend.get((Table.RESPONSES,), "resp_1"),
         lambda: backend.get_chain("resp_1"),
