@@ -294,7 +294,7 @@ class RedisBackend:
             # a cancel or another error is raised without them, failures alone as 503.
             failures, rest = _split_failures(exc)
             if rest is None:
-                log.error("the Redis store failed: %s", failures)
+                log.error("the Redis store failed: %s", str(failures))
                 raise _unavailable(str(failures)) from exc
             if failures is None:
                 raise
@@ -327,7 +327,7 @@ class RedisBackend:
         try:
             return await script(keys=[], args=[self.base, now, *args])
         except _FAILURES as exc:
-            log.error("the Redis store failed: %s", exc)
+            log.error("the Redis store failed: %s", str(exc))
             raise _unavailable(str(exc)) from exc
 
 

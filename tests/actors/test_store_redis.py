@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 import trio
@@ -69,9 +69,10 @@ connections collect them (`failed_connections`) and ignore that warning, and onl
 
 
 @pytest.fixture
-def failed_connections() -> Iterator[None]:
-    """Collect the connections coredis leaked within this test, so their warnings are
-    this test's (ignored by `LEAKED_STREAMS`) and not whichever test runs next."""
+async def failed_connections() -> AsyncIterator[None]:
+    """Collect the connections coredis leaked within this test (in its Trio run, while
+    the test's warning filters apply), so their warnings are this test's (ignored by
+    `LEAKED_STREAMS`) and not whichever test runs next."""
     yield
     gc.collect()
 
