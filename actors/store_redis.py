@@ -19,7 +19,7 @@ import json
 import logging
 import random
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any
 
 import anyio
@@ -62,7 +62,14 @@ MAX_CONFLICTS = 1000
 """Compare-and-set retries of one conversation change before it answers 503: far above
 what any number of concurrent writers to one transcript causes."""
 
-_FAILURES = (RedisError, OSError, anyio.BrokenResourceError, anyio.EndOfStream, CodecError)
+_FAILURES = (
+    RedisError,
+    OSError,
+    anyio.BrokenResourceError,
+    anyio.ClosedResourceError,
+    anyio.EndOfStream,
+    CodecError,
+)
 
 
 class RedisBackend:
@@ -271,15 +278,32 @@ class RedisBackend:
         """The ids of jobs asked to cancel on `replica`, as they are asked (at most once
         each: a message sent while disconnected is lost, which the durable flags cover)."""
         channel = self.base + "cancel:" + replica
-        async with self._client.pubsub(channels=[channel], ignore_subscribe_messages=True) as sub:
+        try:
+            async with self._client.pubsub(
+                channels=[channel],
+                ignore_subscribe_messages=True,
+                retry_policy=NoRetryPolicy(),  # the caller subscribes again after a 503
+            ) as sub:
 
-            async def ids() -> AsyncIterator[str]:
-                async for message in sub:
-                    data = message.get("data")
-                    if isinstance(data, bytes):
-                        yield data.decode()
+                async def ids() -> AsyncGenerator[str]:
+                    async for message in sub:
+                        data = message.get("data")
+                        if isinstance(data, bytes):
+                            yield data.decode()
 
-            yield ids()
+                async with contextlib.aclosing(ids()) as stream:  # closed here, not by GC
+                    yield stream
+        except BaseException as exc:
+            # The subscription's own tasks fail with the client's errors when Redis goes
+            # away, and when it is torn down together with its connection (a cancel);
+            # a cancel or another error is raised without them, failures alone as 503.
+            failures, rest = _split_failures(exc)
+            if rest is None:
+                log.error("the Redis store failed: %s", str(failures))
+                raise _unavailable(str(failures)) from exc
+            if failures is None:
+                raise
+            raise rest from None
 
     # --- pieces ----------------------------------------------------------------------
 
@@ -308,7 +332,7 @@ class RedisBackend:
         try:
             return await script(keys=[], args=[self.base, now, *args])
         except _FAILURES as exc:
-            log.error("the Redis store failed: %s", exc)
+            log.error("the Redis store failed: %s", str(exc))
             raise _unavailable(str(exc)) from exc
 
 
@@ -332,6 +356,13 @@ def _where(url: str) -> str:
     """The URL as it may be logged: no password, no query."""
     scheme, _, rest = url.partition("://")
     return f"{scheme}://{rest.rpartition('@')[2].split('?')[0]}"
+
+
+def _split_failures(exc: BaseException) -> tuple[BaseException | None, BaseException | None]:
+    """`exc` split into the store's failures and the rest (None for an empty part)."""
+    if isinstance(exc, BaseExceptionGroup):
+        return exc.split(_FAILURES)
+    return (exc, None) if isinstance(exc, _FAILURES) else (None, exc)
 
 
 def _unavailable(reason: str) -> StoreUnavailable:

@@ -17,20 +17,24 @@ from mlxcel.model.fake import FakeEngine, fake_factory
 from mlxcel.prepare.intake import ModelNames
 
 from redis_server import RedisServer
-from support import FakeServer, StartServer
+from support import FakeServer, StartServer, key_prefix
 
 
 @pytest.fixture
 def fake_store() -> str:
-    """The store kind (`memory` or `sqlite`) of the fake servers a test starts; the
-    store-facing test modules override it to run on both. Each SQLite server gets its
-    own file (one server per file)."""
+    """The store kind (`memory`, `sqlite` or `redis`) of the fake servers a test starts;
+    the store-facing test modules override it to run on each. Each SQLite server gets its
+    own file (one server per file); each Redis one its own key prefix on the session's
+    Redis."""
     return "memory"
 
 
 @pytest.fixture
 def start_fake_server(
-    nursery: trio.Nursery, fake_store: str, tmp_path_factory: pytest.TempPathFactory
+    nursery: trio.Nursery,
+    fake_store: str,
+    tmp_path_factory: pytest.TempPathFactory,
+    request: pytest.FixtureRequest,
 ) -> Iterator[StartServer]:
     """Starts an in-process server (fake engine) in the test's nursery; stops with it."""
     servers: list[FakeServer] = []
@@ -43,10 +47,15 @@ def start_fake_server(
         **settings: Any,
     ) -> FakeServer:
         engine = engine or FakeEngine(step_delay=0.002)
-        store = fake_store
-        if store == "sqlite":
-            store = f"sqlite:{tmp_path_factory.mktemp('store') / 'store.sqlite3'}"
-        config = replace(Settings(port=0, store=store), **settings)
+        if fake_store == "sqlite":
+            path = tmp_path_factory.mktemp("store") / "store.sqlite3"
+            base = Settings(port=0, store=f"sqlite:{path}")
+        elif fake_store == "redis":
+            redis: RedisServer = request.getfixturevalue("redis_server")
+            base = Settings(port=0, store=redis.url, redis_key_prefix=key_prefix())
+        else:
+            base = Settings(port=0, store=fake_store)
+        config = replace(base, **settings)
         factory = functools.partial(
             fake_factory, engine, context_length, opens_reasoning=opens_reasoning
         )

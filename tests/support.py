@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -69,6 +70,11 @@ class RealServer:
         client = OpenAI(base_url=f"{self.url}/v1", api_key="sk-no-auth", max_retries=0, timeout=600)
         self._clients.append(client)
         return client
+
+
+def key_prefix() -> str:
+    """A Redis key prefix no other test or server uses (the session's Redis is shared)."""
+    return f"t-{uuid.uuid4().hex[:12]}"
 
 
 def free_port() -> int:

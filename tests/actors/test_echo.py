@@ -1,4 +1,4 @@
-"""The reasoning-echo cache (on both store backends) and its keys."""
+"""The reasoning-echo cache (on every store backend) and its keys."""
 
 from __future__ import annotations
 
@@ -18,10 +18,14 @@ from mlxcel.items import (
     replay,
 )
 
+from support import key_prefix
+
 
 async def start(nursery: trio.Nursery, max_bytes: int, store: str = "memory") -> EchoHandle:
     limits = StoreLimits(10, 1 << 20, 0)
-    actor = StoreActor(limits, limits, 600, store=store, echo_bytes=max_bytes)
+    actor = StoreActor(
+        limits, limits, 600, store=store, echo_bytes=max_bytes, key_prefix=key_prefix()
+    )
     handle: StoreHandle = await nursery.start(actor.run)
     return handle.echo
 

@@ -21,7 +21,7 @@ from mlxcel.items import RequestEcho, ResponseRecord, Usage, new_id
 from mlxcel.model.actor import ModelActor
 from mlxcel.model.fake import FakeCodec, FakeEngine, fake_factory
 
-from support import wait_until
+from support import key_prefix, wait_until
 
 DEFAULTS = Settings()
 
@@ -42,6 +42,7 @@ async def start(
         ephemeral_ttl,
         store=store_spec,
         clock=trio.current_time,
+        key_prefix=key_prefix(),
     )
     store = await nursery.start(actor.run)
     model = await nursery.start(ModelActor(functools.partial(fake_factory, engine), 1).run)

@@ -1,4 +1,4 @@
-"""The store's limits on both backends (memory and SQLite), on Trio's fake clock."""
+"""The store's limits on every backend (memory, SQLite, Redis), on Trio's fake clock."""
 
 from __future__ import annotations
 
@@ -29,6 +29,8 @@ from mlxcel.items import (
     new_id,
 )
 
+from support import key_prefix
+
 DEFAULTS = Settings()
 
 OFF = StoreLimits(0, 0, 0)
@@ -54,6 +56,7 @@ async def start(
         DEFAULTS.background_ephemeral_ttl_secs,
         store=store_spec,
         clock=trio.current_time,
+        key_prefix=key_prefix(),
     )
     handle: StoreHandle = await nursery.start(actor.run)
     return handle

@@ -1,20 +1,23 @@
-"""The memory and SQLite backends, driven side by side on one clock, answer every
+"""The memory, SQLite and Redis backends, driven side by side on one clock, answer every
 operation the same, and each keeps its counters, caps and byte budgets.
 
 Limits are small, so entry caps, byte budgets, TTL expiry and LRU eviction all happen
 within a few steps. A new conversation's `created_at` is the wall clock's; here the time
-source of `store_backend` reads the machine's clock, so both backends stamp the same.
+source of `store_backend` reads the machine's clock, so every backend stamps the same.
+Redis runs on the session's redis-server, under a key prefix of each run's own; the
+machine holds no replica lease, so Redis reaps every other owner's jobs, as the others do.
 """
 
 from __future__ import annotations
 
+import json
 import shutil
 import sqlite3
 import tempfile
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from types import SimpleNamespace
-from typing import TypeVar
+from typing import Any, TypeVar
 from unittest import mock
 
 import trio
@@ -41,6 +44,7 @@ from mlxcel.actors.messages import (
 from mlxcel.actors.store_backend import JobOwner, StoreBackend
 from mlxcel.actors.store_codec import encoded_size
 from mlxcel.actors.store_memory import MemoryBackend
+from mlxcel.actors.store_redis import RedisBackend
 from mlxcel.actors.store_sqlite import SqliteBackend
 from mlxcel.items import (
     Conversation,
@@ -54,6 +58,9 @@ from mlxcel.items import (
     ResponseStatus,
     new_conversation_id,
 )
+
+from redis_server import RedisConnection, RedisServer
+from support import key_prefix
 
 T = TypeVar("T")
 
@@ -146,6 +153,8 @@ HOLDER = JobOwner("", "")
 fenced out happen often."""
 job_writers = st.sampled_from([HOLDER, HOLDER, CURRENT, STALE, OTHER])
 BOUNDED = (Table.RESPONSES, Table.CONVERSATIONS, Table.EPHEMERAL)
+REDIS_PARTS = ("body", "lru", "exp", "bytes", "link", "ver")
+"""The keys of one table in Redis (`actors/redis_scripts.py`)."""
 
 
 def limits(entries: range, units: list[float], ttls: list[float]) -> st.SearchStrategy[StoreLimits]:
@@ -158,15 +167,25 @@ def limits(entries: range, units: list[float], ttls: list[float]) -> st.SearchSt
 
 
 class BackendsMachine(RuleBasedStateMachine):
-    """Every rule runs on both backends and asserts the answers are equal."""
+    """Every rule runs on every backend and asserts the answers are equal."""
+
+    redis_server: RedisServer
+    nursery: trio.Nursery
+    """Where each run's Redis backend lives (set by the test): the coredis client leaves
+    a task group it entered when it opened, so one task opens and closes it."""
 
     def __init__(self) -> None:
         super().__init__()
         self.now = START
         self.directory = Path(tempfile.mkdtemp())
         self.path = self.directory / "store.sqlite3"
-        self.backends: tuple[MemoryBackend, SqliteBackend] | None = None
+        self.backends: tuple[MemoryBackend, SqliteBackend, RedisBackend] | None = None
         self.reader: sqlite3.Connection | None = None
+        self.prefix = key_prefix()
+        self.raw: RedisConnection | None = None
+        """A connection of the machine's own to Redis, for the invariants."""
+        self.closing = trio.Event()
+        self.closed = trio.Event()
         self.holders: dict[str, JobOwner] = {}
         """Who holds each unfinished job, as both backends say."""
         self.frozen = mock.patch.object(store_backend, "time", SimpleNamespace(time=self.clock))
@@ -176,13 +195,38 @@ class BackendsMachine(RuleBasedStateMachine):
         return self.now
 
     def both(self, operation: Callable[[StoreBackend], Awaitable[T]]) -> T:
-        """The operation's answer, the same from both backends."""
+        """The operation's answer, the same from every backend."""
         assert self.backends is not None
-        memory, sqlite = self.backends
+        memory, sqlite, redis = self.backends
         in_memory = trio.from_thread.run(operation, memory)
         in_sqlite = trio.from_thread.run(operation, sqlite)
+        in_redis = trio.from_thread.run(operation, redis)
         assert in_memory == in_sqlite
+        assert in_memory == in_redis
         return in_memory
+
+    async def host_redis(self, task_status: trio.TaskStatus[RedisBackend]) -> None:
+        """Open the Redis backend, hand it out, and close it once the run ends."""
+        limits = self.limits
+        redis = await RedisBackend.open(
+            self.redis_server.url,
+            self.prefix,
+            limits[Table.RESPONSES],
+            limits[Table.CONVERSATIONS],
+            limits[Table.EPHEMERAL],
+            clock=self.clock,
+        )
+        try:
+            task_status.started(redis)
+            await self.closing.wait()
+        finally:
+            await redis.aclose()
+            self.closed.set()
+
+    def redis_call(self, *args: str) -> Any:
+        assert self.raw is not None
+        self.raw.send(*args)
+        return self.raw.reply()
 
     @initialize(
         response_limits=limits(range(1, 6), [1.5, 2, 3, 4], [0, 3, 5]),
@@ -208,7 +252,9 @@ class BackendsMachine(RuleBasedStateMachine):
                 self.path, response_limits, conversation_limits, ephemeral_limits, clock=self.clock
             )
         )
-        self.backends = (memory, sqlite)
+        redis = trio.from_thread.run(lambda: self.nursery.start(self.host_redis))
+        self.backends = (memory, sqlite, redis)
+        self.raw = self.redis_server.connect()
         self.reader = sqlite3.connect(
             f"file:{self.path}?mode=ro", uri=True, isolation_level=None, check_same_thread=False
         )
@@ -216,10 +262,15 @@ class BackendsMachine(RuleBasedStateMachine):
     def teardown(self) -> None:
         try:
             if self.backends is not None:
-                for backend in self.backends:
+                for backend in self.backends[:2]:
                     trio.from_thread.run(backend.aclose)
+                trio.from_thread.run_sync(self.closing.set)
+                trio.from_thread.run(self.closed.wait)
             if self.reader is not None:
                 self.reader.close()
+            if self.raw is not None:
+                self.redis_call("EVAL", DELETE_PREFIX, "0", "{" + self.prefix + "}:*")
+                self.raw.close()
         finally:
             self.frozen.stop()
             shutil.rmtree(self.directory, ignore_errors=True)
@@ -431,6 +482,83 @@ class BackendsMachine(RuleBasedStateMachine):
         ]
         assert list(memory._active) == in_file_active
 
+    @invariant()
+    def redis_keeps_its_counters_indexes_and_eviction_order(self) -> None:
+        """Read raw in one script (nothing expires, no LRU order changes)."""
+        assert self.backends is not None
+        memory, sqlite = self.backends[0], self.backends[1]
+        raw = self.redis_call("EVAL", SNAPSHOT, "0", "{" + self.prefix + "}:")
+        snapshot = json.loads(raw)
+        for table in Table:
+            keys = {part: _listed(v) for part, v in snapshot[table.value].items()}
+            ids = sorted(keys["ids"])
+            stored = int(snapshot[table.value]["bytes"])
+            assert stored == sum(keys["lengths"]), table
+            assert [len(ids), stored] == sqlite._rows.counts[table], table
+            order = keys["lru"]
+            assert sorted(order) == ids, table
+            assert sorted(keys["ver"]) == ids, table
+            assert set(keys["link"]) <= set(ids), table
+            ttl = self.limits[table].ttl_secs if table in BOUNDED else 0
+            assert set(keys["exp"]) == (set(ids) if ttl > 0 else set()), table
+            if table in BOUNDED:
+                cache = memory._tables[table]._cache
+                assert order == list(cache._TTLCache__links), table  # type: ignore[attr-defined]
+            else:
+                assert order == list(memory._active), table
+        owners = _listed(snapshot["owners"])
+        held = {owners[n]: JobOwner(*owners[n + 1].split("\n")) for n in range(0, len(owners), 2)}
+        assert held == self.holders
+        assert set(_listed(snapshot["cancels"])) <= set(self.holders)
+        # The item index: the stored responses' item ids, each pointing at its holders.
+        responses = set(_listed(snapshot["responses"]["ids"]))
+        indexed = _listed(snapshot["itemids"])
+        by_response = {
+            indexed[n]: set(json.loads(indexed[n + 1])) for n in range(0, len(indexed), 2)
+        }
+        assert set(by_response) <= responses
+        items = _listed(snapshot["items"])
+        for n in range(0, len(items), 2):
+            places = json.loads(items[n + 1])
+            assert places
+            assert all(items[n] in by_response.get(rid, ()) for rid, _ in places)
+
+
+def _listed(value: Any) -> list[Any]:
+    """A Lua table cjson encoded: an empty one comes as `{}`."""
+    return value if isinstance(value, list) else []
+
+
+SNAPSHOT = """
+local B = ARGV[1]
+local out = {}
+for _, t in ipairs({'responses', 'conversations', 'ephemeral', 'active'}) do
+  local body = B .. t .. ':body'
+  local ids = redis.call('HKEYS', body)
+  local lengths = {}
+  for i, id in ipairs(ids) do lengths[i] = redis.call('HSTRLEN', body, id) end
+  out[t] = {
+    ids = ids, lengths = lengths, bytes = redis.call('GET', B .. t .. ':bytes') or '0',
+    lru = redis.call('ZRANGE', B .. t .. ':lru', 0, -1),
+    exp = redis.call('ZRANGE', B .. t .. ':exp', 0, -1),
+    ver = redis.call('HKEYS', B .. t .. ':ver'), link = redis.call('HKEYS', B .. t .. ':link'),
+  }
+end
+out.owners = redis.call('HGETALL', B .. 'active:owner')
+out.cancels = redis.call('SMEMBERS', B .. 'active:cancel')
+out.itemids = redis.call('HGETALL', B .. 'responses:itemids')
+out.items = redis.call('HGETALL', B .. 'items')
+return cjson.encode(out)
+"""
+"""Every key of a run's Redis store, read in one step, as JSON."""
+
+
+DELETE_PREFIX = """
+for _, key in ipairs(redis.call('KEYS', ARGV[1])) do redis.call('DEL', key) end
+return 1
+"""
+"""Removes a finished run's keys (its prefix is its own)."""
+
 
 def _run(machine: type[RuleBasedStateMachine], examples: int, steps: int) -> None:
     run_state_machine_as_test(
@@ -444,6 +572,16 @@ def _run(machine: type[RuleBasedStateMachine], examples: int, steps: int) -> Non
     )
 
 
-def test_the_backends_agree_step_by_step() -> None:
+def test_the_backends_agree_step_by_step(redis_server: RedisServer) -> None:
     """The machine runs on a worker thread of one Trio run; each call hops onto Trio."""
-    trio.run(trio.to_thread.run_sync, lambda: _run(BackendsMachine, 200, 50))
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            BackendsMachine.redis_server = redis_server
+            BackendsMachine.nursery = nursery
+            await trio.to_thread.run_sync(lambda: _run(BackendsMachine, EXAMPLES, 50))
+
+    trio.run(main)
+
+
+EXAMPLES = 200

@@ -29,9 +29,9 @@ async def poll(server: FakeServer, response_id: str) -> Response:
             await trio.sleep(0.02)
 
 
-@pytest.fixture(params=["memory", "sqlite"])
+@pytest.fixture(params=["memory", "sqlite", "redis"])
 def fake_store(request: pytest.FixtureRequest) -> str:
-    """Every test here runs on both store backends."""
+    """Every test here runs on every store backend."""
     return str(request.param)
 
 

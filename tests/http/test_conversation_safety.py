@@ -15,9 +15,9 @@ SMALL = StoreLimits(16, 4_000, 3600)
 """A conversation store whose byte budget a few kilobytes of text fill."""
 
 
-@pytest.fixture(params=["memory", "sqlite"])
+@pytest.fixture(params=["memory", "sqlite", "redis"])
 def fake_store(request: pytest.FixtureRequest) -> str:
-    """Every test here runs on both store backends."""
+    """Every test here runs on every store backend."""
     return str(request.param)
 
 

@@ -12,9 +12,9 @@ import pytest
 from support import FakeServer, in_thread
 
 
-@pytest.fixture(params=["memory", "sqlite"])
+@pytest.fixture(params=["memory", "sqlite", "redis"])
 def fake_store(request: pytest.FixtureRequest) -> str:
-    """Every test here runs on both store backends."""
+    """Every test here runs on every store backend."""
     return str(request.param)
 
 

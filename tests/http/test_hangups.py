@@ -20,9 +20,9 @@ from support import (
 LONG = "echo: " + " ".join(f"w{i}" for i in range(400))
 
 
-@pytest.fixture(params=["memory", "sqlite"])
+@pytest.fixture(params=["memory", "sqlite", "redis"])
 def fake_store(request: pytest.FixtureRequest) -> str:
-    """Every test here runs on both store backends: a requester that leaves never keeps
+    """Every test here runs on every store backend: a requester that leaves never keeps
     a store write from finishing."""
     return str(request.param)
 

@@ -20,9 +20,9 @@ async def post(server: FakeServer, body: dict[str, Any]) -> httpx.Response:
         return await http.post(f"{server.url}/v1/responses", json={"model": "fake-model", **body})
 
 
-@pytest.fixture(params=["memory", "sqlite"])
+@pytest.fixture(params=["memory", "sqlite", "redis"])
 def fake_store(request: pytest.FixtureRequest) -> str:
-    """Every test here runs on both store backends."""
+    """Every test here runs on every store backend."""
     return str(request.param)
 
 

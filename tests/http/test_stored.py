@@ -17,9 +17,9 @@ from support import FakeServer, StartServer, count, in_thread, post, wait_until
 LONG = "echo: " + " ".join(f"w{i}" for i in range(400))
 
 
-@pytest.fixture(params=["memory", "sqlite"])
+@pytest.fixture(params=["memory", "sqlite", "redis"])
 def fake_store(request: pytest.FixtureRequest) -> str:
-    """Every test here runs on both store backends."""
+    """Every test here runs on every store backend."""
     return str(request.param)
 
 
