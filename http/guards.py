@@ -6,12 +6,17 @@ Each raises an `MlxcelError`, so its answer is shaped by the one error map.
 
 from __future__ import annotations
 
+import hashlib
 import hmac
+from typing import cast
 
 import trio
 from quart import request
 
 from mlxcel.errors import ShuttingDown, Unauthenticated, UnsupportedMediaType
+
+TENANT_KEY = "mlxcel.tenant"
+"""Where a request's scope keeps its tenant: the name of the API key it carried."""
 
 _OPEN_PATHS = frozenset({"/health"})
 _METRICS_PATHS = frozenset({"/metrics", "/v1/metrics"})
@@ -30,14 +35,26 @@ def check_api_key(api_keys: tuple[str, ...], *, metrics_public: bool = False) ->
         return
     scheme, _, given = request.headers.get("Authorization", "").strip().partition(" ")
     presented = given.strip().encode()
-    if scheme.lower() == "bearer" and any(
-        hmac.compare_digest(presented, key.encode()) for key in api_keys
-    ):
+    matched = [hmac.compare_digest(presented, key.encode()) for key in api_keys]
+    if scheme.lower() == "bearer" and any(matched):
+        key = api_keys[matched.index(True)]
+        cast(dict[str, object], request.scope)[TENANT_KEY] = key_name(key)
         return
     raise Unauthenticated(
         "Incorrect or missing API key. Send it as 'Authorization: Bearer <key>'.",
         code="invalid_api_key",
     )
+
+
+def key_name(key: str) -> str:
+    """How a key without a name is known (logs, tenancy): a short hash, never the key."""
+    return "key-" + hashlib.sha256(key.encode()).hexdigest()[:12]
+
+
+def current_tenant() -> str:
+    """The tenant of the request being served: its API key's name, or "" when the
+    server takes no keys (one tenant)."""
+    return cast(str, cast(dict[str, object], request.scope).get(TENANT_KEY, ""))
 
 
 def check_json_body() -> None:

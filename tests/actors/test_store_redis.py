@@ -4,7 +4,6 @@ share one store (leases, reaping, cancels) and key prefixes that keep stores apa
 from __future__ import annotations
 
 import contextlib
-import gc
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
@@ -59,24 +58,6 @@ def record(
     )
 
 
-LEAKED_STREAMS = pytest.mark.filterwarnings(
-    "ignore:Exception ignored in. <function MemoryObject(Send|Receive)Stream.__del__"
-    ":pytest.PytestUnraisableExceptionWarning"
-)
-"""coredis leaves the in-memory streams of a connection that could not connect unclosed
-(its `Connection.run` closes them only once connected); the tests that make such
-connections collect them (`failed_connections`) and ignore that warning, and only it."""
-
-
-@pytest.fixture
-async def failed_connections() -> AsyncIterator[None]:
-    """Collect the connections coredis leaked within this test (in its Trio run, while
-    the test's warning filters apply), so their warnings are this test's (ignored by
-    `LEAKED_STREAMS`) and not whichever test runs next."""
-    yield
-    gc.collect()
-
-
 @contextlib.asynccontextmanager
 async def opened(
     url: str, prefix: str, limits: StoreLimits = ROOMY, *, echo_bytes: int = 0
@@ -102,8 +83,7 @@ async def test_a_server_that_evicts_keys_on_its_own_is_refused(own_redis: RedisS
         assert await backend.put(Table.RESPONSES, record("resp_1"))
 
 
-@LEAKED_STREAMS
-async def test_an_unreachable_server_is_a_config_error_at_once(failed_connections: None) -> None:
+async def test_an_unreachable_server_is_a_config_error_at_once() -> None:
     with trio.fail_after(10), pytest.raises(ConfigError, match="cannot reach"):
         await RedisBackend.open(f"redis://127.0.0.1:{free_port()}/0", "p", ROOMY, ROOMY, ROOMY)
 
@@ -131,9 +111,8 @@ async def every_operation_is_unavailable(backend: RedisBackend) -> None:
             await operation()
 
 
-@LEAKED_STREAMS
 async def test_a_stopped_server_answers_unavailable_until_it_is_back(
-    own_redis: RedisServer, failed_connections: None
+    own_redis: RedisServer,
 ) -> None:
     kept = record("resp_1", item_ids=("msg_a",))
     async with opened(own_redis.url, key_prefix()) as backend:
