@@ -39,7 +39,7 @@ def config(port: int, backends: Sequence[str]) -> str:
     return "\n".join(
         [
             "global",
-            "    maxconn 4096",
+            "    maxconn 256",  # FDs it needs stay under a low limit (2 per connection)
             "defaults",
             "    mode http",
             "    timeout connect 5s",
