@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
 
+import httpx
 import pytest
 import trio
 
@@ -62,11 +63,22 @@ def start_fake_server(
         names = ModelNames("fake-model", "/models/fake")
         urls = await nursery.start(serve, config, factory, names)
         servers.append(FakeServer(urls[0], engine, config))
+        await _until_ready(urls[0])
         return servers[-1]
 
     yield start
     for server in servers:
         server.close()
+
+
+async def _until_ready(url: str, patience: float = 30) -> None:
+    """Wait until the model has loaded (`/health` 200), as a client polling it would: the
+    server listens before its model thread is done, and on a loaded machine a test's
+    first request could otherwise meet "the model is still loading"."""
+    async with httpx.AsyncClient(base_url=url, timeout=patience) as http:
+        with trio.move_on_after(patience):
+            while (await http.get("/health")).status_code != 200:  # noqa: ASYNC110 - polled over HTTP
+                await trio.sleep(0.005)
 
 
 @pytest.fixture
