@@ -177,6 +177,26 @@ async def test_a_background_job_charges_its_tokens_when_it_ends(
         assert refused.json()["error"]["type"] == "tokens"
 
 
+async def test_a_compaction_counts_as_a_request_and_spends_its_summarys_tokens(
+    start_fake_server: StartServer, mock_clock: trio.testing.MockClock, sdk: dict[str, OpenAI]
+) -> None:
+    server = await start_fake_server(api_keys=KEYS, rate_limit_rpm=5, rate_limit_tpm=10_000)
+    a = client(sdk, server, "key-a")
+    turns = [{"role": "user", "content": f"turn {n}: " + "lorem ipsum " * 15} for n in range(6)]
+    history = [*turns, {"role": "user", "content": "echo: And now?"}]
+    raw = await in_thread(
+        a.responses.with_raw_response.compact,
+        model=MODEL,
+        input=history,
+    )
+    usage = raw.parse().usage
+    assert raw.headers["x-ratelimit-remaining-requests"] == "4"
+    async with httpx.AsyncClient(base_url=server.url, timeout=30) as http:
+        after = await post(http, "key-a")
+    assert after.headers["x-ratelimit-remaining-requests"] == "3"
+    assert after.headers["x-ratelimit-remaining-tokens"] == str(10_000 - usage.total_tokens)
+
+
 async def test_a_spent_daily_quota_is_insufficient_quota_until_midnight_utc(
     start_fake_server: StartServer, mock_clock: trio.testing.MockClock, sdk: dict[str, OpenAI]
 ) -> None:
