@@ -14,6 +14,7 @@ from pathlib import Path
 import trio
 
 from mlxcel.actors.jobs import JobsHandle, JobSupervisor
+from mlxcel.actors.quotas import KeyLimits, Limiter, no_overrides
 from mlxcel.actors.scheduler import Scheduler, SchedulerHandle
 from mlxcel.actors.store import StoreActor, StoreHandle
 from mlxcel.config import Settings
@@ -147,7 +148,13 @@ async def _start_actors(
         stopping=shutdown,
         metrics=metrics,
         metrics_public=settings.metrics_public,
+        limiter=Limiter(store.charge, default_limits(settings), no_overrides),
     )
+
+
+def default_limits(settings: Settings) -> KeyLimits:
+    """Every key's limits, but where the keys file gives a key its own."""
+    return KeyLimits(settings.rate_limit_rpm, settings.rate_limit_tpm, settings.daily_token_quota)
 
 
 async def _drain(

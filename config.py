@@ -68,6 +68,12 @@ class Settings:
     each, `reject` answers 400."""
     metrics_public: bool = False
     """`/metrics` answers without an API key (for a scraper inside a trusted network)."""
+    rate_limit_rpm: int = 0
+    """Requests a minute each API key may start on the generating routes; 0 = no limit."""
+    rate_limit_tpm: int = 0
+    """Input and output tokens a minute each API key may spend; 0 = no limit."""
+    daily_token_quota: int = 0
+    """Input and output tokens each API key may spend in a UTC day; 0 = no quota."""
 
     def __post_init__(self) -> None:
         checks: list[tuple[bool, str]] = [
@@ -101,6 +107,9 @@ class Settings:
                 "--hosted-tools must be reject or ignore",
             ),
             (self.images in ("reject", "placeholder"), "--images must be reject or placeholder"),
+            (self.rate_limit_rpm >= 0, "--rate-limit-rpm must be 0 (off) or more"),
+            (self.rate_limit_tpm >= 0, "--rate-limit-tpm must be 0 (off) or more"),
+            (self.daily_token_quota >= 0, "--daily-token-quota must be 0 (off) or more"),
             (self.replica_lease_secs >= 0.3, "--replica-lease-secs must be at least 0.3"),
             (
                 bool(self.redis_key_prefix) and not set("{}\n") & set(self.redis_key_prefix),

@@ -13,6 +13,10 @@ is the one place that maps these to status codes and OpenAI error bodies.
     ├── Overloaded                no room now; retrying later may work
     │   ├── QueueFull             the generation queue is full
     │   └── RateLimited           the background job cap (or its byte budget) is reached
+    ├── LimitReached              the API key spent a limit; retry after `retry_after_secs`
+    │   ├── RequestRateLimited    its requests per minute
+    │   ├── TokenRateLimited      its tokens per minute
+    │   └── QuotaExceeded         its tokens of the UTC day
     ├── Unauthenticated           no valid API key
     ├── ShuttingDown              the server is draining; no new generation starts
     ├── ModelNotReady             the model is still loading
@@ -86,6 +90,30 @@ class QueueFull(Overloaded):
 
 class RateLimited(Overloaded):
     """Too many background jobs are active; retry after one ends."""
+
+
+class LimitReached(MlxcelError):
+    """The request's API key has spent one of its limits until its window ends."""
+
+    CODE = "rate_limit_exceeded"
+
+    def __init__(self, message: str, *, retry_after_secs: int = 1):
+        super().__init__(message, code=self.CODE)
+        self.retry_after_secs = retry_after_secs
+
+
+class RequestRateLimited(LimitReached):
+    """The key sent as many requests this minute as it may."""
+
+
+class TokenRateLimited(LimitReached):
+    """The key spent as many tokens this minute as it may."""
+
+
+class QuotaExceeded(LimitReached):
+    """The key spent its tokens of the UTC day."""
+
+    CODE = "insufficient_user_quota"
 
 
 class Unauthenticated(MlxcelError):

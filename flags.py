@@ -197,6 +197,32 @@ FLAGS: tuple[Flag, ...] = (
         "serve /metrics without the API key (for a Prometheus scraper)",
     ),
     Flag(
+        ("--rate-limit-rpm",),
+        "rate_limit_rpm",
+        int,
+        _DEFAULTS.rate_limit_rpm,
+        "MLXCEL_RATE_LIMIT_RPM",
+        "requests a minute each API key may start (responses, chat and text completions); "
+        "counted in the store, so replicas sharing one share it; 0 = no limit",
+    ),
+    Flag(
+        ("--rate-limit-tpm",),
+        "rate_limit_tpm",
+        int,
+        _DEFAULTS.rate_limit_tpm,
+        "MLXCEL_RATE_LIMIT_TPM",
+        "input + output tokens a minute each API key may spend; a key past it is refused "
+        "until the minute ends; 0 = no limit",
+    ),
+    Flag(
+        ("--daily-token-quota",),
+        "daily_token_quota",
+        int,
+        _DEFAULTS.daily_token_quota,
+        "MLXCEL_DAILY_TOKEN_QUOTA",
+        "input + output tokens each API key may spend in a UTC day; 0 = no quota",
+    ),
+    Flag(
         ("--store",),
         "store",
         str,
@@ -411,4 +437,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         hosted_tools=args.hosted_tools,
         images=args.images,
         metrics_public=args.metrics_public,
+        rate_limit_rpm=args.rate_limit_rpm,
+        rate_limit_tpm=args.rate_limit_tpm,
+        daily_token_quota=args.daily_token_quota,
     )

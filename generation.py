@@ -191,6 +191,9 @@ class GenerationRequest:
     prelude: Prelude | None = None
     """Work the slot does first (compaction): it yields the request to generate, under
     the same id, once a slot has taken this one; `prompt` is then the uncompacted one."""
+    spend: Callable[[int], Awaitable[None]] | None = None
+    """Charges the response's input and output tokens to the key that asked for it
+    (its token limits), once the response has ended; None when no limit counts them."""
 
 
 GenerateText = Callable[[GenerationRequest], Awaitable[ResponseRecord]]

@@ -10,7 +10,8 @@ written at, for compare-and-set). Stored responses' items are indexed in `items`
 (item id → [[response id, place], ...], oldest first) and `responses:itemids`. Unfinished
 jobs keep their owner in `active:owner` ("replica\\nepoch") and their cancel requests in
 `active:cancel`; a replica's lease is `lease:<replica>` holding its epoch. The reasoning
-echo cache is the table `echo`.
+echo cache is the table `echo`. A rate-limit counter's window is the key
+`rate:<window secs>:<window start>:<counter>`, expiring after its window.
 """
 
 from __future__ import annotations
@@ -388,5 +389,20 @@ for i = 3, #ARGV do
   end
 end
 return out
+"""
+)
+
+CHARGE = _script(
+    r"""
+-- ARGV[3]: the window's key, ARGV[4]: amount, ARGV[5]: limit (0: none), ARGV[6]: the
+-- key's life in ms. Returns {1 if allowed (and added) else 0, the count after}.
+local key, amount, limit = k(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+local used = tonumber(redis.call('GET', key) or '0')
+if limit > 0 and used >= limit then return {0, used} end
+if amount > 0 then
+  used = redis.call('INCRBY', key, amount)
+  redis.call('PEXPIRE', key, ARGV[6])
+end
+return {1, used}
 """
 )

@@ -271,6 +271,7 @@ class ResponsePath:
                 log.warning("the store has stopped; response %s was not kept", record.id)
             except StoreUnavailable:
                 log.warning("the store failed; response %s was not kept", record.id)
+            await _spend(request, record)
         return record
 
     async def _remember_reasoning(self, request: GenerationRequest, record: ResponseRecord) -> None:
@@ -280,6 +281,16 @@ class ResponsePath:
         match record.output:
             case (Reasoning(text=trace), Message() as message) if trace.strip():
                 await self._echo.remember(turn_key(request.echo_prefix, message.text), trace)
+
+
+async def _spend(request: GenerationRequest, record: ResponseRecord) -> None:
+    """Charge the response's tokens to its key's token limits (when any counts them)."""
+    if request.spend is None or record.usage is None:
+        return
+    try:
+        await request.spend(record.usage.total_tokens)
+    except (trio.BrokenResourceError, trio.ClosedResourceError, StoreUnavailable):
+        log.warning("the store failed; the tokens of response %s were not counted", record.id)
 
 
 @dataclass

@@ -2,7 +2,8 @@
 
 A server holds `<file>.lock` exclusively for its whole life, so no second server opens the
 same file (it would end the first one's jobs as a dead process's). The layout is
-versioned with `PRAGMA user_version`; a file from a newer release is refused rather than
+versioned with `PRAGMA user_version`: an older file is brought up to date when opened (each
+version's additions run in turn), and a file from a newer release is refused rather than
 misread.
 """
 
@@ -37,7 +38,7 @@ PAGE_BYTES = 4096
 WAL_SIZE_LIMIT = 64 * 1024 * 1024
 """The write-ahead log file is cut back to this many bytes once it has been copied."""
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 """`PRAGMA user_version` of the layout below; a file from a newer release is refused."""
 
 _SCHEMA = """
@@ -80,6 +81,21 @@ CREATE INDEX traces_lru ON traces (last_access);
 never read it); `items` says where each stored response's items live, for
 `item_reference`, and follows `entries` through the trigger; `traces` is the
 reasoning-echo cache."""
+
+_COUNTERS = """
+CREATE TABLE counters (
+    counter TEXT NOT NULL,
+    window_secs INTEGER NOT NULL,
+    window_start INTEGER NOT NULL,
+    used INTEGER NOT NULL,
+    PRIMARY KEY (counter, window_secs)
+);
+"""
+"""Version 2: the rate-limit counters, one row per counter and window length, holding
+the count of its latest window (`StoreBackend.charge`)."""
+
+_UPGRADES = (_SCHEMA, _COUNTERS)
+"""What takes a file from version n to version n + 1 (from 0: a new file)."""
 
 
 LIVE = "(expires_at IS NULL OR expires_at > :now)"
@@ -153,10 +169,9 @@ def connect(path: Path) -> sqlite3.Connection:
                     f"the store {path} was written by a newer mlxcel (schema {version}; "
                     f"this release reads {SCHEMA_VERSION})"
                 )
-            if version == 0:
-                db.executescript(
-                    f"BEGIN; {_SCHEMA} PRAGMA user_version = {SCHEMA_VERSION}; COMMIT;"
-                )
+            if version < SCHEMA_VERSION:
+                steps = " ".join(_UPGRADES[version:])
+                db.executescript(f"BEGIN; {steps} PRAGMA user_version = {SCHEMA_VERSION}; COMMIT;")
         return db
     except sqlite3.DatabaseError as exc:
         raise ConfigError(f"the store {path} cannot be opened: {exc}") from exc

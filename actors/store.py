@@ -28,7 +28,7 @@ from mlxcel.actors.messages import (
     Table,
 )
 from mlxcel.actors.replica import Membership, SharedStore, new_epoch
-from mlxcel.actors.store_backend import Chain, JobOwner, StoreBackend
+from mlxcel.actors.store_backend import Chain, Charge, JobOwner, StoreBackend
 from mlxcel.actors.store_memory import MemoryBackend
 from mlxcel.errors import ConfigError, NotFound, StoreUnavailable
 from mlxcel.items import Conversation, Item, ResponseRecord, is_minted_conversation_id
@@ -144,6 +144,11 @@ class StoreHandle:
 
     async def statistics(self) -> StoreStatistics:
         return await self._backend.statistics()
+
+    async def charge(self, counter: str, amount: int, limit: int, window_secs: int) -> Charge:
+        """Count against a rate limit, on every replica sharing the store (see
+        `StoreBackend.charge`)."""
+        return await self._backend.charge(counter, amount, limit, window_secs)
 
     # --- background jobs: this process is their owner --------------------------------
 

@@ -15,6 +15,7 @@ for every backend.
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from dataclasses import dataclass
 from typing import Protocol
@@ -62,6 +63,17 @@ class Chain:
 
     records: tuple[ResponseRecord, ...]
     missing: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Charge:
+    """What `charge` did to a counter: whether it `allowed` the amount (and added it),
+    the counter's total in its window after the call, and the seconds until that
+    window ends (the counter starts again from 0 then)."""
+
+    allowed: bool
+    used: int
+    resets_in: float
 
 
 class StoreBackend(Protocol):
@@ -147,6 +159,15 @@ class StoreBackend(Protocol):
         used, in the order of `keys`."""
         ...
 
+    async def charge(self, counter: str, amount: int, limit: int, window_secs: int) -> Charge:
+        """Count `amount` against `counter` in the current fixed window of `window_secs`
+        (windows begin at multiples of it in Unix time, so a day's begins at midnight
+        UTC), in one step: when `limit` is 0, or fewer than `limit` were counted in this
+        window, add `amount` and allow; else refuse and add nothing. So `amount` 1 with a
+        limit admits at most `limit` calls a window, whatever the concurrency; `amount` 0
+        asks whether the limit is reached; `limit` 0 adds what was spent regardless."""
+        ...
+
     async def maintain(self) -> None:
         """Wait until housekeeping is due, then do it, beside the other operations
         (SQLite: copy its write-ahead log into the file once enough was written); the
@@ -184,6 +205,13 @@ def changed_conversation(
             return dataclasses.replace(current, items=kept)
         case SetMetadata(metadata):
             return dataclasses.replace(current, metadata=dict(metadata))
+
+
+def window(now: float, window_secs: int) -> tuple[int, float]:
+    """The fixed window of `window_secs` holding the Unix time `now`: its start and the
+    seconds left until it ends."""
+    start = math.floor(now / window_secs) * window_secs
+    return start, start + window_secs - now
 
 
 def final_table(record: ResponseRecord) -> Table:

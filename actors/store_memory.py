@@ -3,12 +3,15 @@
 Each bounded table is cachetools' TTL + LRU + size-budget cache with an entry cap on top;
 unfinished jobs sit in a pinned table no budget evicts. No operation awaits anything
 before it is done, so each is atomic under Trio; the clock is injected (Trio's by
-default, so tests run on the fake clock).
+default, so tests run on the fake clock). Rate-limit windows are counted on the same
+clock, shifted to Unix time by the offset read when the backend is made, so a day's
+window still begins at midnight UTC.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -29,11 +32,13 @@ from mlxcel.actors.messages import (
 from mlxcel.actors.store_backend import (
     MAX_CHAIN_HOPS,
     Chain,
+    Charge,
     JobOwner,
     changed_conversation,
     final_table,
     reaped,
     too_large,
+    window,
 )
 from mlxcel.actors.store_codec import encoded_size
 from mlxcel.items import Conversation, Item, ResponseRecord
@@ -159,8 +164,15 @@ class MemoryBackend:
         *,
         echo_bytes: int = 0,
         clock: Callable[[], float] = trio.current_time,
+        unix_offset: float | None = None,
     ) -> None:
+        """`unix_offset` is what `clock` lacks of Unix time (read now when not given)."""
         self._echo_bytes = echo_bytes
+        self._clock = clock
+        self._unix_offset = time.time() - clock() if unix_offset is None else unix_offset
+        self._counters: dict[tuple[str, int], tuple[int, int]] = {}
+        """(counter, window length) → (its latest window's start, the count in it); one
+        entry per counter, so they are as many as the tenants times the kinds of limit."""
         self._traces: LRUCache[str, str] = LRUCache(
             maxsize=max(echo_bytes, 1), getsizeof=lambda text: len(text.encode())
         )
@@ -292,6 +304,17 @@ class MemoryBackend:
         found = {k: self._traces[k] for k in keys if k in self._traces}
         await trio.lowlevel.cancel_shielded_checkpoint()
         return found
+
+    async def charge(self, counter: str, amount: int, limit: int, window_secs: int) -> Charge:
+        start, resets_in = window(self._clock() + self._unix_offset, window_secs)
+        held = self._counters.get((counter, window_secs))
+        used = held[1] if held is not None and held[0] == start else 0
+        allowed = limit == 0 or used < limit
+        if allowed and amount > 0:
+            used += amount
+            self._counters[(counter, window_secs)] = (start, used)
+        await trio.lowlevel.cancel_shielded_checkpoint()
+        return Charge(allowed, used, resets_in)
 
     async def maintain(self) -> None:
         await trio.sleep_forever()  # nothing is ever due: expiry happens as tables are used

@@ -43,11 +43,13 @@ from mlxcel.actors.messages import (
 from mlxcel.actors.store_backend import (
     MAX_CHAIN_HOPS,
     Chain,
+    Charge,
     JobOwner,
     changed_conversation,
     final_table,
     reaped,
     too_large,
+    window,
 )
 from mlxcel.actors.store_codec import CodecError, decode, encode
 from mlxcel.errors import ConfigError, StoreUnavailable
@@ -58,6 +60,9 @@ log = logging.getLogger(__name__)
 CONNECT_TIMEOUT_SECS = 2.0
 COMMAND_TIMEOUT_SECS = 5.0
 """A command that gets no answer this long (Redis paused or cut off) answers 503."""
+COUNTER_SLACK_SECS = 60
+"""A rate-limit window's key outlives its window this long, for replicas whose clocks
+differ a little (a later window is another key, so it is never counted twice)."""
 MAX_CONFLICTS = 1000
 """Compare-and-set retries of one conversation change before it answers 503: far above
 what any number of concurrent writers to one transcript causes."""
@@ -107,7 +112,7 @@ class RedisBackend:
     ) -> RedisBackend:
         """Connect and check the server; ConfigError when it cannot be reached or evicts
         keys on its own: any `maxmemory-policy` but `noeviction` (`allkeys-*` would drop
-        job records, `volatile-*` the replicas' leases, the only keys with an expiry)."""
+        job records, `volatile-*` the keys with an expiry: replica leases, rate-limit windows)."""
         client = coredis.Redis.from_url(
             url,
             connect_timeout=CONNECT_TIMEOUT_SECS,
@@ -244,6 +249,13 @@ class RedisBackend:
             return {}
         flat = await self._run(lua.RECALL, *keys)
         return {flat[n].decode(): flat[n + 1].decode() for n in range(0, len(flat), 2)}
+
+    async def charge(self, counter: str, amount: int, limit: int, window_secs: int) -> Charge:
+        start, resets_in = window(self._clock(), window_secs)
+        key = f"rate:{window_secs}:{start}:{counter}"
+        life_ms = str(round((resets_in + COUNTER_SLACK_SECS) * 1000))
+        allowed, used = await self._run(lua.CHARGE, key, str(amount), str(limit), life_ms)
+        return Charge(bool(allowed), int(used), resets_in)
 
     async def maintain(self) -> None:
         await trio.sleep_forever()  # expired entries go as their tables are written

@@ -47,11 +47,13 @@ from mlxcel.actors.sqlite_rows import Rows, Traces
 from mlxcel.actors.store_backend import (
     MAX_CHAIN_HOPS,
     Chain,
+    Charge,
     JobOwner,
     changed_conversation,
     final_table,
     reaped,
     too_large,
+    window,
 )
 from mlxcel.actors.store_codec import CodecError, decode, encode
 from mlxcel.errors import StoreUnavailable
@@ -165,6 +167,9 @@ class SqliteBackend:
 
     async def recall(self, keys: tuple[str, ...]) -> dict[str, str]:
         return await self._call(self._traces.recall, keys)
+
+    async def charge(self, counter: str, amount: int, limit: int, window_secs: int) -> Charge:
+        return await self._call(self._charge, counter, amount, limit, window_secs)
 
     async def maintain(self) -> None:
         await self._checkpointer.run_when_due()
@@ -345,6 +350,26 @@ class SqliteBackend:
         for body, cancel_requested in rows:
             self._finish(now, reaped(_response(body), bool(cancel_requested)))
         return len(rows)
+
+    def _charge(
+        self, now: float, counter: str, amount: int, limit: int, window_secs: int
+    ) -> Charge:
+        start, resets_in = window(now, window_secs)
+        row = self._db.execute(
+            "SELECT used FROM counters WHERE counter = ? AND window_secs = ? AND window_start = ?",
+            (counter, window_secs, start),
+        ).fetchone()
+        used = int(row[0]) if row is not None else 0
+        allowed = limit == 0 or used < limit
+        if allowed and amount > 0:
+            used += amount
+            self._db.execute(
+                "INSERT INTO counters (counter, window_secs, window_start, used) "
+                "VALUES (?, ?, ?, ?) ON CONFLICT (counter, window_secs) DO UPDATE SET "
+                "window_start = excluded.window_start, used = excluded.used",
+                (counter, window_secs, start, used),
+            )
+        return Charge(allowed, used, resets_in)
 
     # --- pieces of one transaction ---------------------------------------------------
 

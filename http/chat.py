@@ -30,6 +30,7 @@ from mlxcel.http.chat_schemas import (
     completion_params,
 )
 from mlxcel.http.handles import Handles, handles, json_response
+from mlxcel.http.rate_limits import metered, rate_limited
 from mlxcel.http.streaming import DataStreamBody, Translate, bind_to_exchange
 from mlxcel.prepare.intake import build_request, intake_items
 from mlxcel.prepare.limits import check_item_count
@@ -41,6 +42,7 @@ chat = Blueprint("chat", __name__)
 
 
 @chat.post("/chat/completions")
+@rate_limited
 async def create_chat_completion() -> Response:
     body = await read_model(ChatCompletionBody)
     h = handles()
@@ -56,6 +58,7 @@ async def create_chat_completion() -> Response:
 
 
 @chat.post("/completions")
+@rate_limited
 async def create_completion() -> Response:
     body = await read_model(CompletionBody)
     h = handles()
@@ -76,7 +79,7 @@ async def _prepare(h: Handles, params: ResponseParams) -> GenerationRequest:
     items = await intake_items(params, (), info.context_length, h.names.alias, h.echo)
     build = functools.partial(build_request, params, h.names, info, codec, (), items)
     try:
-        return await off_loop(build)
+        return metered(await off_loop(build))
     except InvalidRequest as exc:  # named as this wire format names the field
         if exc.param is not None and exc.param.startswith("text.format"):
             exc.param = "response_format" + exc.param.removeprefix("text.format")

@@ -12,6 +12,7 @@ from mlxcel.http.body import read_model
 from mlxcel.http.handles import handles, json_response
 from mlxcel.http.item_schemas import to_entries
 from mlxcel.http.objects import item_json, usage_json
+from mlxcel.http.rate_limits import metered_generate, rate_limited
 from mlxcel.http.schemas import CompactBody
 from mlxcel.items import Item, new_id
 from mlxcel.prepare.compaction import Compactor, check_reduction, rendered_tokens
@@ -23,6 +24,7 @@ compact = Blueprint("compact", __name__)
 
 
 @compact.post("/responses/compact")
+@rate_limited
 async def compact_history() -> Response:
     body = await read_model(CompactBody)
     h = handles()
@@ -42,7 +44,8 @@ async def compact_history() -> Response:
             f"The history is {before} tokens, longer than the {info.context_length}-token "
             "context window, so it cannot be summarised in one pass."
         )
-    compacted = await Compactor(h.scheduler.generate, codec, info, h.names.alias).compact(
+    generate = metered_generate(h.scheduler.generate)
+    compacted = await Compactor(generate, codec, info, h.names.alias).compact(
         items,
         instructions=body.instructions,
         keep_tokens=body.keep_tokens,

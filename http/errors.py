@@ -1,6 +1,7 @@
 """The one map from exceptions to HTTP status codes and OpenAI error bodies.
 
-Every error leaves the server as `{"error": {"message", "type", "param", "code"}}`.
+Every error leaves the server as `{"error": {"message", "type", "param", "code"}}`; a
+429 or 503 also says when to retry (`error_headers`).
 """
 
 from __future__ import annotations
@@ -16,15 +17,19 @@ from mlxcel.errors import (
     ConfigError,
     GenerationFailed,
     InvalidRequest,
+    LimitReached,
     MlxcelError,
     ModelNotReady,
     NotFound,
     Overloaded,
     QueueFull,
+    QuotaExceeded,
     RateLimited,
+    RequestRateLimited,
     RequestTooLarge,
     ShuttingDown,
     StoreUnavailable,
+    TokenRateLimited,
     Unauthenticated,
     UnsupportedMediaType,
 )
@@ -43,6 +48,11 @@ _STATUS: list[tuple[type[MlxcelError], int, str]] = [
     (ShuttingDown, 503, "server_error"),
     (RateLimited, 429, "rate_limit_error"),
     (Overloaded, 429, "rate_limit_error"),
+    # A key's own limits are typed as OpenAI types them.
+    (RequestRateLimited, 429, "requests"),
+    (TokenRateLimited, 429, "tokens"),
+    (QuotaExceeded, 429, "insufficient_quota"),
+    (LimitReached, 429, "rate_limit_error"),
     (ModelNotReady, 503, "server_error"),
     (StoreUnavailable, 503, "server_error"),
     (GenerationFailed, 500, "server_error"),
@@ -80,6 +90,16 @@ def map_error(exc: BaseException) -> tuple[int, dict[str, Any]]:
         return status, error_body(exc.description or exc.name, type_, code=code)
     log.error("unhandled error", exc_info=exc)
     return 500, error_body("The server had an error while processing your request.", "server_error")
+
+
+def error_headers(exc: BaseException, status: int) -> dict[str, str]:
+    """The headers an error's answer carries besides its body: when to retry a 429 or
+    503 (a spent key limit: when its window ends; anything else: in a second)."""
+    if isinstance(exc, LimitReached):
+        return {"Retry-After": str(exc.retry_after_secs)}
+    if status in (429, 503):
+        return {"Retry-After": "1"}
+    return {}
 
 
 def validation_body(exc: ValidationError) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from quart import Quart, Response, current_app
 
 from mlxcel.actors.echo import EchoHandle
 from mlxcel.actors.jobs import JobsHandle
+from mlxcel.actors.quotas import Limiter
 from mlxcel.actors.scheduler import SchedulerHandle
 from mlxcel.actors.store import StoreHandle
 from mlxcel.generation import ModelView
@@ -49,6 +50,8 @@ class Handles:
     metrics: Metrics = dataclasses.field(default_factory=Metrics)
     metrics_public: bool = False
     """`/metrics` answers without an API key."""
+    limiter: Limiter | None = None
+    """The API keys' rate limits and quotas; None when no limit can apply."""
 
 
 def install(app: Quart, handles: Handles) -> None:

@@ -84,7 +84,7 @@ OPERATIONS: dict[str, Operation] = {
         "The `chat.completion` object, or with `stream: true` its `chat.completion.chunk`s "
         "ending with `data: [DONE]`.",
         body=ChatCompletionBody,
-        refusals=("404", "503"),
+        refusals=("404", "429", "503"),
         streams=True,
     ),
     "create_completion": Operation(
@@ -93,7 +93,7 @@ OPERATIONS: dict[str, Operation] = {
         "The `text_completion` object, or with `stream: true` its chunks ending with "
         "`data: [DONE]`.",
         body=CompletionBody,
-        refusals=("404", "503"),
+        refusals=("404", "429", "503"),
         streams=True,
     ),
     "count_input_tokens": Operation(
@@ -109,7 +109,7 @@ OPERATIONS: dict[str, Operation] = {
         "A `response.compaction` object: the kept items, the preserved turns and one "
         "`compaction` item.",
         body=CompactBody,
-        refusals=("404", "503"),
+        refusals=("404", "429", "503"),
     ),
     "retrieve_response": Operation("Retrieve a stored response", "responses", "The response."),
     "delete_response": Operation(
@@ -223,14 +223,17 @@ _ERRORS = {
     "408": "The request body did not arrive within the body deadline.",
     "413": "The request body is too large.",
     "415": "The request body is not JSON.",
-    "429": "Too many background jobs; retry later.",
+    "429": "Too many background jobs, or the API key spent a rate limit or its daily token "
+    "quota (`--rate-limit-rpm`, `--rate-limit-tpm`, `--daily-token-quota`); retry after "
+    "`Retry-After`.",
     "503": "Not now: the model is loading, every slot and queue place is taken, or the "
     "server is shutting down.",
 }
 _RETRY_AFTER = {
     "Retry-After": {
         "schema": {"type": "integer"},
-        "description": "Seconds to wait before retrying, when that is likely to help.",
+        "description": "Seconds to wait before retrying, when that is likely to help (for a "
+        "spent rate limit or quota: until its window ends).",
     }
 }
 

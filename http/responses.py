@@ -16,6 +16,7 @@ from mlxcel.http.body import read_model
 from mlxcel.http.handles import Handles, handles, json_response
 from mlxcel.http.objects import response_json
 from mlxcel.http.params import response_params
+from mlxcel.http.rate_limits import metered, rate_limited
 from mlxcel.http.schemas import CreateResponseBody, InputTokensBody
 from mlxcel.http.streaming import EventStreamBody, bind_to_exchange
 from mlxcel.prepare.context_management import build_managed
@@ -35,6 +36,7 @@ responses = Blueprint("responses", __name__)
 
 
 @responses.post("/responses")
+@rate_limited
 async def create_response() -> Response:
     body = await read_model(CreateResponseBody)
     h = handles()
@@ -52,6 +54,7 @@ async def create_response() -> Response:
     else:
         build = functools.partial(build_request, params, h.names, info, codec, history, items)
         generation = await off_loop(build)
+    generation = metered(generation)
     if params.background:
         return json_response(response_json(await h.jobs.submit(generation)))
     if not body.stream:

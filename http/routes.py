@@ -18,11 +18,12 @@ from mlxcel.http.chat import chat
 from mlxcel.http.compact import compact
 from mlxcel.http.conversation_items import conversation_items
 from mlxcel.http.conversations import conversations
-from mlxcel.http.errors import map_error
+from mlxcel.http.errors import error_headers, map_error
 from mlxcel.http.exchange import ROUTE_KEY, App
 from mlxcel.http.guards import check_api_key, check_json_body, check_not_stopping
 from mlxcel.http.handles import Handles, handles, install, json_response
 from mlxcel.http.prometheus import prometheus
+from mlxcel.http.rate_limits import add_rate_limit_headers
 from mlxcel.http.responses import responses
 from mlxcel.http.service import health_routes, service
 from mlxcel.http.stored import stored
@@ -53,6 +54,7 @@ def create_app(handles_: Handles, *, body_timeout_secs: float) -> QuartTrio:
     app.register_error_handler(Exception, _answer_error)
     app.before_request(_name_route)  # first: a request the guards refuse is counted too
     app.before_request(_guard)
+    app.after_request(add_rate_limit_headers)  # refusals too: errors pass through it
     app.register_blueprint(health_routes)
     for blueprint in API:
         app.register_blueprint(blueprint)
@@ -63,8 +65,7 @@ def create_app(handles_: Handles, *, body_timeout_secs: float) -> QuartTrio:
 async def _answer_error(exc: Exception) -> Response:
     status, body = map_error(exc)
     response = json_response(body, status)
-    if status in (429, 503):
-        response.headers["Retry-After"] = "1"
+    response.headers.update(error_headers(exc, status))
     return response
 
 

@@ -241,3 +241,18 @@ def test_metrics_public_from_flag_or_environment() -> None:
     assert settings([], {"MLXCEL_METRICS_PUBLIC": "false"}).metrics_public is False
     with pytest.raises(ConfigError, match="MLXCEL_METRICS_PUBLIC"):
         settings([], {"MLXCEL_METRICS_PUBLIC": "maybe"})
+
+
+def test_rate_limits_from_flags_or_environment() -> None:
+    off = settings([])
+    assert (off.rate_limit_rpm, off.rate_limit_tpm, off.daily_token_quota) == (0, 0, 0)
+    given = settings(["--rate-limit-rpm", "60", "--rate-limit-tpm", "9000"])
+    assert (given.rate_limit_rpm, given.rate_limit_tpm) == (60, 9000)
+    env = {"MLXCEL_RATE_LIMIT_RPM": "5", "MLXCEL_DAILY_TOKEN_QUOTA": "100000"}
+    from_env = settings([], env)
+    assert (from_env.rate_limit_rpm, from_env.daily_token_quota) == (5, 100_000)
+    assert settings(["--rate-limit-rpm", "7"], env).rate_limit_rpm == 7  # the flag wins
+    with pytest.raises(ConfigError, match="--rate-limit-tpm"):
+        settings(["--rate-limit-tpm", "-1"])
+    with pytest.raises(ConfigError, match="MLXCEL_DAILY_TOKEN_QUOTA"):
+        settings([], {"MLXCEL_DAILY_TOKEN_QUOTA": "lots"})

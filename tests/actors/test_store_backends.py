@@ -188,6 +188,8 @@ class BackendsMachine(RuleBasedStateMachine):
         self.closed = trio.Event()
         self.holders: dict[str, JobOwner] = {}
         """Who holds each unfinished job, as both backends say."""
+        self.counted: dict[tuple[str, int], tuple[float, int]] = {}
+        """Each rate-limit counter's window start and count, as the backends should have them."""
         self.frozen = mock.patch.object(store_backend, "time", SimpleNamespace(time=self.clock))
         self.frozen.start()
 
@@ -245,7 +247,7 @@ class BackendsMachine(RuleBasedStateMachine):
             Table.EPHEMERAL: ephemeral_limits,
         }
         memory = MemoryBackend(
-            response_limits, conversation_limits, ephemeral_limits, clock=self.clock
+            response_limits, conversation_limits, ephemeral_limits, clock=self.clock, unix_offset=0
         )
         sqlite = trio.from_thread.run(
             lambda: SqliteBackend.open(
@@ -344,6 +346,26 @@ class BackendsMachine(RuleBasedStateMachine):
         for table in Table:
             counted = getattr(statistics, table.value)
             assert (counted.entries, counted.bytes) == in_file.get(table, (0, 0))
+
+    @rule(
+        counter=st.sampled_from(["requests:a", "requests:b", "tokens:a"]),
+        amount=st.sampled_from([0, 1, 1, 7]),
+        limit=st.sampled_from([0, 1, 3, 10]),
+        window_secs=st.sampled_from([1, 4, 60]),
+    )
+    def charge(self, counter: str, amount: int, limit: int, window_secs: int) -> None:
+        charged = self.both(lambda b: b.charge(counter, amount, limit, window_secs))
+        start = (self.now // window_secs) * window_secs
+        held_start, used = self.counted.get((counter, window_secs), (start, 0))
+        used = used if held_start == start else 0
+        assert charged.allowed == (limit == 0 or used < limit)
+        if charged.allowed:
+            used += amount
+            self.counted[(counter, window_secs)] = (start, used)
+        assert charged.used == used
+        assert charged.resets_in == start + window_secs - self.now
+        assert 0 < charged.resets_in <= window_secs
+        event(f"charge: allowed={charged.allowed}, amount={amount}")
 
     @rule(seconds=st.sampled_from([0.5, 1.0, 2.0, 3.0, 5.0]))
     def advance_clock(self, seconds: float) -> None:

@@ -73,7 +73,7 @@ async def opened(
 
 
 async def test_a_server_that_evicts_keys_on_its_own_is_refused(own_redis: RedisServer) -> None:
-    # allkeys-* would drop job records; volatile-* the leases, the only keys with an expiry.
+    # allkeys-* would drop job records; volatile-* the keys with an expiry (leases, windows).
     for policy in ("allkeys-lru", "volatile-lru", "volatile-ttl"):
         own_redis.call("CONFIG", "SET", "maxmemory-policy", policy)
         with pytest.raises(ConfigError, match=policy):

@@ -22,14 +22,16 @@ from mlxcel.errors import (
     NotFound,
     Overloaded,
     QueueFull,
+    QuotaExceeded,
     RateLimited,
+    RequestRateLimited,
     RequestTooLarge,
     ShuttingDown,
     Unauthenticated,
     UnsupportedFeature,
     UnsupportedMediaType,
 )
-from mlxcel.http.errors import map_error, validation_body
+from mlxcel.http.errors import error_headers, map_error, validation_body
 from mlxcel.http.schemas import CreateResponseBody
 
 GENERIC = "The server had an error while processing your request."
@@ -244,3 +246,19 @@ def test_of_a_unions_errors_the_deepest_is_reported() -> None:
     error = validation_body(exc)["error"]
     assert error["param"] == "input[0].content[0].text"
     assert "valid string" in error["message"]
+
+
+def test_a_spent_key_limit_says_when_its_window_ends() -> None:
+    spent = QuotaExceeded("spent", retry_after_secs=3600)
+    assert map_error(spent) == (
+        429,
+        body("spent", "insufficient_quota", code="insufficient_user_quota"),
+    )
+    assert error_headers(spent, 429) == {"Retry-After": "3600"}
+    limited = RequestRateLimited("slow down", retry_after_secs=17)
+    assert map_error(limited) == (429, body("slow down", "requests", code="rate_limit_exceeded"))
+    assert error_headers(limited, 429) == {"Retry-After": "17"}
+    # Every other 429 or 503 is worth a retry in a second; nothing else says when.
+    assert error_headers(QueueFull("full"), 503) == {"Retry-After": "1"}
+    assert error_headers(RateLimited("jobs"), 429) == {"Retry-After": "1"}
+    assert error_headers(InvalidRequest("bad"), 400) == {}
