@@ -15,7 +15,6 @@ itself, so the server recovers without a restart.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import random
 import time
@@ -40,6 +39,16 @@ from mlxcel.actors.messages import (
     Table,
     TableStatistics,
 )
+from mlxcel.actors.redis_values import (
+    decode_response,
+    decode_stored,
+    item_places,
+    limits_args,
+    link,
+    owner_arg,
+    parse_owner,
+    unavailable,
+)
 from mlxcel.actors.store_backend import (
     MAX_CHAIN_HOPS,
     Chain,
@@ -51,8 +60,8 @@ from mlxcel.actors.store_backend import (
     too_large,
     window,
 )
-from mlxcel.actors.store_codec import CodecError, decode, encode
-from mlxcel.errors import ConfigError, StoreUnavailable
+from mlxcel.actors.store_codec import CodecError, encode
+from mlxcel.errors import ConfigError
 from mlxcel.items import Conversation, Item, ResponseRecord
 
 log = logging.getLogger(__name__)
@@ -156,19 +165,19 @@ class RedisBackend:
             table.value,
             value.id,
             body,
-            *_limits_args(limits),
-            _link(value),
-            _items(table, value),
+            *limits_args(limits),
+            link(value),
+            item_places(table, value),
         )
         return True
 
     async def get(self, tables: tuple[Table, ...], key: str) -> Stored | None:
         found = await self._run(lua.GET, key, *(t.value for t in tables))
-        return None if found is None else _decode(found[1])
+        return None if found is None else decode_stored(found[1])
 
     async def get_chain(self, response_id: str) -> Chain:
         missing, *bodies = await self._run(lua.CHAIN, response_id, str(MAX_CHAIN_HOPS))
-        records = tuple(_response(body) for body in bodies)
+        records = tuple(decode_response(body) for body in bodies)
         return Chain(records, missing.decode() or None)
 
     async def find_items(self, ids: frozenset[str]) -> dict[str, Item]:
@@ -178,7 +187,7 @@ class RedisBackend:
         found: dict[str, Item] = {}
         for n in range(0, len(flat), 3):
             item_id, body, place = flat[n].decode(), flat[n + 1], int(flat[n + 2])
-            item = item_at(_response(body), place)
+            item = item_at(decode_response(body), place)
             if item is not None and item.id == item_id:
                 found[item_id] = item
         return found
@@ -192,7 +201,7 @@ class RedisBackend:
         table, limits = Table.CONVERSATIONS.value, self._limits[Table.CONVERSATIONS]
         for _ in range(MAX_CONFLICTS):
             found = await self._run(lua.GET_VERSIONED, table, conversation_id)
-            current = _decode(found[0]) if found is not None else None
+            current = decode_stored(found[0]) if found is not None else None
             if not isinstance(current, Conversation):
                 current = None
             updated = changed_conversation(current, conversation_id, change, create)
@@ -202,11 +211,11 @@ class RedisBackend:
             if not limits.enabled or len(body) > limits.max_bytes:
                 return Refused.FULL  # what was there stays
             version = found[1].decode() if found is not None else ""
-            args = (*_limits_args(limits), "", "[]", version)
+            args = (*limits_args(limits), "", "[]", version)
             if await self._run(lua.PUT_IF_VERSION, table, conversation_id, body, *args):
                 return updated
             await trio.sleep(random.uniform(0, 0.002))  # another writer won: read again
-        raise _unavailable("a conversation kept changing under this write")
+        raise unavailable("a conversation kept changing under this write")
 
     async def statistics(self) -> StoreStatistics:
         flat = await self._run(lua.STATISTICS)
@@ -214,28 +223,28 @@ class RedisBackend:
         return StoreStatistics(*of)
 
     async def register_job(self, record: ResponseRecord, owner: JobOwner) -> None:
-        await self._run(lua.REGISTER_JOB, record.id, encode(record), _link(record), _owner(owner))
+        await self._run(lua.REGISTER_JOB, record.id, encode(record), link(record), owner_arg(owner))
 
     async def update_job(self, record: ResponseRecord, owner: JobOwner) -> bool:
-        return bool(await self._run(lua.UPDATE_JOB, record.id, encode(record), _owner(owner)))
+        return bool(await self._run(lua.UPDATE_JOB, record.id, encode(record), owner_arg(owner)))
 
     async def finish_job(self, final: ResponseRecord, owner: JobOwner) -> ResponseRecord | None:
         kept, spec = self._final_spec(final)
-        if await self._run(lua.FINISH_JOB, final.id, _owner(owner), *spec):
+        if await self._run(lua.FINISH_JOB, final.id, owner_arg(owner), *spec):
             return kept
         return None
 
     async def request_cancel(self, response_id: str) -> JobOwner | None:
         owner = await self._run(lua.REQUEST_CANCEL, response_id)
-        return None if owner is None else _parse_owner(owner)
+        return None if owner is None else parse_owner(owner)
 
     async def reap(self, owner: JobOwner) -> int:
         """End the unfinished jobs of every owner but `owner` whose lease is gone (a
         replica holding its lease is alive: its jobs are its own)."""
-        flat = await self._run(lua.DEAD_JOBS, _owner(owner))
+        flat = await self._run(lua.DEAD_JOBS, owner_arg(owner))
         ended = 0
         for n in range(0, len(flat), 3):
-            job_id, dead, record = flat[n].decode(), flat[n + 1], _response(flat[n + 2])
+            job_id, dead, record = flat[n].decode(), flat[n + 1], decode_response(flat[n + 2])
             _, failed = self._final_spec(reaped(record, cancel_requested=False))
             _, cancelled = self._final_spec(reaped(record, cancel_requested=True))
             ended += await self._run(lua.REAP_JOB, job_id, dead, *failed, *cancelled)
@@ -283,7 +292,7 @@ class RedisBackend:
 
     async def cancels_for(self, owner: JobOwner) -> tuple[str, ...]:
         """The ids of `owner`'s unfinished jobs that were asked to cancel."""
-        return tuple(i.decode() for i in await self._run(lua.CANCELS_FOR, _owner(owner)))
+        return tuple(i.decode() for i in await self._run(lua.CANCELS_FOR, owner_arg(owner)))
 
     @contextlib.asynccontextmanager
     async def cancel_requests(self, replica: str) -> AsyncIterator[AsyncIterator[str]]:
@@ -312,7 +321,7 @@ class RedisBackend:
             failures, rest = _split_failures(exc)
             if rest is None:
                 log.error("the Redis store failed: %s", str(failures))
-                raise _unavailable(str(failures)) from exc
+                raise unavailable(str(failures)) from exc
             if failures is None:
                 raise
             raise rest from None
@@ -329,9 +338,9 @@ class RedisBackend:
             final = too_large(final)
             body = encode(final)
         fits = limits.enabled and len(body) <= limits.max_bytes
-        entries, budget, ttl = _limits_args(limits)
+        entries, budget, ttl = limits_args(limits)
         spec: list[str | bytes] = [table.value, entries, budget, ttl, "1" if fits else "0", body]
-        return final, [*spec, _link(final), _items(table, final)]
+        return final, [*spec, link(final), item_places(table, final)]
 
     async def _run(self, source: str, *args: str | bytes) -> Any:
         """Run one script; StoreUnavailable when Redis cannot be reached or fails."""
@@ -345,7 +354,7 @@ class RedisBackend:
             return await script(keys=[], args=[self.base, now, *args])
         except _FAILURES as exc:
             log.error("the Redis store failed: %s", str(exc))
-            raise _unavailable(str(exc)) from exc
+            raise unavailable(str(exc)) from exc
 
 
 async def _eviction_policy(client: coredis.Redis[bytes]) -> str:
@@ -375,59 +384,3 @@ def _split_failures(exc: BaseException) -> tuple[BaseException | None, BaseExcep
     if isinstance(exc, BaseExceptionGroup):
         return exc.split(_FAILURES)
     return (exc, None) if isinstance(exc, _FAILURES) else (None, exc)
-
-
-def _unavailable(reason: str) -> StoreUnavailable:
-    del reason  # logged where it happened; the client gets the same answer whatever it was
-    return StoreUnavailable(
-        "The response store could not be read or written; retry later.",
-        code="store_unavailable",
-    )
-
-
-def _limits_args(limits: StoreLimits) -> tuple[str, str, str]:
-    return str(limits.max_entries), str(limits.max_bytes), repr(float(limits.ttl_secs))
-
-
-def _link(value: Stored) -> str:
-    if isinstance(value, ResponseRecord):
-        return value.echo.previous_response_id or ""
-    return ""
-
-
-def _items(table: Table, value: Stored) -> str:
-    """The item ids of a stored response and their places, for `find_items`."""
-    if table is not Table.RESPONSES or not isinstance(value, ResponseRecord):
-        return "[]"
-    places = [
-        [item.id, place]
-        for place, item in enumerate((*value.input_items, *value.output))
-        if item.id is not None
-    ]
-    return json.dumps(places)
-
-
-def _owner(owner: JobOwner) -> str:
-    return f"{owner.replica}\n{owner.epoch}"
-
-
-def _parse_owner(raw: bytes) -> JobOwner:
-    replica, _, epoch = raw.decode().partition("\n")
-    return JobOwner(replica, epoch)
-
-
-def _decode(body: bytes) -> Stored:
-    """A stored value read back; StoreUnavailable when it cannot be (a damaged entry)."""
-    try:
-        return decode(body)
-    except CodecError as exc:
-        log.error("the Redis store holds an unreadable entry: %s", exc)
-        raise _unavailable(str(exc)) from exc
-
-
-def _response(body: bytes) -> ResponseRecord:
-    record = _decode(body)
-    if not isinstance(record, ResponseRecord):
-        log.error("the Redis store holds a %s where a response was", type(record).__name__)
-        raise _unavailable("not a response")
-    return record
