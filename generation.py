@@ -44,6 +44,9 @@ class SequenceSpec:
     seq_id: int
     prompt: tuple[int, ...]
     sampling: Sampling
+    tenant: str = ""
+    """Whose it is: only that tenant's prompt-cache entries may serve it (no tenant can
+    learn from `cached_tokens` what another sent)."""
 
 
 @dataclass(frozen=True, slots=True)

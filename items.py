@@ -284,6 +284,9 @@ class ResponseRecord:
     error: ResponseError | None = None
     completed_at: int | None = None
     input_items: tuple[Item, ...] = ()
+    tenant: str = ""
+    """Who created it (the name of the API key it came with; "" with no keys): no other
+    tenant can read, continue, cancel or delete it."""
 
     @property
     def output_text(self) -> str:
@@ -320,9 +323,22 @@ def new_conversation_id() -> str:
     return f"conv_{body}{_check(body)}"
 
 
+def conversation_key(tenant: str, conversation_id: str) -> str:
+    """Where a tenant's conversation is stored: under the tenant's name when the server
+    has tenants, so each tenant's ids (free-form ones such as "default" too) are its own;
+    the id itself with one tenant. Ids never hold a "/", so the key names one pair."""
+    return f"{tenant}/{conversation_id}" if tenant else conversation_id
+
+
+def conversation_shown_id(key: str) -> str:
+    """The id a client uses for the conversation stored under `key`."""
+    return key.rpartition("/")[2]
+
+
 def is_minted_conversation_id(conversation_id: str) -> bool:
-    """Whether the id has the shape `new_conversation_id` gives (free-form ids never do,
-    short of a one-in-four-billion accident)."""
+    """Whether the id (or the store key made of it) has the shape `new_conversation_id`
+    gives (free-form ids never do, short of a one-in-four-billion accident)."""
+    conversation_id = conversation_shown_id(conversation_id)
     rest = conversation_id.removeprefix("conv_")
     if len(conversation_id) != 53 or len(rest) != 48 or rest.strip("0123456789abcdef"):
         return False

@@ -3,7 +3,8 @@
 Clients that resend the whole history usually drop the reasoning items of earlier turns.
 The server remembers the reasoning it returned with each ordinary response, keyed by
 everything that decides how that turn renders (model, template arguments and tools, the
-client's session, every earlier item as sent, and the trimmed assistant text), so when
+client's session, every earlier item as sent, and the trimmed assistant text) and by the
+tenant that asked (so no tenant is ever given another's trace), so when
 the same turn comes back without its reasoning it renders exactly as it was generated.
 Bounded by bytes, least recently used first; 0 bytes disables it. The traces are kept by
 the store's backend: in memory, or in the SQLite file, where they survive a restart.
@@ -33,8 +34,9 @@ class TurnHasher:
     `prefix()` equals `turn_prefix(..., items so far)`: a compaction restarts the digest
     from the system and developer messages before it, as `replay` does."""
 
-    def __init__(self, model: str, signature: Any, session: str) -> None:
-        header = json.dumps([model, signature, session], sort_keys=True, default=str).encode()
+    def __init__(self, model: str, signature: Any, session: str, tenant: str = "") -> None:
+        fields = [model, signature, session, tenant] if tenant else [model, signature, session]
+        header = json.dumps(fields, sort_keys=True, default=str).encode()
         self._all = hashlib.sha256(header)
         self._kept = self._all.copy()  # what a later compaction keeps
 
@@ -64,9 +66,12 @@ def _hash_item(digest: Any, item: Item) -> None:
             pass  # what the client may drop must not change the key
 
 
-def turn_prefix(model: str, signature: Any, session: str, earlier: Sequence[Item]) -> str:
-    """The part of a key fixed before the assistant turn: all but its own text."""
-    hasher = TurnHasher(model, signature, session)
+def turn_prefix(
+    model: str, signature: Any, session: str, earlier: Sequence[Item], tenant: str = ""
+) -> str:
+    """The part of a key fixed before the assistant turn: all but its own text. One
+    tenant's keys never equal another's ("" — one tenant — keeps the keys of before)."""
+    hasher = TurnHasher(model, signature, session, tenant)
     for item in earlier:
         hasher.add(item)
     return hasher.prefix()

@@ -65,10 +65,11 @@ class JobsHandle:
             case JobRefused(error):
                 raise error
 
-    async def cancel(self, response_id: str) -> ResponseRecord | None:
-        """Cancel an active job; its final record once stored, or None if not active."""
+    async def cancel(self, response_id: str, *, tenant: str = "") -> ResponseRecord | None:
+        """Cancel an active job of `tenant`; its final record once stored, or None if no
+        such job is active (another tenant's is left running)."""
         send, recv = trio.open_memory_channel[ResponseRecord | None](1)
-        await self._inbox.send(CancelJob(response_id, send))
+        await self._inbox.send(CancelJob(response_id, send, tenant))
         return await recv.receive()
 
     async def end_all(self) -> None:
@@ -140,8 +141,8 @@ class JobSupervisor:
                     match command:
                         case SubmitJob(request, reply):
                             reply.send_nowait(await self._admit(request, nursery))
-                        case CancelJob(response_id, reply):
-                            self._cancel(response_id, reply)
+                        case CancelJob(response_id, reply, tenant):
+                            self._cancel(response_id, reply, tenant)
                         case EndJobs(reply):
                             self._drained.append(reply)
                             for job in self._jobs.values():
@@ -185,10 +186,15 @@ class JobSupervisor:
         return JobAdmitted(queued)
 
     def _cancel(
-        self, response_id: str, reply: trio.MemorySendChannel[ResponseRecord | None] | None
+        self,
+        response_id: str,
+        reply: trio.MemorySendChannel[ResponseRecord | None] | None,
+        tenant: str | None = None,
     ) -> None:
+        """Cancel the job (only if it is `tenant`'s, unless None: a cancel asked through
+        the shared store, where the asking replica checked the tenant)."""
         job = self._jobs.get(response_id)
-        if job is None:
+        if job is None or (tenant is not None and job.request.record.tenant != tenant):
             if reply is not None:
                 answer(reply, None)
             return

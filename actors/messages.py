@@ -49,11 +49,12 @@ class SlotIdle:
 
 @dataclass(frozen=True, slots=True)
 class CancelResponse:
-    """Stop a queued or running response; the reply is its final (cancelled) record,
-    or None when the scheduler does not hold it."""
+    """Stop a queued or running response of `tenant`; the reply is its final (cancelled)
+    record, or None when the scheduler holds no such response of that tenant."""
 
     response_id: str
     reply: trio.MemorySendChannel[ResponseRecord | None]
+    tenant: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,10 +144,12 @@ class SubmitJob:
 
 @dataclass(frozen=True, slots=True)
 class CancelJob:
-    """Cancel an active job; the reply is its final record, or None if it is not active."""
+    """Cancel an active job of `tenant`; the reply is its final record, or None if no
+    such job of that tenant is active."""
 
     response_id: str
     reply: trio.MemorySendChannel[ResponseRecord | None]
+    tenant: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -163,9 +163,10 @@ class SchedulerHandle:
                     return event.record
         raise GenerationFailed("The response ended without a result.")
 
-    async def cancel(self, response_id: str) -> ResponseRecord | None:
-        """Cancel a queued or running response; its final record, or None if not held."""
-        return await self._ask(lambda reply: CancelResponse(response_id, reply))
+    async def cancel(self, response_id: str, *, tenant: str = "") -> ResponseRecord | None:
+        """Cancel a queued or running response of `tenant`; its final record, or None if
+        no such response is held (another tenant's runs on)."""
+        return await self._ask(lambda reply: CancelResponse(response_id, reply, tenant))
 
     async def wait_idle(self) -> None:
         """Return once no response is queued or running."""

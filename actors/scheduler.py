@@ -119,8 +119,8 @@ class Scheduler:
                     case SlotIdle(slot):
                         self._idle.append(slot)
                         self._dispatch()
-                    case CancelResponse(response_id, reply):
-                        self._cancel(response_id, reply, nursery)
+                    case CancelResponse(response_id, reply, tenant):
+                        self._cancel(response_id, reply, tenant, nursery)
                     case Withdraw(response_id):
                         self._withdraw(response_id, nursery)
                     case WaitIdle(reply):
@@ -150,6 +150,15 @@ class Scheduler:
             # The slot's inbox holds one command and the slot is idle: never blocks.
             self._idle.popleft().send_nowait(waiting.command)
 
+    def _held_for_other(self, response_id: str, tenant: str) -> bool:
+        """Whether the response is queued or running for a tenant other than `tenant`."""
+        if (running := self._running.get(response_id)) is not None:
+            return running.request.record.tenant != tenant
+        for waiting in self._line:
+            if waiting.command.request.record.id == response_id:
+                return waiting.command.request.record.tenant != tenant
+        return False
+
     def _unqueue(self, response_id: str) -> _Waiting | None:
         for waiting in self._line:
             if waiting.command.request.record.id == response_id:
@@ -168,8 +177,12 @@ class Scheduler:
         self,
         response_id: str,
         reply: trio.MemorySendChannel[ResponseRecord | None],
+        tenant: str,
         nursery: trio.Nursery,
     ) -> None:
+        if self._held_for_other(response_id, tenant):  # it runs on, as if unknown here
+            answer(reply, None)
+            return
         if (running := self._running.get(response_id)) is not None:
             if running.ended is not None:  # a cancel racing the end changes nothing
                 answer(reply, running.ended)

@@ -199,7 +199,8 @@ class ResponsePath:
         When nothing was sent for the keep-alive interval, a keep-alive says how much of
         the prompt is read."""
         quiet = _Quiet(owner or request.record.id, len(request.prompt), self._keepalive)
-        async with self._model.open_sequence(list(request.prompt), request.sampling) as tokens:
+        prompt, sampling, tenant = list(request.prompt), request.sampling, request.record.tenant
+        async with self._model.open_sequence(prompt, sampling, tenant) as tokens:
             while True:
                 with trio.move_on_at(quiet.until) as idle:
                     try:
@@ -265,7 +266,9 @@ class ResponsePath:
                 conversation = record.echo.conversation_id
                 if conversation is not None and record.status in ("completed", "incomplete"):
                     turn = record.input_items + record.output
-                    await self._store.append(conversation, turn, response_id=record.id)
+                    await self._store.append(
+                        conversation, turn, response_id=record.id, tenant=record.tenant
+                    )
                 await self._remember_reasoning(request, record)
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 log.warning("the store has stopped; response %s was not kept", record.id)

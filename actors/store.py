@@ -11,6 +11,7 @@ On a shared store the actor also keeps this replica's lease (`actors/replica.py`
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import socket
@@ -31,7 +32,13 @@ from mlxcel.actors.replica import Membership, SharedStore, new_epoch
 from mlxcel.actors.store_backend import Chain, Charge, JobOwner, StoreBackend
 from mlxcel.actors.store_memory import MemoryBackend
 from mlxcel.errors import ConfigError, NotFound, StoreUnavailable
-from mlxcel.items import Conversation, Item, ResponseRecord, is_minted_conversation_id
+from mlxcel.items import (
+    Conversation,
+    Item,
+    ResponseRecord,
+    conversation_key,
+    is_minted_conversation_id,
+)
 
 log = logging.getLogger(__name__)
 
@@ -74,43 +81,69 @@ class StoreHandle:
         self,
         response_id: str,
         tables: tuple[Table, ...] = (Table.ACTIVE, Table.RESPONSES, Table.EPHEMERAL),
+        *,
+        tenant: str | None = None,
     ) -> ResponseRecord | None:
-        """A response wherever it is: an unfinished job, stored, or an ephemeral result."""
+        """A response wherever it is: an unfinished job, stored, or an ephemeral result.
+
+        With `tenant`, only one of that tenant's: another's answers None, as a missing
+        id does."""
         value = await self._backend.get(tables, response_id)
-        return value if isinstance(value, ResponseRecord) else None
+        if not isinstance(value, ResponseRecord):
+            return None
+        return value if tenant is None or value.tenant == tenant else None
 
-    async def get_chain(self, response_id: str) -> Chain:
-        """A `previous_response_id` walk from `response_id`, newest first, in one call."""
-        return await self._backend.get_chain(response_id)
+    async def get_chain(self, response_id: str, *, tenant: str = "") -> Chain:
+        """A `previous_response_id` walk from `response_id`, newest first, in one call; a
+        record of another tenant ends it as missing (as one that expired)."""
+        chain = await self._backend.get_chain(response_id)
+        for place, record in enumerate(chain.records):
+            if record.tenant != tenant:
+                return Chain(chain.records[:place], record.id)
+        return chain
 
-    async def find_items(self, ids: frozenset[str]) -> dict[str, Item]:
-        """Stored responses' input and output items by id (those found)."""
-        return await self._backend.find_items(ids)
+    async def find_items(self, ids: frozenset[str], *, tenant: str = "") -> dict[str, Item]:
+        """The tenant's stored responses' input and output items by id (those found)."""
+        return await self._backend.find_items(ids, tenant)
 
     async def delete(self, response_id: str, table: Table = Table.RESPONSES) -> bool:
         return await self._backend.delete(table, response_id)
 
-    async def put_conversation(self, conversation: Conversation) -> bool:
-        return await self._backend.put(Table.CONVERSATIONS, conversation)
+    # --- conversations: each tenant's ids are its own (`conversation_key`) -------------
 
-    async def get_conversation(self, conversation_id: str) -> Conversation | None:
-        """The transcript, or None when a free-form id has none yet.
+    async def put_conversation(self, conversation: Conversation, *, tenant: str = "") -> bool:
+        """Store a new conversation under the tenant's key for its id."""
+        keyed = dataclasses.replace(conversation, id=conversation_key(tenant, conversation.id))
+        return await self._backend.put(Table.CONVERSATIONS, keyed)
+
+    async def get_conversation(
+        self, conversation_id: str, *, tenant: str = ""
+    ) -> Conversation | None:
+        """The tenant's transcript, or None when a free-form id has none yet.
 
         Raises NotFound when the id is one this server minted: that conversation was
-        deleted or has expired, and continuing it must not silently start an empty one.
+        deleted or has expired (or is another tenant's), and continuing it must not
+        silently start an empty one.
         """
-        value = await self._backend.get((Table.CONVERSATIONS,), conversation_id)
+        key = conversation_key(tenant, conversation_id)
+        value = await self._backend.get((Table.CONVERSATIONS,), key)
         if isinstance(value, Conversation):
             return value
         if is_minted_conversation_id(conversation_id):
             raise conversation_not_found(conversation_id)
         return None
 
-    async def delete_conversation(self, conversation_id: str) -> bool:
-        return await self._backend.delete(Table.CONVERSATIONS, conversation_id)
+    async def delete_conversation(self, conversation_id: str, *, tenant: str = "") -> bool:
+        key = conversation_key(tenant, conversation_id)
+        return await self._backend.delete(Table.CONVERSATIONS, key)
 
     async def append(
-        self, conversation_id: str, items: tuple[Item, ...], *, response_id: str | None = None
+        self,
+        conversation_id: str,
+        items: tuple[Item, ...],
+        *,
+        response_id: str | None = None,
+        tenant: str = "",
     ) -> Conversation | None:
         """Append a response's turn, creating a free-form conversation when missing.
 
@@ -118,7 +151,8 @@ class StoreHandle:
         (the response has ended), so a refusal is logged and answered with None; the
         transcript stays as it was.
         """
-        outcome = await self.change(conversation_id, AddItems(items, response_id), create=True)
+        change = AddItems(items, response_id)
+        outcome = await self.change(conversation_id, change, create=True, tenant=tenant)
         if isinstance(outcome, Conversation):
             return outcome
         if outcome is Refused.FULL:
@@ -138,9 +172,15 @@ class StoreHandle:
         return None
 
     async def change(
-        self, conversation_id: str, change: ConversationChange, *, create: bool = False
+        self,
+        conversation_id: str,
+        change: ConversationChange,
+        *,
+        create: bool = False,
+        tenant: str = "",
     ) -> Conversation | Refused:
-        return await self._backend.change_conversation(conversation_id, change, create)
+        key = conversation_key(tenant, conversation_id)
+        return await self._backend.change_conversation(key, change, create)
 
     async def statistics(self) -> StoreStatistics:
         return await self._backend.statistics()

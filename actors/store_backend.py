@@ -99,9 +99,10 @@ class StoreBackend(Protocol):
         as `get` touches it."""
         ...
 
-    async def find_items(self, ids: frozenset[str]) -> dict[str, Item]:
+    async def find_items(self, ids: frozenset[str], tenant: str = "") -> dict[str, Item]:
         """The stored responses' input and output items with these ids (those found); an
-        id held by several records is taken from the newest stored."""
+        id held by several records is taken from the newest stored, and found only when
+        that record is `tenant`'s."""
         ...
 
     async def delete(self, table: Table, key: str) -> bool:

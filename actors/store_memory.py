@@ -115,8 +115,9 @@ class BoundedTable:
             self.index.add(value)
         return True
 
-    def find_items(self, ids: frozenset[str]) -> dict[str, Item]:
-        """The items with these ids among the table's live records (those found)."""
+    def find_items(self, ids: frozenset[str], tenant: str = "") -> dict[str, Item]:
+        """The items with these ids among the table's live records (those found), each
+        from the newest record holding it when that record is the tenant's."""
         found: dict[str, Item] = {}
         if self.index is None:
             return found
@@ -125,7 +126,8 @@ class BoundedTable:
                 record = self._cache.get(response_id)
                 item = item_at(record, place) if isinstance(record, ResponseRecord) else None
                 if item is not None and item.id == item_id:
-                    found[item_id] = item
+                    if isinstance(record, ResponseRecord) and record.tenant == tenant:
+                        found[item_id] = item
                     break
         return found
 
@@ -208,9 +210,9 @@ class MemoryBackend:
         await trio.lowlevel.cancel_shielded_checkpoint()
         return Chain(tuple(records))
 
-    async def find_items(self, ids: frozenset[str]) -> dict[str, Item]:
+    async def find_items(self, ids: frozenset[str], tenant: str = "") -> dict[str, Item]:
         try:
-            return self._tables[Table.RESPONSES].find_items(ids)
+            return self._tables[Table.RESPONSES].find_items(ids, tenant)
         finally:
             await trio.lowlevel.cancel_shielded_checkpoint()
 

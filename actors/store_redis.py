@@ -180,15 +180,16 @@ class RedisBackend:
         records = tuple(decode_response(body) for body in bodies)
         return Chain(records, missing.decode() or None)
 
-    async def find_items(self, ids: frozenset[str]) -> dict[str, Item]:
+    async def find_items(self, ids: frozenset[str], tenant: str = "") -> dict[str, Item]:
         if not ids:
             return {}
         flat = await self._run(lua.FIND_ITEMS, *sorted(ids))
         found: dict[str, Item] = {}
         for n in range(0, len(flat), 3):
             item_id, body, place = flat[n].decode(), flat[n + 1], int(flat[n + 2])
-            item = item_at(decode_response(body), place)
-            if item is not None and item.id == item_id:
+            record = decode_response(body)
+            item = item_at(record, place)
+            if item is not None and item.id == item_id and record.tenant == tenant:
                 found[item_id] = item
         return found
 

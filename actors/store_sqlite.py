@@ -133,8 +133,8 @@ class SqliteBackend:
     async def get_chain(self, response_id: str) -> Chain:
         return await self._call(self._get_chain, response_id)
 
-    async def find_items(self, ids: frozenset[str]) -> dict[str, Item]:
-        return await self._call(self._find_items, ids)
+    async def find_items(self, ids: frozenset[str], tenant: str = "") -> dict[str, Item]:
+        return await self._call(self._find_items, ids, tenant)
 
     async def delete(self, table: Table, key: str) -> bool:
         return await self._call(self._delete, table, key)
@@ -263,7 +263,7 @@ class SqliteBackend:
             records.append(_response(body))
         return Chain(tuple(records))
 
-    def _find_items(self, now: float, ids: frozenset[str]) -> dict[str, Item]:
+    def _find_items(self, now: float, ids: frozenset[str], tenant: str) -> dict[str, Item]:
         found: dict[str, Item] = {}
         for item_id in sorted(ids):
             rows = self._db.execute(
@@ -275,7 +275,8 @@ class SqliteBackend:
                 item = item_at(record, place) if isinstance(record, ResponseRecord) else None
                 if item is not None and item.id == item_id:
                     self._rows.touch(Table.RESPONSES, rowid)
-                    found[item_id] = item
+                    if isinstance(record, ResponseRecord) and record.tenant == tenant:
+                        found[item_id] = item
                     break
         return found
 

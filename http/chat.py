@@ -8,6 +8,7 @@ chat completions, chunks or text completions at the edge.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Any
 
@@ -29,6 +30,7 @@ from mlxcel.http.chat_schemas import (
     chat_params,
     completion_params,
 )
+from mlxcel.http.guards import current_tenant
 from mlxcel.http.handles import Handles, handles, json_response
 from mlxcel.http.rate_limits import metered, rate_limited
 from mlxcel.http.streaming import DataStreamBody, Translate, bind_to_exchange
@@ -74,7 +76,8 @@ async def create_completion() -> Response:
 
 
 async def _prepare(h: Handles, params: ResponseParams) -> GenerationRequest:
-    """What `/responses` does with a request that names no history."""
+    """What `/responses` does with a request that names no history (for its tenant)."""
+    params = dataclasses.replace(params, tenant=current_tenant())
     info, codec = h.model.info, h.model.codec
     items = await intake_items(params, (), info.context_length, h.names.alias, h.echo)
     build = functools.partial(build_request, params, h.names, info, codec, (), items)

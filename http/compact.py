@@ -9,6 +9,7 @@ from quart import Blueprint, Response
 
 from mlxcel.errors import ContextLengthExceeded, InvalidRequest, ModelNotFound
 from mlxcel.http.body import read_model
+from mlxcel.http.guards import current_tenant
 from mlxcel.http.handles import handles, json_response
 from mlxcel.http.item_schemas import to_entries
 from mlxcel.http.objects import item_json, usage_json
@@ -32,9 +33,10 @@ async def compact_history() -> Response:
         raise ModelNotFound(body.model, [h.names.alias])
     info, codec = h.model.info, h.model.codec
     _check(body, info.context_length)
-    history = await read_history(body, h.store)
+    tenant = current_tenant()
+    history = await read_history(body, h.store, tenant)
     sent, references = await off_loop(to_entries, body.input)
-    raw = await resolve_items(sent, references, h.store)
+    raw = await resolve_items(sent, references, h.store, tenant)
     items = history + await off_loop(
         input_items, raw, body.instructions, None, history, info.context_length
     )
@@ -45,7 +47,8 @@ async def compact_history() -> Response:
             "context window, so it cannot be summarised in one pass."
         )
     generate = metered_generate(h.scheduler.generate)
-    compacted = await Compactor(generate, codec, info, h.names.alias).compact(
+    compactor = Compactor(generate, codec, info, h.names.alias, tenant)
+    compacted = await compactor.compact(
         items,
         instructions=body.instructions,
         keep_tokens=body.keep_tokens,

@@ -14,6 +14,7 @@ from mlxcel.actors.messages import ConversationChange, Refused, SetMetadata
 from mlxcel.actors.store import StoreHandle, conversation_not_found
 from mlxcel.errors import InvalidRequest
 from mlxcel.http.body import read_model
+from mlxcel.http.guards import current_tenant
 from mlxcel.http.handles import handles, json_response
 from mlxcel.http.item_schemas import to_items
 from mlxcel.http.objects import conversation_json
@@ -36,7 +37,7 @@ def check_enabled() -> None:
 async def existing_conversation(conversation_id: str) -> Conversation:
     """The conversation, or a 404."""
     check_enabled()
-    found = await _store().get_conversation(conversation_id)
+    found = await _store().get_conversation(conversation_id, tenant=current_tenant())
     if found is None:
         raise conversation_not_found(conversation_id)
     return found
@@ -44,7 +45,7 @@ async def existing_conversation(conversation_id: str) -> Conversation:
 
 async def changed_conversation(conversation_id: str, change: ConversationChange) -> Conversation:
     """The transcript after `change`; a refused change leaves it as it was."""
-    outcome = await _store().change(conversation_id, change)
+    outcome = await _store().change(conversation_id, change, tenant=current_tenant())
     if outcome is Refused.MISSING:
         raise conversation_not_found(conversation_id)
     if outcome is Refused.FULL:
@@ -67,9 +68,9 @@ async def create_conversation() -> Response:
         metadata=dict(body.metadata or {}),
         items=to_items(body.items or []),
     )
-    if not await _store().put_conversation(conversation):
+    if not await _store().put_conversation(conversation, tenant=current_tenant()):
         raise InvalidRequest(
-            "The conversation is larger than the conversation _store().", code="too_large"
+            "The conversation is larger than the conversation store.", code="too_large"
         )
     return json_response(conversation_json(conversation))
 
@@ -90,7 +91,7 @@ async def update_conversation(conversation_id: str) -> Response:
 @conversations.delete("/conversations/<conversation_id>")
 async def delete_conversation(conversation_id: str) -> Response:
     await existing_conversation(conversation_id)
-    await _store().delete_conversation(conversation_id)
+    await _store().delete_conversation(conversation_id, tenant=current_tenant())
     return json_response({"id": conversation_id, "object": "conversation.deleted", "deleted": True})
 
 

@@ -25,12 +25,13 @@ from mlxcel.items import (
     ResponseRecord,
     TokenLogprob,
     Usage,
+    conversation_shown_id,
 )
 
 
 def conversation_json(conversation: Conversation) -> dict[str, Any]:
     return {
-        "id": conversation.id,
+        "id": conversation_shown_id(conversation.id),
         "object": "conversation",
         "created_at": conversation.created_at,
         "metadata": conversation.metadata,

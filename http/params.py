@@ -7,9 +7,11 @@ from mlxcel.http.schemas import CreateResponseBody
 from mlxcel.prepare.params import ResponseParams
 
 
-def response_params(body: CreateResponseBody, *, model: str | None = None) -> ResponseParams:
+def response_params(
+    body: CreateResponseBody, *, model: str | None = None, tenant: str = ""
+) -> ResponseParams:
     """`body` as parameters (its input converted to items: run it off the event loop);
-    `model` stands in for a body that names none (`input_tokens`)."""
+    `model` stands in for a body that names none (`input_tokens`); `tenant` asks."""
     items, references = to_entries(body.input)
     return ResponseParams(
         model=body.model or model or "",
@@ -36,4 +38,5 @@ def response_params(body: CreateResponseBody, *, model: str | None = None) -> Re
         include=tuple(body.include or ()),
         chat_template_kwargs=body.chat_template_kwargs,
         compact_threshold=body.compact_threshold,
+        tenant=tenant,
     )

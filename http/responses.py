@@ -13,6 +13,7 @@ from quart import Blueprint, Response
 from mlxcel.actors.events import ResponseCreated
 from mlxcel.errors import InvalidRequest, ModelNotFound
 from mlxcel.http.body import read_model
+from mlxcel.http.guards import current_tenant
 from mlxcel.http.handles import Handles, handles, json_response
 from mlxcel.http.objects import response_json
 from mlxcel.http.params import response_params
@@ -45,7 +46,7 @@ async def create_response() -> Response:
     if body.background:
         _check_background(h, body)
     params = await _params(h, body)
-    history = await read_history(params, h.store)
+    history = await read_history(params, h.store, params.tenant)
     items = await intake_items(params, history, info.context_length, h.names.alias, h.echo)
     if params.compact_threshold is not None:  # compaction is the slot's first phase
         generation = await build_managed(
@@ -83,7 +84,7 @@ async def count_input_tokens() -> Response:
     info, codec = h.model.info, h.model.codec
     check_item_count(body.input, info.context_length)
     params = await _params(h, body, model=h.names.alias)
-    history = await read_history(params, h.store)
+    history = await read_history(params, h.store, params.tenant)
     items = await intake_items(params, history, info.context_length, h.names.alias, h.echo)
     _, prompt = await off_loop(render, params, history, codec, items)
     return json_response({"object": "response.input_tokens", "input_tokens": len(prompt)})
@@ -92,9 +93,9 @@ async def count_input_tokens() -> Response:
 async def _params(
     h: Handles, body: CreateResponseBody, *, model: str | None = None
 ) -> ResponseParams:
-    """The request's parameters as the server serves them: hosted tools and images under
-    the server's policy, item references resolved."""
-    params = await off_loop(response_params, body, model=model)
+    """The request's parameters as the server serves them: its tenant's, hosted tools and
+    images under the server's policy, item references resolved."""
+    params = await off_loop(response_params, body, model=model, tenant=current_tenant())
     params = await off_loop(screen, params, h.policy, h.model.info)
     return await resolve_references(params, h.store)
 

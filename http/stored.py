@@ -6,6 +6,7 @@ from quart import Blueprint, Response, request
 
 from mlxcel.actors.messages import Table
 from mlxcel.errors import InvalidRequest, NotFound
+from mlxcel.http.guards import current_tenant
 from mlxcel.http.handles import Handles, handles, json_response
 from mlxcel.http.objects import item_json, response_json
 from mlxcel.http.schemas import list_page
@@ -39,9 +40,10 @@ async def delete_response(response_id: str) -> Response:
 async def cancel_response(response_id: str) -> Response:
     h = handles()
     _check_response_id(h, response_id)
-    record = await h.jobs.cancel(response_id)
+    tenant = current_tenant()
+    record = await h.jobs.cancel(response_id, tenant=tenant)
     if record is None:
-        record = await h.scheduler.cancel(response_id)
+        record = await h.scheduler.cancel(response_id, tenant=tenant)
     if record is None:
         record = await _stored(h, response_id)
         if record.status in ("queued", "in_progress"):
@@ -73,8 +75,9 @@ def _check_response_id(h: Handles, response_id: str) -> None:
 
 
 async def _stored(h: Handles, response_id: str) -> ResponseRecord:
+    """The request's tenant's response; another tenant's is not found, as a missing one."""
     _check_response_id(h, response_id)
-    record = await h.store.get(response_id)
+    record = await h.store.get(response_id, tenant=current_tenant())
     if record is None:
         raise NotFound(f"Response with id '{response_id}' not found.", code="not_found")
     return record

@@ -66,10 +66,11 @@ class ModelHandle:
         return self.loaded.info
 
     def open_sequence(
-        self, prompt: list[int], sampling: Sampling
+        self, prompt: list[int], sampling: Sampling, tenant: str = ""
     ) -> AbstractAsyncContextManager[trio.MemoryReceiveChannel[ModelEvent]]:
-        """Admit a sequence; yields its events. Leaving early aborts it in the engine."""
-        return self._actor.open_sequence(prompt, sampling)
+        """Admit a sequence; yields its events. Leaving early aborts it in the engine.
+        Only the `tenant`'s prompt-cache entries serve it."""
+        return self._actor.open_sequence(prompt, sampling, tenant)
 
 
 class ModelActor:
@@ -114,7 +115,7 @@ class ModelActor:
 
     @asynccontextmanager
     async def open_sequence(
-        self, prompt: list[int], sampling: Sampling
+        self, prompt: list[int], sampling: Sampling, tenant: str = ""
     ) -> AsyncIterator[trio.MemoryReceiveChannel[ModelEvent]]:
         """Admit a sequence; yields its events. Leaving early aborts it in the engine."""
         if self.loaded is None or self._inbox_send is None:
@@ -126,7 +127,7 @@ class ModelActor:
         send, recv = trio.open_memory_channel[ModelEvent](sampling.max_tokens + 2)
         self._routes[seq_id] = send
         try:
-            await self._inbox_send.send(SequenceSpec(seq_id, tuple(prompt), sampling))
+            await self._inbox_send.send(SequenceSpec(seq_id, tuple(prompt), sampling, tenant))
             async with recv:
                 yield recv
         finally:

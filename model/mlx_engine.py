@@ -139,7 +139,7 @@ class MlxEngine:
             if step.finish is None:
                 keep.append(i)
             else:
-                self._keep(self._tokens(row), forward.extract(self._batch, i), "assistant")
+                self._keep(row, self._tokens(row), forward.extract(self._batch, i), "assistant")
         self._filter(keep)
         self.budget.observe_decode(len(rows), time.perf_counter() - started)
         return steps
@@ -201,12 +201,13 @@ class MlxEngine:
         reading = self._reading.pop(seq_id, None)
         if reading is not None:
             if keep and reading.cache is not None and reading.read > reading.cached:
-                self._keep(list(reading.prompt[: reading.read]), reading.cache, "user")
+                self._keep(reading, list(reading.prompt[: reading.read]), reading.cache, "user")
             return
         for i, row in enumerate(self._decoding):
             if row.spec.seq_id == seq_id:
                 if keep and self._batch is not None:
-                    self._keep(self._tokens(row), forward.extract(self._batch, i), "assistant")
+                    extracted = forward.extract(self._batch, i)
+                    self._keep(row, self._tokens(row), extracted, "assistant")
                 self._filter([j for j in range(len(self._decoding)) if j != i])
                 break
         if not self.has_work():
@@ -240,7 +241,7 @@ class MlxEngine:
                 continue
             cache, cached = None, 0
             if self.prefix_cache is not None:
-                cache, cached = self.prefix_cache.fetch(row.prompt)
+                cache, cached = self.prefix_cache.fetch(row.prompt, row.spec.tenant)
                 if cached:
                     log.debug("prefix cache hit: %d of %d tokens", cached, len(row.prompt))
             row.cache = cache if cache is not None else make_prompt_cache(self.model)
@@ -256,6 +257,8 @@ class MlxEngine:
         if self.prefix_cache is None:
             return False
         for other in self._reading.values():
+            if other.spec.tenant != row.spec.tenant:  # it could not use the other's entry
+                continue
             shared = _common_prefix(row.prompt, other.prompt)
             if shared >= SHARED_PREFIX and shared - other.cached >= SHARED_PREFIX:
                 return True
@@ -314,7 +317,7 @@ class MlxEngine:
 
     def _keep_prompt(self, row: _Row) -> None:
         if row.cache is not None and row.read > row.cached:
-            self._keep(list(row.prompt), row.cache, "user")
+            self._keep(row, list(row.prompt), row.cache, "user")
         row.cache = None
 
     def _filter(self, keep: list[int]) -> None:
@@ -328,9 +331,10 @@ class MlxEngine:
         """The tokens a decoding row's KV state holds."""
         return [*row.prompt, *row.fed]
 
-    def _keep(self, tokens: list[int], cache: KV, kind: CacheKind) -> None:
+    def _keep(self, row: _Row, tokens: list[int], cache: KV, kind: CacheKind) -> None:
+        """Keep a KV state of `row`'s as an entry of its tenant's."""
         if self.prefix_cache is not None and tokens and not self._suspect:
-            self.prefix_cache.store(tokens, cache, kind)
+            self.prefix_cache.store(tokens, cache, kind, row.spec.tenant)
 
 
 def _common_prefix(a: tuple[int, ...], b: tuple[int, ...]) -> int:

@@ -10,6 +10,9 @@ wrapper adds is the engine's invariants:
   trimmed by one token.
 - `store` evaluates the arrays first, so an entry owns its buffers and does not pin the
   batch's KV buffers (an extracted cache is a lazy slice of them until evaluated).
+- Entries are each tenant's own: a prompt is only ever served from the entries of the
+  tenant that sent it, so `cached_tokens` tells no tenant what another sent. (One byte
+  budget and one LRU order are shared.)
 
 Import this module only on the model thread, after `load_fast_blas()`.
 """
@@ -31,6 +34,11 @@ MAX_ENTRIES = 64
 _MODEL_KEY = "model"  # one engine serves one model
 
 
+def _key(tenant: str) -> str:
+    """The trie's model key for a tenant's entries (the one key when there are none)."""
+    return f"{_MODEL_KEY}/{tenant}" if tenant else _MODEL_KEY
+
+
 class PrefixCache:
     def __init__(self, max_bytes: int, max_entries: int = MAX_ENTRIES) -> None:
         self.max_bytes = max_bytes
@@ -43,10 +51,11 @@ class PrefixCache:
     def nbytes(self) -> int:
         return int(self._lru.nbytes)
 
-    def fetch(self, prompt: Sequence[int]) -> tuple[list[Any] | None, int]:
-        """A private copy of the KV state of the longest cached prefix of `prompt`, and
-        that prefix's length, always less than `len(prompt)`; `(None, 0)` on a miss."""
-        cache, rest = self._lru.fetch_nearest_cache(_MODEL_KEY, list(prompt))
+    def fetch(self, prompt: Sequence[int], tenant: str = "") -> tuple[list[Any] | None, int]:
+        """A private copy of the KV state of the longest prefix of `prompt` the tenant's
+        entries hold, and that prefix's length, always less than `len(prompt)`;
+        `(None, 0)` on a miss."""
+        cache, rest = self._lru.fetch_nearest_cache(_key(tenant), list(prompt))
         if cache is None:
             return None, 0
         if not rest:  # an exact hit: give back the last token so it is prefilled again
@@ -58,13 +67,16 @@ class PrefixCache:
         cached = len(prompt) - len(rest)
         return (cache, cached) if cached > 0 else (None, 0)
 
-    def store(self, tokens: Sequence[int], cache: list[Any], kind: CacheKind) -> None:
-        """Keep `cache`, the KV state of exactly `tokens`; the cache takes ownership."""
+    def store(
+        self, tokens: Sequence[int], cache: list[Any], kind: CacheKind, tenant: str = ""
+    ) -> None:
+        """Keep `cache`, the KV state of exactly `tokens`, as the tenant's; the cache takes
+        ownership."""
         if not tokens:
             return
         mx.eval([c.state for c in cache])
         # A copy of the tokens: the generator keeps appending to its own lists.
-        self._lru.insert_cache(_MODEL_KEY, list(tokens), cache, cache_type=kind)
+        self._lru.insert_cache(_key(tenant), list(tokens), cache, cache_type=kind)
 
     def fit(self, live_bytes: int) -> None:
         """Evict until the cache and the live sequences' KV states fit `max_bytes`."""

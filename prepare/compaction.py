@@ -152,6 +152,8 @@ class Compactor:
     codec: PromptCodec
     info: ModelInfo
     alias: str
+    tenant: str = ""
+    """Whose history it summarises: the summary's prompt is cached as that tenant's."""
 
     def _rendered(self, items: Sequence[Item]) -> int:
         """Tokens of `items` rendered after a one-word user turn (so any items render)."""
@@ -232,6 +234,7 @@ class Compactor:
             created_at=int(time.time()),
             status="in_progress",
             echo=RequestEcho(model=self.alias, store=False, temperature=0.0),
+            tenant=self.tenant,
         )
         sampling = Sampling(temperature=0.0, max_tokens=max_tokens)
         request = GenerationRequest(record=record, prompt=tuple(prompt), sampling=sampling)

@@ -56,7 +56,15 @@ async def build_managed(
         return generation
     identity = (generation.record.id, generation.record.created_at)
     compaction = CompactionPrelude(
-        names.alias, info, codec, build, identity, history + items, before, threshold
+        names.alias,
+        info,
+        codec,
+        build,
+        identity,
+        history + items,
+        before,
+        threshold,
+        tenant=params.tenant,
     )
     if check_now:  # worked out now, and kept for the slot
         keep, summary = compaction.budget()
@@ -82,9 +90,11 @@ class CompactionPrelude:
     threshold: int
     planned: Plan | None = None
     """The compaction already worked out (split and summary prompt), if it was."""
+    tenant: str = ""
+    """Whose request it compacts."""
 
     def compactor(self, generate: GenerateText) -> Compactor:
-        return Compactor(generate, self.codec, self.info, self.alias)
+        return Compactor(generate, self.codec, self.info, self.alias, self.tenant)
 
     def budget(self) -> tuple[int, int]:
         """Tokens for the preserved turns and for the summary: at most half the threshold

@@ -26,13 +26,13 @@ def echo_prefix(params: ResponseParams, model: str, items: tuple[Item, ...]) -> 
     """The key prefix under which this response's reasoning is remembered, if at all."""
     if params.previous_response_id is not None or params.conversation is not None:
         return None
-    return turn_prefix(model, _signature(params), _session(params), items)
+    return turn_prefix(model, _signature(params), _session(params), items, params.tenant)
 
 
 def reasoning_keys(params: ResponseParams, model: str, items: tuple[Item, ...]) -> dict[int, str]:
     """The echo key of each assistant turn that lacks its reasoning, by index; one pass
     over `items`, so the cost is linear in their size."""
-    hasher = TurnHasher(model, _signature(params), _session(params))
+    hasher = TurnHasher(model, _signature(params), _session(params), params.tenant)
     wanted: dict[int, str] = {}
     for index, item in enumerate(items):
         if (

@@ -155,8 +155,9 @@ class HistorySource(Protocol):
     def conversation(self) -> str | dict[str, JsonValue] | None: ...
 
 
-async def read_history(source: HistorySource, store: StoreHandle) -> tuple[Item, ...]:
-    """The items that precede the request's input: a stored chain or a conversation."""
+async def read_history(source: HistorySource, store: StoreHandle, tenant: str) -> tuple[Item, ...]:
+    """The items that precede the request's input: a stored chain or a conversation,
+    the tenant's own (another tenant's are not found)."""
     conversation = conversation_id(source.conversation)
     if source.previous_response_id is not None and conversation is not None:
         raise InvalidRequest(
@@ -172,7 +173,7 @@ async def read_history(source: HistorySource, store: StoreHandle) -> tuple[Item,
                 param="previous_response_id",
                 code="storage_disabled",
             )
-        return await chain_items(store, source.previous_response_id)
+        return await chain_items(store, source.previous_response_id, tenant)
     if conversation is not None:
         if not store.conversations_limits.enabled:
             raise InvalidRequest(
@@ -181,7 +182,7 @@ async def read_history(source: HistorySource, store: StoreHandle) -> tuple[Item,
                 param="conversation",
                 code="storage_disabled",
             )
-        found = await store.get_conversation(conversation)
+        found = await store.get_conversation(conversation, tenant=tenant)
         return found.items if found is not None else ()
     return ()
 
@@ -191,18 +192,21 @@ async def resolve_references(params: ResponseParams, store: StoreHandle) -> Resp
     output item it names; an id no stored response holds is a 400."""
     if not params.references:
         return params
-    items = await resolve_items(params.input, params.references, store)
+    items = await resolve_items(params.input, params.references, store, params.tenant)
     return dataclasses.replace(params, input=items, references=())
 
 
 async def resolve_items(
-    items: tuple[Item, ...], references: tuple[ItemReference, ...], store: StoreHandle
+    items: tuple[Item, ...],
+    references: tuple[ItemReference, ...],
+    store: StoreHandle,
+    tenant: str,
 ) -> tuple[Item, ...]:
     """`items` with the stored items `references` name put back in their places; an id no
-    stored response holds is a 400 naming that place."""
+    stored response of the tenant holds is a 400 naming that place."""
     if not references:
         return items
-    found = await store.find_items(frozenset(r.id for r in references))
+    found = await store.find_items(frozenset(r.id for r in references), tenant=tenant)
     for reference in references:
         if reference.id not in found:
             disabled = "" if store.responses_limits.enabled else " (response storage is off)"
@@ -216,12 +220,12 @@ async def resolve_items(
     return tuple(named[i] if i in named else next(rest) for i in range(len(items) + len(named)))
 
 
-async def chain_items(store: StoreHandle, response_id: str) -> tuple[Item, ...]:
+async def chain_items(store: StoreHandle, response_id: str, tenant: str) -> tuple[Item, ...]:
     """Every turn of a `previous_response_id` chain, oldest first (instructions excluded).
 
     The store resolves the whole walk in one call; ephemeral results of `store: false`
-    jobs are never continued."""
-    chain = await store.get_chain(response_id)
+    jobs are never continued, nor another tenant's responses (they are not found)."""
+    chain = await store.get_chain(response_id, tenant=tenant)
     if chain.missing is not None:
         raise InvalidRequest(
             f"previous response '{chain.missing}' was not found or has expired",
@@ -321,6 +325,7 @@ def build_request(
         status="in_progress",
         echo=echo,
         input_items=items,
+        tenant=params.tenant,
     )
     sampling = Sampling(
         temperature=echo.temperature,

@@ -51,3 +51,6 @@ class ResponseParams:
     raw: bool = False
     """The input is one prompt text, tokenised as it stands: no chat template (legacy
     completions)."""
+    tenant: str = ""
+    """Who asks: the name of the request's API key ("" when the server takes none). It
+    owns what the request stores, and its prompt-cache and reasoning-echo entries."""

@@ -31,9 +31,9 @@ class FakeServer:
     settings: Settings
     _clients: list[OpenAI] = field(default_factory=list)
 
-    def client(self, **kwargs: Any) -> OpenAI:
-        """An SDK client for this server, closed when the test ends."""
-        client = OpenAI(base_url=f"{self.url}/v1", api_key="sk-no-auth", max_retries=0, **kwargs)
+    def client(self, api_key: str = "sk-no-auth", **kwargs: Any) -> OpenAI:
+        """An SDK client for this server (with `api_key`), closed when the test ends."""
+        client = OpenAI(base_url=f"{self.url}/v1", api_key=api_key, max_retries=0, **kwargs)
         self._clients.append(client)
         return client
 

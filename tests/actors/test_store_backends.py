@@ -68,7 +68,9 @@ KEYS = [f"resp_{n}" for n in range(5)]
 """Response ids; a response's `previous_response_id` is always an earlier one (no loops)."""
 ITEM_IDS = ["msg_a", "msg_b", "fc_c", None]
 MINTED = (new_conversation_id(), new_conversation_id())
-CONVERSATION_IDS = ["chat-1", "conv_made_up", *MINTED]
+CONVERSATION_IDS = ["chat-1", "conv_made_up", *MINTED, "key-b/chat-1", f"key-b/{MINTED[0]}"]
+"""Conversation keys: one tenant's ids as they are, another's under its name."""
+TENANTS = ["", "key-b"]
 CURRENT, STALE, OTHER = JobOwner("a", "2"), JobOwner("a", "1"), JobOwner("b", "2")
 PADS = [0, 10, 60, 200, 600, 3000]
 """Text lengths: from small records to ones larger than any budget below."""
@@ -83,6 +85,7 @@ def response(
     *,
     store: bool = True,
     status: ResponseStatus = "completed",
+    tenant: str = "",
 ) -> ResponseRecord:
     output: tuple[Item, ...] = tuple(
         FunctionCall(f"call_{n}", "f", "{}", id=item_id)
@@ -97,6 +100,7 @@ def response(
         echo=RequestEcho("m", previous_response_id=prev, store=store, background=True),
         output=output,
         input_items=(Message("user", (InputText("q" * (pad // 2)),)),),
+        tenant=tenant,
     )
 
 
@@ -114,7 +118,8 @@ def responses(draw: st.DrawFn, key: str | None = None) -> ResponseRecord:
         else None
     )
     item_ids = draw(st.lists(st.sampled_from(ITEM_IDS), max_size=2).map(tuple))
-    return response(KEYS[index], draw(st.sampled_from(PADS)), prev, item_ids)
+    tenant = draw(st.sampled_from(TENANTS))
+    return response(KEYS[index], draw(st.sampled_from(PADS)), prev, item_ids, tenant=tenant)
 
 
 said = st.builds(
@@ -308,9 +313,12 @@ class BackendsMachine(RuleBasedStateMachine):
         if chain.records and chain.missing is None:
             assert chain.records[-1].echo.previous_response_id is None
 
-    @rule(ids=st.frozensets(st.sampled_from(["msg_a", "msg_b", "fc_c", "msg_none"]), min_size=1))
-    def find_items(self, ids: frozenset[str]) -> None:
-        found = self.both(lambda b: b.find_items(ids))
+    @rule(
+        ids=st.frozensets(st.sampled_from(["msg_a", "msg_b", "fc_c", "msg_none"]), min_size=1),
+        tenant=st.sampled_from(TENANTS),
+    )
+    def find_items(self, ids: frozenset[str], tenant: str) -> None:
+        found = self.both(lambda b: b.find_items(ids, tenant))
         assert set(found) <= ids
         assert all(item.id == item_id for item_id, item in found.items())
         event(f"items found: {len(found)}")

@@ -152,6 +152,7 @@ response_records = st.builds(
     error=st.none() | response_errors,
     completed_at=st.none() | counts,
     input_items=item_tuples,
+    tenant=st.sampled_from(["", "key-a"]) | texts,
 )
 conversations = st.builds(
     Conversation,
@@ -416,3 +417,12 @@ def test_damaged_encodings_decode_or_are_a_codec_error(data: st.DataObject) -> N
         parent[path[-1]] = data.draw(json_values | tagged_lookalikes)
     with contextlib.suppress(CodecError):
         decode(json.dumps(tree))
+
+
+def test_a_record_without_a_tenant_encodes_as_before_and_one_with_a_tenant_keeps_it() -> None:
+    record = ResponseRecord("resp_1", 0, "completed", RequestEcho("m"))
+    # One tenant (no API keys): the encoding is the one earlier releases wrote and read.
+    assert b"tenant" not in encode(record)
+    owned = dataclasses.replace(record, tenant="key-a")
+    assert decode(encode(owned)) == owned
+    assert decode(encode(record)) == record

@@ -302,3 +302,20 @@ def test_a_prompt_read_is_kept_when_its_sequence_ends_at_the_first_token(
     assert first.steps[0].cache_write_tokens == len(prompt)
     # Nothing was decoded: only the prompt's KV state, kept when it was read, can serve this.
     assert one(warm, 2, prompt, greedy(1)).cached == len(prompt) - 1
+
+
+def test_a_tenant_is_served_only_its_own_entries(warm: LoadedModel) -> None:
+    prompt = tuple(render(warm, ("user", "a prompt two tenants both send " * 6)))
+    first = run(warm, SequenceSpec(1, prompt, greedy(), "key-a"))[1]
+    other = run(warm, SequenceSpec(2, prompt, greedy(), "key-b"))[2]
+    again = run(warm, SequenceSpec(3, prompt, greedy(), "key-a"))[3]
+    assert first.cached == 0
+    assert other.cached == 0  # the same prompt, another tenant: nothing reused
+    assert again.cached == len(prompt) - 1
+    assert_same(other, first)
+    assert_same(again, first)
+    # Two new tenants read one prompt side by side: neither is served the other's.
+    fresh = tuple(render(warm, ("user", "another prompt, sent at once " * 6)))
+    both = run(warm, SequenceSpec(4, fresh, greedy(), "key-c"), SequenceSpec(5, fresh, greedy()))
+    assert both[4].cached == both[5].cached == 0
+    assert_same(both[4], both[5])
