@@ -14,13 +14,15 @@ from pathlib import Path
 import trio
 
 from mlxcel.actors.jobs import JobsHandle, JobSupervisor
-from mlxcel.actors.quotas import KeyLimits, Limiter, no_overrides
+from mlxcel.actors.quotas import Limiter
 from mlxcel.actors.scheduler import Scheduler, SchedulerHandle
 from mlxcel.actors.store import StoreActor, StoreHandle
 from mlxcel.config import Settings
 from mlxcel.errors import ConfigError
+from mlxcel.http.browser import BrowserPolicy
 from mlxcel.http.routes import Handles, create_app
 from mlxcel.http.serve import serve_http
+from mlxcel.keys import KeyLimits, Keyring
 from mlxcel.metrics import Metrics
 from mlxcel.model.actor import ModelActor
 from mlxcel.model.engine import EngineFactory, LoadedModel
@@ -42,6 +44,7 @@ async def serve(
     names: ModelNames,
     *,
     shutdown: trio.Event | None = None,
+    keyring: Keyring | None = None,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run every actor (store → model → scheduler → jobs → HTTP) until cancelled,
@@ -61,6 +64,8 @@ async def serve(
     """
     if shutdown is None:
         shutdown = trio.Event()
+    if keyring is None:
+        keyring = Keyring.load(settings.api_keys, settings.api_key_file)
     check_tool_parser(settings.tool_call_parser)
     if settings.tool_call_parser is not None:
         factory = functools.partial(_with_tool_parser, factory, settings.tool_call_parser)
@@ -75,8 +80,13 @@ async def serve(
     )
     # The store outlives every other actor: it closes once the last of them is done.
     async with store_actor.open() as store, trio.open_nursery() as nursery:
-        handles = await _start_actors(nursery, settings, factory, names, shutdown, store)
-        app = create_app(handles, body_timeout_secs=settings.body_timeout_secs)
+        handles = await _start_actors(nursery, settings, factory, names, shutdown, store, keyring)
+        app = create_app(
+            handles,
+            body_timeout_secs=settings.body_timeout_secs,
+            access_log=settings.access_log,
+            browser=BrowserPolicy.of(settings.cors_origins, settings.host),
+        )
         async with trio.open_nursery() as edge:
             http = functools.partial(
                 serve_http,
@@ -105,6 +115,7 @@ async def _start_actors(
     names: ModelNames,
     shutdown: trio.Event,
     store: StoreHandle,
+    keyring: Keyring,
 ) -> Handles:
     """Start model → scheduler → jobs in `nursery`, each once the one before is
     ready; the handles the HTTP edge talks to."""
@@ -138,7 +149,7 @@ async def _start_actors(
         echo,
         names,
         background_enabled=settings.background_enabled,
-        api_keys=settings.api_keys,
+        keyring=keyring,
         policy=ClientPolicy(
             ignore_hosted_tools=settings.hosted_tools == "ignore",
             image_placeholders=settings.images == "placeholder",
@@ -148,7 +159,7 @@ async def _start_actors(
         stopping=shutdown,
         metrics=metrics,
         metrics_public=settings.metrics_public,
-        limiter=Limiter(store.charge, default_limits(settings), no_overrides),
+        limiter=Limiter(store.charge, default_limits(settings), keyring.limits_of),
     )
 
 
@@ -230,20 +241,29 @@ def load_model(path: Path, names: ModelNames, settings: Settings) -> LoadedModel
 def run(settings: Settings) -> None:
     """Serve `settings` until interrupted (the console commands' entry point)."""
     check_tool_parser(settings.tool_call_parser)  # a bad name stops us before anything starts
+    keyring = Keyring.load(settings.api_keys, settings.api_key_file)  # so does a bad key
     path, names = resolve_model(settings)
     from mlxcel.model.provision.blas import load_fast_blas
 
     load_fast_blas()  # before anything imports mlx.core
     factory = functools.partial(load_model, path, names, settings)
     log.info("loading %s from %s", names.alias, path)
-    serve_until_signalled(settings, factory, names)
+    serve_until_signalled(settings, factory, names, keyring)
 
 
-def serve_until_signalled(settings: Settings, factory: EngineFactory, names: ModelNames) -> None:
-    """Run the server in a new Trio run until SIGINT or SIGTERM and its drain; a
-    ConfigError found while starting comes out as itself."""
+def serve_until_signalled(
+    settings: Settings,
+    factory: EngineFactory,
+    names: ModelNames,
+    keyring: Keyring | None = None,
+) -> None:
+    """Run the server in a new Trio run until SIGINT or SIGTERM and its drain (SIGHUP
+    reads the keys file again); a ConfigError found while starting comes out as itself."""
+    if keyring is None:
+        keyring = Keyring.load(settings.api_keys, settings.api_key_file)
+    serving = functools.partial(_serve_until_signalled, settings, factory, names, keyring)
     try:
-        trio.run(functools.partial(_serve_until_signalled, settings, factory, names))
+        trio.run(serving)
     except BaseExceptionGroup as group:
         # A setting found wrong while starting (a store file another server holds) is
         # reported as such, not as the nurseries' traceback.
@@ -257,19 +277,20 @@ def serve_until_signalled(settings: Settings, factory: EngineFactory, names: Mod
 
 
 async def _serve_until_signalled(
-    settings: Settings, factory: EngineFactory, names: ModelNames
+    settings: Settings, factory: EngineFactory, names: ModelNames, keyring: Keyring
 ) -> None:
     """Serve until SIGINT or SIGTERM, drain, and return normally; a second signal stops
-    everything at once."""
+    everything at once. SIGHUP reloads the keys file meanwhile."""
     shutdown = trio.Event()
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with trio.open_nursery() as nursery:
 
             async def serve_then_stop() -> None:
-                await serve(settings, factory, names, shutdown=shutdown)
+                await serve(settings, factory, names, shutdown=shutdown, keyring=keyring)
                 nursery.cancel_scope.cancel()  # drained: stop listening for signals
 
             nursery.start_soon(serve_then_stop)
+            await nursery.start(reload_keys_on_sighup, keyring)
             async for signum in signals:
                 name = signal.Signals(signum).name
                 if shutdown.is_set():
@@ -278,3 +299,27 @@ async def _serve_until_signalled(
                     break
                 log.info("%s: draining (a second signal stops at once)", name)
                 shutdown.set()
+
+
+async def reload_keys_on_sighup(
+    keyring: Keyring, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+) -> None:
+    """On each SIGHUP, read the keys file again (the flags' keys stay); a file that cannot
+    be read or parsed leaves the keys as they were. Logs name keys, never show them.
+
+    Resource handling: owns the SIGHUP handler until cancelled; reports ready once the
+    handler is installed. Error handling: a bad file is logged, never raised."""
+    with trio.open_signal_receiver(signal.SIGHUP) as hangups:
+        task_status.started()
+        async for _ in hangups:
+            if keyring.path is None:
+                log.info("SIGHUP: no --api-key-file to read again")
+                continue
+            try:
+                entries = await trio.to_thread.run_sync(keyring.reload)
+            except ConfigError as exc:
+                kept = len(keyring.entries)
+                log.error("SIGHUP: %s; keeping the %d keys in use", exc.message, kept)
+                continue
+            names = ", ".join(entry.name for entry in entries) or "none"
+            log.info("SIGHUP: %d API keys now (%s)", len(entries), names)

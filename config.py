@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -9,6 +10,8 @@ from mlxcel.actors.limits import StoreLimits, redis_url, sqlite_path
 from mlxcel.errors import ConfigError
 
 __all__ = ["Settings", "StoreLimits"]
+
+_ORIGIN = re.compile(r"https?://[^/\s]+", re.IGNORECASE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +43,13 @@ class Settings:
     """A stream's keep-alives are `mlx.progress` data events (queue place, prompt read),
     which clients that give up on a silent stream count; off, they are SSE comments."""
     api_keys: tuple[str, ...] = ()
+    """Keys from `--api-key` and `LLAMA_API_KEY` (each may hold several, comma-separated)."""
+    api_key_file: Path | None = None
+    """A keys file (`mlxcel.keys`), read at start and again on SIGHUP."""
+    access_log: bool = True
+    """One INFO line on `mlxcel.access` per request."""
+    cors_origins: tuple[str, ...] = ()
+    """Origins whose pages may call the API (`*`: any); empty, no CORS headers at all."""
     store: str = "memory"
     """Where stored state lives: `memory` (gone with the process), `sqlite[:PATH]` (a
     file that survives restarts) or `redis://...` (a server replicas share)."""
@@ -116,6 +126,13 @@ class Settings:
                 "--redis-key-prefix must be non-empty, without braces or newlines",
             ),
         ]
+        checks.append(
+            (
+                all(o == "*" or _ORIGIN.fullmatch(o) for o in self.cors_origins),
+                "--cors-origins takes `*` or origins like https://app.example:8443 "
+                "(scheme, host and port; no path)",
+            )
+        )
         for ok, message in checks:
             if not ok:
                 raise ConfigError(message)

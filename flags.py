@@ -26,6 +26,10 @@ class Flag:
     default: Any
     env: str | None
     help: str
+    repeat: bool = False
+    """May be given several times; the environment's value comes first."""
+    negatable: bool = False
+    """An on/off flag on by default: `--no-NAME` turns it off."""
 
 
 def switch(raw: str) -> bool:
@@ -186,7 +190,37 @@ FLAGS: tuple[Flag, ...] = (
         str,
         None,
         "LLAMA_API_KEY",
-        "require `Authorization: Bearer KEY` (comma-separate several keys)",
+        "require `Authorization: Bearer KEY`; repeat it or comma-separate several keys "
+        "(combined with the variable's and the keys file's)",
+        repeat=True,
+    ),
+    Flag(
+        ("--api-key-file",),
+        "api_key_file",
+        Path,
+        _DEFAULTS.api_key_file,
+        "MLXCEL_API_KEY_FILE",
+        "file of API keys, one a line as `KEY` or `NAME:KEY`, optionally followed by "
+        "`rpm=N tpm=N daily=N`; read again on SIGHUP",
+    ),
+    Flag(
+        ("--access-log",),
+        "access_log",
+        switch,
+        _DEFAULTS.access_log,
+        "MLXCEL_ACCESS_LOG",
+        "log one line per request at INFO on `mlxcel.access` (method, path, status, ms, "
+        "response id, key name, tokens); --no-access-log turns it off",
+        negatable=True,
+    ),
+    Flag(
+        ("--cors-origins",),
+        "cors_origins",
+        str,
+        None,
+        "MLXCEL_CORS_ORIGINS",
+        "comma-separated origins (`https://app.example`) whose web pages may call the API, "
+        "or `*` for any; unset, no CORS headers are sent",
     ),
     Flag(
         ("--metrics-public",),
@@ -376,6 +410,26 @@ def add_serve_flags(parser: argparse.ArgumentParser, environ: dict[str, str]) ->
     for flag in FLAGS:
         env_note = f" [env {flag.env}]" if flag.env else ""
         default_note = "" if flag.default is None else f" (default: {flag.default})"
+        if flag.negatable:
+            parser.add_argument(
+                *flag.names,
+                dest=flag.dest,
+                action=argparse.BooleanOptionalAction,
+                default=_env_default(flag, environ),
+                help=f"{flag.help}{env_note}",
+            )
+            continue
+        if flag.repeat:
+            from_env = _env_default(flag, environ)
+            parser.add_argument(
+                *flag.names,
+                dest=flag.dest,
+                action="append",
+                type=flag.kind,
+                default=[] if from_env is None else [from_env],
+                help=f"{flag.help}{env_note}",
+            )
+            continue
         if flag.kind is switch:
             default = _env_default(flag, environ)
             parser.add_argument(
@@ -397,7 +451,8 @@ def add_serve_flags(parser: argparse.ArgumentParser, environ: dict[str, str]) ->
 
 
 def settings_from_args(args: argparse.Namespace) -> Settings:
-    keys = tuple(k.strip() for k in (args.api_key or "").split(",") if k.strip())
+    keys = tuple(k.strip() for value in args.api_key for k in value.split(",") if k.strip())
+    origins = tuple(o.strip() for o in (args.cors_origins or "").split(",") if o.strip())
     return Settings(
         model=args.model,
         alias=args.alias,
@@ -413,6 +468,9 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         sse_keepalive_secs=args.sse_keepalive_secs,
         progress_events=not args.no_progress_events,
         api_keys=keys,
+        api_key_file=args.api_key_file,
+        access_log=args.access_log,
+        cors_origins=origins,
         store=args.store,
         redis_key_prefix=args.redis_key_prefix,
         replica_lease_secs=args.replica_lease_secs,

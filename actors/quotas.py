@@ -19,33 +19,12 @@ from dataclasses import dataclass
 from typing import Literal
 
 from mlxcel.actors.store_backend import Charge
+from mlxcel.keys import KeyLimits
 
 MINUTE_SECS = 60
 DAY_SECS = 86_400
 
 Kind = Literal["requests", "tokens", "daily"]
-
-
-@dataclass(frozen=True, slots=True)
-class KeyLimits:
-    """The limits of one key: requests a minute, tokens (input + output) a minute and
-    tokens a UTC day. None leaves a limit to the server's default; 0 turns it off."""
-
-    rpm: int | None = None
-    tpm: int | None = None
-    daily: int | None = None
-
-    def over(self, defaults: KeyLimits) -> KeyLimits:
-        """These limits, with `defaults`' where these leave one unset."""
-        return KeyLimits(
-            defaults.rpm if self.rpm is None else self.rpm,
-            defaults.tpm if self.tpm is None else self.tpm,
-            defaults.daily if self.daily is None else self.daily,
-        )
-
-    @property
-    def active(self) -> bool:
-        return any((self.rpm, self.tpm, self.daily))
 
 
 Overrides = Callable[[str], KeyLimits | None]

@@ -16,6 +16,7 @@ from quart import Blueprint, Response
 
 from mlxcel.errors import InvalidRequest
 from mlxcel.generation import GenerationRequest
+from mlxcel.http.access_log import exchange_note, note_record
 from mlxcel.http.body import read_model
 from mlxcel.http.chat_objects import (
     ChatChunks,
@@ -54,6 +55,7 @@ async def create_chat_completion() -> Response:
     logprobs = bool(body.logprobs)
     if not body.stream:
         record = finished(await h.scheduler.generate(generation))
+        note_record(record)
         return json_response(chat_completion(record, logprobs=logprobs))
     chunks = ChatChunks(generation.record, body.include_usage, logprobs)
     return await _stream(h, generation, [chunks.first()], chunks.translate)
@@ -69,6 +71,7 @@ async def create_completion() -> Response:
     logprobs = body.logprobs is not None
     if not body.stream:
         record = finished(await h.scheduler.generate(generation))
+        note_record(record)
         return json_response(text_completion(record, prefix=prefix, logprobs=logprobs))
     chunks = TextChunks(generation.record, body.include_usage, logprobs, prefix)
     first = chunks.first()
@@ -92,11 +95,14 @@ async def _prepare(h: Handles, params: ResponseParams) -> GenerationRequest:
 async def _stream(
     h: Handles, generation: GenerationRequest, first: list[dict[str, Any]], translate: Translate
 ) -> Response:
+    note_record(generation.record)  # its usage once the stream ends
     stream = h.scheduler.stream(generation)
     bind_to_exchange(stream)
     await stream.submit()  # 503 when full
     return Response(
-        DataStreamBody(first, stream, translate, keepalive_secs=h.keepalive_secs),
+        DataStreamBody(
+            first, stream, translate, keepalive_secs=h.keepalive_secs, note=exchange_note()
+        ),
         content_type="text/event-stream",
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
     )

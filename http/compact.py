@@ -8,6 +8,7 @@ import time
 from quart import Blueprint, Response
 
 from mlxcel.errors import ContextLengthExceeded, InvalidRequest, ModelNotFound
+from mlxcel.http.access_log import exchange_note
 from mlxcel.http.body import read_model
 from mlxcel.http.guards import current_tenant
 from mlxcel.http.handles import handles, json_response
@@ -57,9 +58,11 @@ async def compact_history() -> Response:
     output: tuple[Item, ...] = (*compacted.kept, *compacted.item.preserved, compacted.item)
     after = await off_loop(rendered_tokens, codec, output)
     check_reduction(before, after, info.context_length)
+    response_id = new_id("resp")
+    exchange_note().response(response_id, compacted.usage)
     return json_response(
         {
-            "id": new_id("resp"),
+            "id": response_id,
             "object": "response.compaction",
             "created_at": int(time.time()),
             "model": body.model,

@@ -15,11 +15,17 @@ because hypercorn ends that connection after it.
 
 Every exchange is counted here, once it is over (a stream's whole body sent): by the URL
 rule it matched (put in its scope by a hook of the app), its method and its status, so
-any route, whenever it was added, is counted.
+any route, whenever it was added, is counted; and it gets its access-log line
+(`http/access_log.py`).
+
+The browser policy (`http/browser.py`) is applied here too, before the app sees the
+request: a `Host` a loopback-bound server must not answer is refused with 403, a CORS
+preflight is answered, and an answer to a listed origin gets its CORS headers.
 """
 
 from __future__ import annotations
 
+import json
 from typing import cast
 
 import trio
@@ -32,6 +38,9 @@ from hypercorn.typing import (
 )
 from quart_trio import QuartTrio
 
+from mlxcel.http.access_log import NOTE_KEY, ExchangeNote, log_exchange
+from mlxcel.http.browser import BrowserPolicy, Headers
+from mlxcel.http.errors import error_body
 from mlxcel.metrics import Metrics
 
 ROUTE_KEY = "mlxcel.route"
@@ -42,6 +51,8 @@ class App(QuartTrio):
     """The Quart-Trio app, with each HTTP exchange's sends kept whole and counted."""
 
     metrics: Metrics | None = None
+    access_log: bool = False
+    browser: BrowserPolicy = BrowserPolicy()
 
     async def asgi_app(
         self, scope: Scope, receive: ASGIReceiveCallable, send: ASGISendCallable
@@ -50,10 +61,20 @@ class App(QuartTrio):
             await super().asgi_app(scope, receive, send)
             return
         exchange = _Exchange(receive, send)
+        cast(dict[str, object], scope)[NOTE_KEY] = ExchangeNote()
         started = trio.current_time()
         try:
-            await super().asgi_app(scope, exchange.receive, exchange.send)
+            if not self.browser.host_allowed(scope):
+                await _answer(exchange, 403, _HOST_REFUSED)
+            elif self.browser.is_preflight(scope):
+                await exchange.receive()  # its empty body: the connection stays open
+                await _answer(exchange, 204, None, self.browser.preflight_headers(scope))
+            else:
+                exchange.extra_headers = self.browser.response_headers(scope)
+                await super().asgi_app(scope, exchange.receive, exchange.send)
         finally:
+            if self.access_log:
+                log_exchange(scope, exchange.status, trio.current_time() - started)
             if self.metrics is not None:
                 route = cast(dict[str, object], scope).get(ROUTE_KEY)
                 self.metrics.observe_request(
@@ -64,10 +85,33 @@ class App(QuartTrio):
                 )
 
 
+_HOST_REFUSED = json.dumps(
+    error_body(
+        "This server answers only requests addressed to localhost, 127.0.0.1 or [::1] "
+        "(it is bound to a loopback address).",
+        "invalid_request_error",
+        code="host_not_allowed",
+    )
+).encode()
+
+
+async def _answer(
+    exchange: _Exchange, status: int, body: bytes | None, headers: Headers | None = None
+) -> None:
+    """An answer given at the edge, without the app (a refused Host, a preflight)."""
+    head = list(headers or ())
+    if body is not None:
+        head += [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
+    await exchange.send({"type": "http.response.start", "status": status, "headers": head})
+    await exchange.send({"type": "http.response.body", "body": body or b"", "more_body": False})
+
+
 class _Exchange:
     def __init__(self, receive: ASGIReceiveCallable, send: ASGISendCallable) -> None:
         self._receive = receive
         self._send = send
+        self.extra_headers: Headers = []
+        """Headers the answer carries besides its own (CORS)."""
         self._request_received = False
         self.status: int | None = None
         """The answer's status, once it has started."""
@@ -81,8 +125,9 @@ class _Exchange:
     async def send(self, message: ASGISendEvent) -> None:
         if message["type"] == "http.response.start":
             self.status = message["status"]
-        if message["type"] == "http.response.start" and not self._request_received:
-            headers = [*message.get("headers", ()), (b"connection", b"close")]
+            headers = [*message.get("headers", ()), *self.extra_headers]
+            if not self._request_received:
+                headers.append((b"connection", b"close"))
             message = cast(ASGISendEvent, {**message, "headers": headers})
         with trio.CancelScope(shield=True):
             await self._send(message)

@@ -6,49 +6,65 @@ Each raises an `MlxcelError`, so its answer is shaped by the one error map.
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 from typing import cast
 
 import trio
 from quart import request
 
 from mlxcel.errors import ShuttingDown, Unauthenticated, UnsupportedMediaType
+from mlxcel.keys import ApiKey, Keyring, key_name
+
+__all__ = [
+    "TENANT_KEY",
+    "check_api_key",
+    "check_json_body",
+    "check_not_stopping",
+    "current_key",
+    "current_tenant",
+    "key_name",
+]
 
 TENANT_KEY = "mlxcel.tenant"
 """Where a request's scope keeps its tenant: the name of the API key it carried."""
+API_KEY_KEY = "mlxcel.api_key"
+"""Where a request's scope keeps the entry (`ApiKey`) of the key it carried."""
 
 _OPEN_PATHS = frozenset({"/health"})
 _METRICS_PATHS = frozenset({"/metrics", "/v1/metrics"})
 _GENERATING = ("/responses", "/responses/compact")
 
 
-def check_api_key(api_keys: tuple[str, ...], *, metrics_public: bool = False) -> None:
-    """401 unless the request carries `Authorization: Bearer <one of api_keys>`;
-    `/health` is open, and `/metrics` too when `metrics_public`.
+def check_api_key(keyring: Keyring, *, metrics_public: bool = False) -> ApiKey | None:
+    """401 unless the request carries `Authorization: Bearer <a key of keyring>`;
+    `/health` is open, and `/metrics` too when `metrics_public`. The key's entry (its
+    name and limits) is kept in the request's scope (`current_key`, `current_tenant`).
 
-    Keys are compared as bytes in constant time: a header is any Latin-1 text, and
-    `hmac.compare_digest` refuses strings that are not ASCII."""
-    if not api_keys or request.path in _OPEN_PATHS:
-        return
+    The header is Latin-1 text; its bytes are matched in constant time over all keys."""
+    if not keyring or request.path in _OPEN_PATHS:
+        return None
     if metrics_public and request.path in _METRICS_PATHS:
-        return
+        return None
     scheme, _, given = request.headers.get("Authorization", "").strip().partition(" ")
-    presented = given.strip().encode()
-    matched = [hmac.compare_digest(presented, key.encode()) for key in api_keys]
-    if scheme.lower() == "bearer" and any(matched):
-        key = api_keys[matched.index(True)]
-        cast(dict[str, object], request.scope)[TENANT_KEY] = key_name(key)
-        return
+    try:
+        entry = keyring.match(given.strip().encode("latin-1"))
+    except UnicodeEncodeError:  # not a header's text: no key matches it
+        entry = None
+    if scheme.lower() == "bearer" and entry is not None:
+        scope = cast(dict[str, object], request.scope)
+        scope[TENANT_KEY] = entry.name
+        scope[API_KEY_KEY] = entry
+        return entry
     raise Unauthenticated(
         "Incorrect or missing API key. Send it as 'Authorization: Bearer <key>'.",
         code="invalid_api_key",
     )
 
 
-def key_name(key: str) -> str:
-    """How a key without a name is known (logs, tenancy): a short hash, never the key."""
-    return "key-" + hashlib.sha256(key.encode()).hexdigest()[:12]
+def current_key() -> ApiKey | None:
+    """The entry of the key the request being served carried (its name and its own
+    limits), or None when the server takes no keys or the path is open."""
+    found = cast(dict[str, object], request.scope).get(API_KEY_KEY)
+    return found if isinstance(found, ApiKey) else None
 
 
 def current_tenant() -> str:

@@ -18,6 +18,7 @@ from mlxcel.actors.quotas import Limiter
 from mlxcel.actors.scheduler import SchedulerHandle
 from mlxcel.actors.store import StoreHandle
 from mlxcel.generation import ModelView
+from mlxcel.keys import Keyring
 from mlxcel.metrics import Metrics
 from mlxcel.prepare.intake import ModelNames
 from mlxcel.prepare.policy import ClientPolicy
@@ -36,7 +37,8 @@ class Handles:
     echo: EchoHandle
     names: ModelNames
     background_enabled: bool = True
-    api_keys: tuple[str, ...] = ()
+    keyring: Keyring = dataclasses.field(default_factory=Keyring)
+    """The API keys accepted; empty, every request is served (one tenant)."""
     policy: ClientPolicy = dataclasses.field(default_factory=ClientPolicy)
     """What the server does with hosted tools and images it cannot serve."""
     keepalive_secs: float = 10.0

@@ -12,6 +12,7 @@ from quart import Blueprint, Response
 
 from mlxcel.actors.events import ResponseCreated
 from mlxcel.errors import InvalidRequest, ModelNotFound
+from mlxcel.http.access_log import exchange_note, note_record
 from mlxcel.http.body import read_model
 from mlxcel.http.guards import current_tenant
 from mlxcel.http.handles import Handles, handles, json_response
@@ -57,9 +58,14 @@ async def create_response() -> Response:
         generation = await off_loop(build)
     generation = metered(generation)
     if params.background:
-        return json_response(response_json(await h.jobs.submit(generation)))
+        record = await h.jobs.submit(generation)
+        note_record(record)
+        return json_response(response_json(record))
     if not body.stream:
-        return json_response(response_json(await h.scheduler.generate(generation)))
+        record = await h.scheduler.generate(generation)
+        note_record(record)
+        return json_response(response_json(record))
+    note_record(generation.record)  # its usage once the stream ends
     stream = h.scheduler.stream(generation)
     bind_to_exchange(stream)
     await stream.submit()  # 503 when full
@@ -69,6 +75,7 @@ async def create_response() -> Response:
             stream,
             keepalive_secs=h.keepalive_secs,
             progress=h.progress_events,
+            note=exchange_note(),
         ),
         content_type="text/event-stream",
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},

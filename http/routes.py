@@ -14,6 +14,7 @@ from quart import Blueprint, Response, request
 from quart_trio import QuartTrio
 
 from mlxcel.http.body import MAX_BODY_BYTES
+from mlxcel.http.browser import BrowserPolicy
 from mlxcel.http.chat import chat
 from mlxcel.http.compact import compact
 from mlxcel.http.conversation_items import conversation_items
@@ -43,7 +44,15 @@ API: tuple[Blueprint, ...] = (
 """Mounted twice: under `/v1`, as the SDKs call them, and at the root."""
 
 
-def create_app(handles_: Handles, *, body_timeout_secs: float) -> QuartTrio:
+def create_app(
+    handles_: Handles,
+    *,
+    body_timeout_secs: float,
+    access_log: bool = False,
+    browser: BrowserPolicy | None = None,
+) -> QuartTrio:
+    """The app serving `handles_`; `access_log` writes a line per exchange on
+    `mlxcel.access`, `browser` is the CORS and Host policy (none by default)."""
     app = App("mlxcel", static_folder=None)  # no static files: only the API's routes
     # Generation can take minutes; streams end when generation ends, not on a timer.
     app.config["RESPONSE_TIMEOUT"] = None
@@ -51,6 +60,8 @@ def create_app(handles_: Handles, *, body_timeout_secs: float) -> QuartTrio:
     app.config["MAX_CONTENT_LENGTH"] = MAX_BODY_BYTES
     install(app, handles_)
     app.metrics = handles_.metrics
+    app.access_log = access_log
+    app.browser = browser or BrowserPolicy()
     app.register_error_handler(Exception, _answer_error)
     app.before_request(_name_route)  # first: a request the guards refuse is counted too
     app.before_request(_guard)
@@ -78,6 +89,6 @@ async def _name_route() -> None:
 
 async def _guard() -> None:
     h = handles()
-    check_api_key(h.api_keys, metrics_public=h.metrics_public)
+    check_api_key(h.keyring, metrics_public=h.metrics_public)
     check_json_body()
     check_not_stopping(h.stopping)

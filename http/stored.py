@@ -6,6 +6,7 @@ from quart import Blueprint, Response, request
 
 from mlxcel.actors.messages import Table
 from mlxcel.errors import InvalidRequest, NotFound
+from mlxcel.http.access_log import exchange_note
 from mlxcel.http.guards import current_tenant
 from mlxcel.http.handles import Handles, handles, json_response
 from mlxcel.http.objects import item_json, response_json
@@ -49,6 +50,7 @@ async def cancel_response(response_id: str) -> Response:
         if record.status in ("queued", "in_progress"):
             # Another replica runs it: ask its owner, and answer with the end it stores.
             record = await h.store.cancel_elsewhere(response_id) or record
+    exchange_note().response(record.id)
     return json_response(response_json(record))
 
 
@@ -80,4 +82,5 @@ async def _stored(h: Handles, response_id: str) -> ResponseRecord:
     record = await h.store.get(response_id, tenant=current_tenant())
     if record is None:
         raise NotFound(f"Response with id '{response_id}' not found.", code="not_found")
+    exchange_note().response(record.id)
     return record

@@ -19,8 +19,9 @@ from typing import Any
 
 import trio
 
-from mlxcel.actors.events import KeepAlive, ResponseCreated, ResponseEvent
+from mlxcel.actors.events import KeepAlive, ResponseCreated, ResponseEvent, ResponseFinished
 from mlxcel.actors.response_stream import ResponseStream
+from mlxcel.http.access_log import ExchangeNote
 from mlxcel.http.sse import KEEPALIVE_FRAME, SseEncoder
 
 log = logging.getLogger(__name__)
@@ -38,8 +39,10 @@ class EventStreamBody:
         *,
         keepalive_secs: float,
         progress: bool,
+        note: ExchangeNote | None = None,
     ) -> None:
         self._created: ResponseCreated | None = created
+        self._note = note
         self._events = events
         self._keepalive = keepalive_secs
         self._encoder = SseEncoder(progress=progress)
@@ -53,7 +56,9 @@ class EventStreamBody:
             return self._encode(event)
         while True:
             with trio.move_on_after(self._keepalive):
-                return self._encode(await self._events.__anext__())
+                next_event = await self._events.__anext__()
+                _note_end(self._note, next_event)
+                return self._encode(next_event)
             position = await self._events.queue_position()
             if position is not None:
                 tokens = self._events.prompt_tokens
@@ -89,7 +94,9 @@ class DataStreamBody:
         translate: Translate,
         *,
         keepalive_secs: float,
+        note: ExchangeNote | None = None,
     ) -> None:
+        self._note = note
         # Bounded by what one event makes (a chunk or two), taken before the next is read.
         self._frames = deque(_frame(chunk) for chunk in first)
         self._events = events
@@ -113,6 +120,7 @@ class DataStreamBody:
                     continue
             if quiet.cancelled_caught or isinstance(event, KeepAlive):
                 return KEEPALIVE_FRAME
+            _note_end(self._note, event)
             self._frames.extend(self._encode(event))
         return self._frames.popleft()
 
@@ -126,6 +134,12 @@ class DataStreamBody:
 
     async def aclose(self) -> None:
         await self._events.aclose()
+
+
+def _note_end(note: ExchangeNote | None, event: ResponseEvent) -> None:
+    """A stream's usage is known at its end: tell the access log."""
+    if note is not None and isinstance(event, ResponseFinished):
+        note.response(event.record.id, event.record.usage)
 
 
 def _frame(chunk: dict[str, Any]) -> bytes:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import replace
@@ -74,11 +75,12 @@ def start_fake_server(
 async def _until_ready(url: str, patience: float = 30) -> None:
     """Wait until the model has loaded (`/health` 200), as a client polling it would: the
     server listens before its model thread is done, and on a loaded machine a test's
-    first request could otherwise meet "the model is still loading"."""
+    first request could otherwise meet "the model is still loading". Timed on the wall
+    clock: a test's mock clock may be frozen."""
+    deadline = time.monotonic() + patience
     async with httpx.AsyncClient(base_url=url, timeout=patience) as http:
-        with trio.move_on_after(patience):
-            while (await http.get("/health")).status_code != 200:  # noqa: ASYNC110 - polled over HTTP
-                await trio.sleep(0.005)
+        while (await http.get("/health")).status_code != 200 and time.monotonic() < deadline:
+            await trio.lowlevel.checkpoint()  # each poll is a real request: no busy spin
 
 
 @pytest.fixture

@@ -61,6 +61,11 @@ class ServerProcess:
         assert self.proc.poll() is None, f"server exited:\n{self.log.read_text()}"
         self.proc.send_signal(signal.SIGSTOP)
 
+    def hangup(self) -> None:
+        """SIGHUP: the server reads its keys file again."""
+        assert self.proc.poll() is None, f"server exited:\n{self.log.read_text()}"
+        self.proc.send_signal(signal.SIGHUP)
+
     def resume(self) -> None:
         """SIGCONT: the process carries on where `pause` froze it."""
         assert self.proc.poll() is None, f"server exited:\n{self.log.read_text()}"

@@ -198,6 +198,8 @@ def test_zero_disables_background_mode() -> None:
         ["--store", "sqlite3:/tmp/x"],
         ["--store", "memory:/tmp/x"],
         ["--store", ""],
+        ["--cors-origins", "https://app.example/path"],
+        ["--cors-origins", "app.example"],
     ],
 )
 def test_invalid_values_fail_start_up_with_a_clear_message(
@@ -256,3 +258,17 @@ def test_rate_limits_from_flags_or_environment() -> None:
         settings(["--rate-limit-tpm", "-1"])
     with pytest.raises(ConfigError, match="MLXCEL_DAILY_TOKEN_QUOTA"):
         settings([], {"MLXCEL_DAILY_TOKEN_QUOTA": "lots"})
+
+
+def test_the_access_log_is_on_unless_turned_off() -> None:
+    assert settings([]).access_log is True
+    assert settings(["--no-access-log"]).access_log is False
+    assert settings([], {"MLXCEL_ACCESS_LOG": "0"}).access_log is False
+    assert settings(["--access-log"], {"MLXCEL_ACCESS_LOG": "0"}).access_log is True
+
+
+def test_cors_origins_from_flag_or_environment() -> None:
+    assert settings([]).cors_origins == ()
+    both = settings(["--cors-origins", "https://app.example, http://localhost:5173"])
+    assert both.cors_origins == ("https://app.example", "http://localhost:5173")
+    assert settings([], {"MLXCEL_CORS_ORIGINS": "*"}).cors_origins == ("*",)

@@ -12,12 +12,13 @@ from pathlib import Path
 import trio
 
 from mlxcel.actors.limits import StoreLimits
-from mlxcel.actors.quotas import DAY_SECS, MINUTE_SECS, KeyLimits, Limiter
+from mlxcel.actors.quotas import DAY_SECS, MINUTE_SECS, Limiter
 from mlxcel.actors.sqlite_file import SCHEMA_VERSION
 from mlxcel.actors.store_backend import Charge, StoreBackend
 from mlxcel.actors.store_memory import MemoryBackend
 from mlxcel.actors.store_redis import RedisBackend
 from mlxcel.actors.store_sqlite import SqliteBackend
+from mlxcel.keys import KeyLimits
 
 from redis_server import RedisServer
 from support import key_prefix

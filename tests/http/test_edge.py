@@ -60,7 +60,7 @@ RawOpener = Callable[[FakeServer], Awaitable[trio.SocketStream]]
 
 
 def head(path: str, *headers: str) -> bytes:
-    lines = [f"POST {path} HTTP/1.1", "Host: test", *headers, "", ""]
+    lines = [f"POST {path} HTTP/1.1", "Host: 127.0.0.1", *headers, "", ""]
     return "\r\n".join(lines).encode()
 
 

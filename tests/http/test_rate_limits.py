@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -241,6 +242,22 @@ async def test_without_keys_every_request_shares_the_one_limit(
     async with httpx.AsyncClient(base_url=server.url, timeout=30) as http:
         statuses = [(await http.post("/v1/responses", json=ASK)).status_code for _ in range(3)]
     assert statuses == [200, 200, 429]
+
+
+async def test_a_key_files_own_limits_override_the_flags(
+    start_fake_server: StartServer, mock_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    keys = tmp_path / "keys"
+    keys.write_text("vip:sk-vip rpm=3\nfree:sk-free\nnone:sk-none rpm=0\n")
+    server = await start_fake_server(api_key_file=keys, rate_limit_rpm=1)
+    async with httpx.AsyncClient(base_url=server.url, timeout=30) as http:
+        vip = [(await post(http, "sk-vip")).status_code for _ in range(4)]
+        free = [(await post(http, "sk-free")).status_code for _ in range(2)]
+        unlimited = [await post(http, "sk-none") for _ in range(3)]
+    assert vip == [200, 200, 200, 429]  # its own 3 a minute
+    assert free == [200, 429]  # the flag's 1 a minute
+    assert [r.status_code for r in unlimited] == [200, 200, 200]  # rpm=0: off for that key
+    assert "x-ratelimit-limit-requests" not in unlimited[0].headers
 
 
 def test_replicas_on_one_redis_share_each_keys_limit(

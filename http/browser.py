@@ -1,0 +1,132 @@
+"""What keeps web pages off the API unless the server says otherwise: CORS and the Host
+check.
+
+CORS (`--cors-origins`) is off by default, and then no CORS header is ever sent, so a
+browser lets no other origin's page read an answer. Given, a preflight (`OPTIONS` with
+`Origin` and `Access-Control-Request-Method`) is answered here, before the API-key guard
+(browsers send no `Authorization` on a preflight), and answers to a listed origin carry
+`Access-Control-Allow-Origin`.
+
+A server bound to a loopback address is meant for this machine only; a page on another
+site could still reach it by DNS rebinding (its name re-pointed at 127.0.0.1), but its
+requests then carry that name in `Host`. So such a server refuses every request whose
+`Host` is not a loopback name (403, `host_not_allowed`). Bound to any other address, it
+is reachable by other names on purpose, and `Host` is not checked.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from hypercorn.typing import HTTPScope
+
+Headers = list[tuple[bytes, bytes]]
+
+LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "[::1]"})
+"""The `Host` names (any port) a loopback-bound server answers."""
+
+ALLOW_METHODS = b"GET, POST, DELETE, OPTIONS"
+ALLOW_HEADERS = ("authorization", "content-type", "accept", "idempotency-key")
+_SDK_HEADER_PREFIXES = ("x-stainless-", "openai-")
+"""The OpenAI SDKs' own request headers (`x-stainless-os`, `openai-organization`, ...)."""
+EXPOSE_HEADERS = b"retry-after, x-request-id"
+PREFLIGHT_MAX_AGE = b"600"
+
+
+def is_loopback_bind(host: str) -> bool:
+    """Whether the listening address `host` is this machine's alone."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def _header(scope: HTTPScope, name: bytes) -> str | None:
+    for key, value in scope["headers"]:
+        if key.lower() == name:
+            return value.decode("latin-1")
+    return None
+
+
+def _host_name(host: str) -> str:
+    """The name part of a `Host` value, without its port, lower-cased."""
+    host = host.strip().lower()
+    if host.startswith("["):
+        return host.partition("]")[0] + "]"
+    name, _, port = host.rpartition(":")
+    return name if name and port.isdigit() else host
+
+
+@dataclass(frozen=True, slots=True)
+class BrowserPolicy:
+    cors_origins: frozenset[str] = frozenset()
+    """Origins whose pages may read answers; `*` is any. Empty: CORS is off."""
+    check_host: bool = False
+    """Refuse a `Host` that is not a loopback name (the server is bound to loopback)."""
+
+    @classmethod
+    def of(cls, cors_origins: Iterable[str], bind_host: str) -> BrowserPolicy:
+        origins = frozenset(o if o == "*" else o.rstrip("/").lower() for o in cors_origins)
+        return cls(origins, is_loopback_bind(bind_host))
+
+    def host_allowed(self, scope: HTTPScope) -> bool:
+        """False for a request to a loopback-bound server naming another host. A request
+        without `Host` (HTTP/1.0) names none, and is not a browser's."""
+        if not self.check_host:
+            return True
+        host = _header(scope, b"host")
+        return host is None or _host_name(host) in LOOPBACK_NAMES
+
+    def is_preflight(self, scope: HTTPScope) -> bool:
+        """A CORS preflight this server answers itself (only when CORS is on)."""
+        return (
+            bool(self.cors_origins)
+            and scope["method"] == "OPTIONS"
+            and _header(scope, b"origin") is not None
+            and _header(scope, b"access-control-request-method") is not None
+        )
+
+    def preflight_headers(self, scope: HTTPScope) -> Headers:
+        """The headers of the 204 answering a preflight: the grant if its origin is
+        listed, none otherwise (the browser then refuses the request)."""
+        allowed = self._allowed_origin(scope)
+        if allowed is None:
+            return [(b"vary", b"Origin")]
+        asked = _header(scope, b"access-control-request-headers") or ""
+        sdk = [
+            name
+            for name in (part.strip().lower() for part in asked.split(","))
+            if name.startswith(_SDK_HEADER_PREFIXES) and name.isascii()
+        ]
+        return [
+            (b"access-control-allow-origin", allowed.encode("latin-1")),
+            (b"access-control-allow-methods", ALLOW_METHODS),
+            (b"access-control-allow-headers", ", ".join((*ALLOW_HEADERS, *sdk)).encode()),
+            (b"access-control-max-age", PREFLIGHT_MAX_AGE),
+            (b"vary", b"Origin"),
+        ]
+
+    def response_headers(self, scope: HTTPScope) -> Headers:
+        """The CORS headers of an answer (none unless its origin is listed)."""
+        allowed = self._allowed_origin(scope)
+        if allowed is None:
+            return [(b"vary", b"Origin")] if self.cors_origins else []
+        return [
+            (b"access-control-allow-origin", allowed.encode("latin-1")),
+            (b"access-control-expose-headers", EXPOSE_HEADERS),
+            (b"vary", b"Origin"),
+        ]
+
+    def _allowed_origin(self, scope: HTTPScope) -> str | None:
+        if not self.cors_origins:
+            return None
+        origin = _header(scope, b"origin")
+        if origin is None:
+            return None
+        if "*" in self.cors_origins:
+            return "*"
+        return origin if origin.lower() in self.cors_origins else None

@@ -1,0 +1,87 @@
+"""The keys file read again on SIGHUP, in a real server process: the new keys are
+accepted and the removed ones refused, a broken file keeps the keys in use, and the
+server's whole log never shows a key (only names and hashes)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+from openai import OpenAI
+
+from mlxcel.http.guards import key_name
+
+from server_process import MODEL, ServerProcess, ServerProcesses
+
+KEYS = ("sk-flag-7f3a", "sk-old-19c2", "sk-new-55d0", "sk-anon-e81b", "sk-bad-0000")
+
+
+@pytest.fixture
+def servers(tmp_path: Path) -> Iterator[ServerProcesses]:
+    started = ServerProcesses(tmp_path)
+    try:
+        yield started
+    finally:
+        started.close()
+
+
+def status(server: ServerProcess, key: str) -> int:
+    with httpx.Client(base_url=server.url, timeout=30) as http:
+        headers = {"Authorization": f"Bearer {key}"}
+        return http.get("/v1/models", headers=headers).status_code
+
+
+def wait_for(predicate: Callable[[], bool], server: ServerProcess) -> None:
+    """Poll until the server shows the effect of a signal (handled asynchronously)."""
+    deadline = time.monotonic() + 20
+    while not predicate():
+        assert time.monotonic() < deadline, server.log.read_text()
+        time.sleep(0.05)
+
+
+def test_sighup_reloads_the_keys_file_and_no_key_is_ever_logged(
+    servers: ServerProcesses, tmp_path: Path
+) -> None:
+    keys_file = tmp_path / "keys"
+    keys_file.write_text("old:sk-old-19c2 rpm=5\n")
+    server = servers.start("--api-key", "sk-flag-7f3a", "--api-key-file", str(keys_file))
+    assert status(server, "sk-old-19c2") == 200
+    assert status(server, "sk-flag-7f3a") == 200
+    assert status(server, "sk-new-55d0") == 401
+
+    keys_file.write_text("# rotated\nnew:sk-new-55d0\nsk-anon-e81b\n")
+    server.hangup()
+    wait_for(lambda: status(server, "sk-new-55d0") == 200, server)
+    assert status(server, "sk-old-19c2") == 401
+    assert status(server, "sk-anon-e81b") == 200
+    assert status(server, "sk-flag-7f3a") == 200  # the flag's key stays
+
+    with (
+        OpenAI(base_url=f"{server.url}/v1", api_key="sk-new-55d0", max_retries=0) as new,
+        OpenAI(base_url=f"{server.url}/v1", api_key="sk-old-19c2", max_retries=0) as old,
+    ):
+        assert new.responses.create(model=MODEL, input="hi").status == "completed"
+        with pytest.raises(openai.AuthenticationError):
+            old.responses.create(model=MODEL, input="hi")
+
+    keys_file.write_text("new:sk-new-55d0\nnew:sk-bad-0000\n")  # a duplicate name
+    server.hangup()
+    wait_for(lambda: "line 2: the name new is taken" in server.log.read_text(), server)
+    assert status(server, "sk-new-55d0") == 200  # the keys in use stay
+    assert status(server, "sk-bad-0000") == 401
+
+    keys_file.unlink()
+    server.hangup()
+    wait_for(lambda: "cannot be read" in server.log.read_text(), server)
+    assert status(server, "sk-anon-e81b") == 200
+
+    log = server.log.read_text()
+    for key in KEYS:
+        assert key not in log
+    for name in ("new", key_name("sk-anon-e81b"), key_name("sk-flag-7f3a")):
+        assert f"key={name} " in log  # the access log names the callers
+    assert "status=401" in log
