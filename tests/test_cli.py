@@ -12,7 +12,8 @@ from mlxcel.actors.limits import redis_url, sqlite_path
 from mlxcel.cli import main, server_main
 from mlxcel.config import Settings
 from mlxcel.errors import ConfigError
-from mlxcel.flags import FLAGS, build_parser, settings_from_args
+from mlxcel.flag_table import FLAGS
+from mlxcel.flags import build_parser, settings_from_args
 
 
 def settings(argv: list[str], env: dict[str, str] | None = None) -> Settings:
