@@ -7,6 +7,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -19,6 +20,7 @@ from mlxcel.model.fake import FakeEngine, fake_factory
 from mlxcel.prepare.intake import ModelNames
 
 from redis_server import RedisServer
+from server_process import ServerProcesses
 from support import FakeServer, StartServer, key_prefix
 
 
@@ -81,6 +83,17 @@ async def _until_ready(url: str, patience: float = 30) -> None:
     async with httpx.AsyncClient(base_url=url, timeout=patience) as http:
         while (await http.get("/health")).status_code != 200 and time.monotonic() < deadline:
             await trio.lowlevel.checkpoint()  # each poll is a real request: no busy spin
+
+
+@pytest.fixture
+def servers(tmp_path: Path) -> Iterator[ServerProcesses]:
+    """Server processes on the fake engine a test starts (`tests/server_process.py`),
+    killed at its end whatever happened."""
+    started = ServerProcesses(tmp_path)
+    try:
+        yield started
+    finally:
+        started.close()
 
 
 @pytest.fixture

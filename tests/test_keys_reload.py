@@ -5,7 +5,7 @@ server's whole log never shows a key (only names and hashes)."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -18,15 +18,6 @@ from mlxcel.http.guards import key_name
 from server_process import MODEL, ServerProcess, ServerProcesses
 
 KEYS = ("sk-flag-7f3a", "sk-old-19c2", "sk-new-55d0", "sk-anon-e81b", "sk-bad-0000")
-
-
-@pytest.fixture
-def servers(tmp_path: Path) -> Iterator[ServerProcesses]:
-    started = ServerProcesses(tmp_path)
-    try:
-        yield started
-    finally:
-        started.close()
 
 
 def status(server: ServerProcess, key: str) -> int:

@@ -4,23 +4,11 @@ on; a frozen one can still be killed."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
 import httpx
 import pytest
 
 from haproxy import Haproxy
 from server_process import ServerProcesses
-
-
-@pytest.fixture
-def servers(tmp_path: Path) -> Iterator[ServerProcesses]:
-    started = ServerProcesses(tmp_path)
-    try:
-        yield started
-    finally:
-        started.close()
 
 
 def test_replicas_start_together_and_one_can_be_frozen(servers: ServerProcesses) -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from cluster import STEP_DELAY, Cluster, start_cluster
@@ -30,15 +29,6 @@ def cluster(module_servers: ServerProcesses, redis_server: RedisServer) -> Clust
 
 
 @pytest.fixture
-def replica_servers(tmp_path: Path) -> Iterator[ServerProcesses]:
-    started = ServerProcesses(tmp_path)
-    try:
-        yield started
-    finally:
-        started.close()
-
-
-@pytest.fixture
-def owner(replica_servers: ServerProcesses, cluster: Cluster) -> ServerProcess:
+def owner(servers: ServerProcesses, cluster: Cluster) -> ServerProcess:
     """A fourth replica on the cluster's store with one slot, for a test to kill or freeze."""
-    return replica_servers.start(*cluster.flags, "--parallel", "1", step_delay=STEP_DELAY)
+    return servers.start(*cluster.flags, "--parallel", "1", step_delay=STEP_DELAY)

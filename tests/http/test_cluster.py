@@ -90,11 +90,11 @@ def test_concurrent_appends_from_three_replicas_lose_nothing(cluster: Cluster) -
 
 
 def test_the_entry_cap_holds_under_concurrent_puts(
-    replica_servers: ServerProcesses, redis_server: RedisServer, redis_prefix: str
+    servers: ServerProcesses, redis_server: RedisServer, redis_prefix: str
 ) -> None:
     cap = 5
     small = start_cluster(
-        replica_servers, redis_server, redis_prefix, "--responses-store-max-entries", str(cap)
+        servers, redis_server, redis_prefix, "--responses-store-max-entries", str(cap)
     )
     sizes: list[int] = []
     done = threading.Event()

@@ -124,9 +124,9 @@ def test_a_frozen_replicas_job_stays_reaped_after_it_thaws(
 
 
 def test_a_redis_outage_answers_503_and_the_replicas_recover(
-    replica_servers: ServerProcesses, own_redis: RedisServer, redis_prefix: str
+    servers: ServerProcesses, own_redis: RedisServer, redis_prefix: str
 ) -> None:
-    cl = start_cluster(replica_servers, own_redis, redis_prefix)
+    cl = start_cluster(servers, own_redis, redis_prefix)
     r1, r2, r3 = cl.clients
     kept = r1.responses.create(model=MODEL, input="echo: before the outage")
     conv = r2.conversations.create()

@@ -261,13 +261,13 @@ async def test_a_key_files_own_limits_override_the_flags(
 
 
 def test_replicas_on_one_redis_share_each_keys_limit(
-    replica_servers: ServerProcesses, redis_server: RedisServer, redis_prefix: str
+    servers: ServerProcesses, redis_server: RedisServer, redis_prefix: str
 ) -> None:
     """Two server processes on one Redis: a key's requests count together wherever they
     land, and each key keeps its own count."""
     flags = ("--store", redis_server.url, "--redis-key-prefix", redis_prefix)
     flags += ("--api-key", ",".join(KEYS), "--rate-limit-rpm", "3")
-    one, two = replica_servers.start_replicas(2, *flags)
+    one, two = servers.start_replicas(2, *flags)
     left = 60 - time.time() % 60
     if left < 10:  # the requests below must fall in one minute of the wall clock
         time.sleep(left + 0.05)

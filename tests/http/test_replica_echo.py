@@ -4,22 +4,8 @@ the fake engine, started with the real flags)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
-import pytest
-
 from redis_server import RedisServer
 from server_process import MODEL, ServerProcesses
-
-
-@pytest.fixture
-def servers(tmp_path: Path) -> Iterator[ServerProcesses]:
-    started = ServerProcesses(tmp_path)
-    try:
-        yield started
-    finally:
-        started.close()
 
 
 def test_a_dropped_reasoning_trace_is_found_on_another_replica(

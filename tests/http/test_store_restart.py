@@ -9,13 +9,11 @@ import re
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
 
 from mlxcel.actors.store_backend import RESTART_MESSAGE
 from mlxcel.actors.store_codec import decode, encoded_size
@@ -29,15 +27,6 @@ TOOL = {
     "description": "Look a word up.",
     "parameters": {"type": "object", "properties": {"word": {"type": "string"}}},
 }
-
-
-@pytest.fixture
-def servers(tmp_path: Path) -> Iterator[ServerProcesses]:
-    started = ServerProcesses(tmp_path)
-    try:
-        yield started
-    finally:
-        started.close()
 
 
 def _get(http: httpx.Client, path: str) -> bytes:
