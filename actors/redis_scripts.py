@@ -2,7 +2,7 @@
 as one atomic step (no other client's command lands inside it).
 
 Every script gets the key prefix as ARGV[1] and the time (seconds) as ARGV[2]; the rest
-of its arguments follow. A table `t` is kept in five keys: `t:body` (id → encoded
+of its arguments follow. A table `t` is kept in six keys: `t:body` (id → encoded
 value), `t:lru` (id → recency tick; for `active`, the order jobs were registered in),
 `t:exp` (id → expiry time, for tables with a TTL), `t:bytes` (the sum of the bodies'
 lengths), `t:link` (id → `previous_response_id`) and `t:ver` (id → the tick it was
@@ -11,7 +11,9 @@ written at, for compare-and-set). Stored responses' items are indexed in `items`
 jobs keep their owner in `active:owner` ("replica\\nepoch") and their cancel requests in
 `active:cancel`; a replica's lease is `lease:<replica>` holding its epoch. The reasoning
 echo cache is the table `echo`. A rate-limit counter's window is the key
-`rate:<window secs>:<window start>:<counter>`, expiring after its window.
+`rate:<window secs>:<window start>:<counter>`, expiring after its window. The scripts of
+stored values are here; those of jobs, leases, cancels and rate counters are in
+`redis_job_scripts.py`, on the same shared functions.
 """
 
 from __future__ import annotations
@@ -137,11 +139,12 @@ end
 """
 
 
-def _script(body: str) -> str:
+def script(body: str) -> str:
+    """A script: the shared functions above, then `body`."""
     return PRELUDE + body
 
 
-PUT = _script(
+PUT = script(
     r"""
 -- ARGV[3..]: table, id, body, max entries, max bytes, ttl, link, items
 put(ARGV[3], ARGV[4], ARGV[5], tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8]),
@@ -150,7 +153,7 @@ return 1
 """
 )
 
-GET = _script(
+GET = script(
     r"""
 -- ARGV[3]: id; ARGV[4..]: tables in order. Returns {table, body} or nil.
 for i = 4, #ARGV do
@@ -164,7 +167,7 @@ return false
 """
 )
 
-GET_VERSIONED = _script(
+GET_VERSIONED = script(
     r"""
 -- ARGV[3]: table, ARGV[4]: id. Returns {body, version} of a live entry, or nil.
 local t, id = ARGV[3], ARGV[4]
@@ -174,7 +177,7 @@ return {redis.call('HGET', k(t .. ':body'), id), redis.call('HGET', k(t .. ':ver
 """
 )
 
-PUT_IF_VERSION = _script(
+PUT_IF_VERSION = script(
     r"""
 -- ARGV[3..10] as PUT; ARGV[11]: the version read ('' for none). 1 if stored, 0 if the
 -- entry changed since it was read.
@@ -188,7 +191,7 @@ return 1
 """
 )
 
-CHAIN = _script(
+CHAIN = script(
     r"""
 -- ARGV[3]: the newest id, ARGV[4]: most hops. Returns {missing id or '', bodies...}.
 local out = {''}
@@ -208,7 +211,7 @@ return out
 """
 )
 
-FIND_ITEMS = _script(
+FIND_ITEMS = script(
     r"""
 -- ARGV[3..]: item ids, sorted. Returns {item id, body, place, ...} from the newest live
 -- stored response holding each.
@@ -233,7 +236,7 @@ return out
 """
 )
 
-DELETE = _script(
+DELETE = script(
     r"""
 -- ARGV[3]: table, ARGV[4]: id. An expired entry not yet dropped is already gone.
 local t, id = ARGV[3], ARGV[4]
@@ -243,7 +246,7 @@ return 1
 """
 )
 
-STATISTICS = _script(
+STATISTICS = script(
     r"""
 local out = {}
 for _, t in ipairs({'responses', 'conversations', 'ephemeral', 'active'}) do
@@ -255,116 +258,7 @@ return out
 """
 )
 
-REGISTER_JOB = _script(
-    r"""
--- ARGV[3]: id, ARGV[4]: body, ARGV[5]: link, ARGV[6]: owner
-remove('active', ARGV[3])
-insert('active', ARGV[3], ARGV[4], 0, ARGV[5], '[]')
-redis.call('HSET', k('active:owner'), ARGV[3], ARGV[6])
-return 1
-"""
-)
-
-UPDATE_JOB = _script(
-    r"""
--- ARGV[3]: id, ARGV[4]: body, ARGV[5]: owner. 0 when fenced out.
-local id = ARGV[3]
-if redis.call('HGET', k('active:owner'), id) ~= ARGV[5] then return 0 end
-local old = redis.call('HGET', k('active:body'), id)
-redis.call('HSET', k('active:body'), id, ARGV[4])
-redis.call('INCRBY', k('active:bytes'), #ARGV[4] - #old)
-return 1
-"""
-)
-
-FINISH_JOB = _script(
-    r"""
--- ARGV[3]: id, ARGV[4]: owner, ARGV[5..12]: the put spec of the final object.
-local id = ARGV[3]
-if redis.call('HGET', k('active:owner'), id) ~= ARGV[4] then return 0 end
-put_spec(5, id)
-remove('active', id)
-return 1
-"""
-)
-
-DEAD_JOBS = _script(
-    r"""
--- ARGV[3]: the caller's owner. Returns {id, owner, body, ...} of the unfinished jobs
--- whose owner is neither the caller nor live, in the order they were registered.
-local out = {}
-for _, id in ipairs(redis.call('ZRANGE', k('active:lru'), 0, -1)) do
-  local owner = redis.call('HGET', k('active:owner'), id)
-  if owner and owner ~= ARGV[3] and not lease_live(owner) then
-    out[#out + 1] = id
-    out[#out + 1] = owner
-    out[#out + 1] = redis.call('HGET', k('active:body'), id)
-  end
-end
-return out
-"""
-)
-
-REAP_JOB = _script(
-    r"""
--- ARGV[3]: id, ARGV[4]: the dead owner read, ARGV[5..12]: the put spec of the failed end,
--- ARGV[13..20]: of the cancelled end. 1 if this call ended the job (exactly one does).
-local id, owner = ARGV[3], ARGV[4]
-if redis.call('HGET', k('active:owner'), id) ~= owner or lease_live(owner) then return 0 end
-if redis.call('SISMEMBER', k('active:cancel'), id) == 1 then put_spec(13, id) else put_spec(5, id) end
-remove('active', id)
-return 1
-"""
-)
-
-REQUEST_CANCEL = _script(
-    r"""
--- ARGV[3]: id. Flags the job and tells its owner's replica; returns the owner or nil.
-local owner = redis.call('HGET', k('active:owner'), ARGV[3])
-if not owner then return false end
-redis.call('SADD', k('active:cancel'), ARGV[3])
-local replica = string.sub(owner, 1, (string.find(owner, '\n', 1, true) or 0) - 1)
-redis.call('PUBLISH', k('cancel:' .. replica), ARGV[3])
-return owner
-"""
-)
-
-CANCELS_FOR = _script(
-    r"""
--- ARGV[3]: an owner. The ids of its unfinished jobs asked to cancel.
-local out = {}
-for _, id in ipairs(redis.call('SMEMBERS', k('active:cancel'))) do
-  if redis.call('HGET', k('active:owner'), id) == ARGV[3] then out[#out + 1] = id end
-end
-return out
-"""
-)
-
-RENEW_LEASE = _script(
-    r"""
--- ARGV[3]: replica, ARGV[4]: epoch, ARGV[5]: lease in ms, ARGV[6]: '1' to take it.
--- 1 when the replica holds its lease (for another lease time), 0 when it lost it.
-local key = k('lease:' .. ARGV[3])
-if ARGV[6] == '1' then
-  redis.call('SET', key, ARGV[4], 'PX', ARGV[5])
-  return 1
-end
-if redis.call('GET', key) ~= ARGV[4] then return 0 end
-redis.call('PEXPIRE', key, ARGV[5])
-return 1
-"""
-)
-
-RELEASE_LEASE = _script(
-    r"""
--- ARGV[3]: replica, ARGV[4]: epoch.
-local key = k('lease:' .. ARGV[3])
-if redis.call('GET', key) == ARGV[4] then redis.call('DEL', key) end
-return 1
-"""
-)
-
-REMEMBER = _script(
+REMEMBER = script(
     r"""
 -- ARGV[3]: key, ARGV[4]: trace, ARGV[5]: the echo byte budget.
 local key, trace, budget = ARGV[3], ARGV[4], tonumber(ARGV[5])
@@ -376,7 +270,7 @@ return 1
 """
 )
 
-RECALL = _script(
+RECALL = script(
     r"""
 -- ARGV[3..]: keys. Returns {key, trace, ...} of those kept, each touched.
 local out = {}
@@ -389,20 +283,5 @@ for i = 3, #ARGV do
   end
 end
 return out
-"""
-)
-
-CHARGE = _script(
-    r"""
--- ARGV[3]: the window's key, ARGV[4]: amount, ARGV[5]: limit (0: none), ARGV[6]: the
--- key's life in ms. Returns {1 if allowed (and added) else 0, the count after}.
-local key, amount, limit = k(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
-local used = tonumber(redis.call('GET', key) or '0')
-if limit > 0 and used >= limit then return {0, used} end
-if amount > 0 then
-  used = redis.call('INCRBY', key, amount)
-  redis.call('PEXPIRE', key, ARGV[6])
-end
-return {1, used}
 """
 )

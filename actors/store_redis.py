@@ -1,7 +1,7 @@
 """The Redis backend: one store that several replicas share (`--store redis://...`).
 
-Every operation is one Lua script (`actors/redis_scripts.py`), so Redis runs it as one
-atomic step: budgets, TTL and LRU hold whichever replica writes, and no write lands
+Every operation is one Lua script (`actors/redis_scripts.py`, `redis_job_scripts.py`), so
+Redis runs it as one atomic step: budgets, TTL and LRU hold whichever replica writes, and no write lands
 inside another. A conversation change is computed here and written back only if the
 transcript is still the one read (compare-and-set on its version), so concurrent appends
 from any replica are never lost. Keys live under `{PREFIX}:` (one hash slot).
@@ -28,6 +28,7 @@ from coredis.commands.script import Script
 from coredis.exceptions import RedisError
 from coredis.retry import NoRetryPolicy
 
+from mlxcel.actors import redis_job_scripts as job_lua
 from mlxcel.actors import redis_scripts as lua
 from mlxcel.actors.item_index import item_at
 from mlxcel.actors.limits import StoreLimits
@@ -224,31 +225,35 @@ class RedisBackend:
         return StoreStatistics(*of)
 
     async def register_job(self, record: ResponseRecord, owner: JobOwner) -> None:
-        await self._run(lua.REGISTER_JOB, record.id, encode(record), link(record), owner_arg(owner))
+        await self._run(
+            job_lua.REGISTER_JOB, record.id, encode(record), link(record), owner_arg(owner)
+        )
 
     async def update_job(self, record: ResponseRecord, owner: JobOwner) -> bool:
-        return bool(await self._run(lua.UPDATE_JOB, record.id, encode(record), owner_arg(owner)))
+        return bool(
+            await self._run(job_lua.UPDATE_JOB, record.id, encode(record), owner_arg(owner))
+        )
 
     async def finish_job(self, final: ResponseRecord, owner: JobOwner) -> ResponseRecord | None:
         kept, spec = self._final_spec(final)
-        if await self._run(lua.FINISH_JOB, final.id, owner_arg(owner), *spec):
+        if await self._run(job_lua.FINISH_JOB, final.id, owner_arg(owner), *spec):
             return kept
         return None
 
     async def request_cancel(self, response_id: str) -> JobOwner | None:
-        owner = await self._run(lua.REQUEST_CANCEL, response_id)
+        owner = await self._run(job_lua.REQUEST_CANCEL, response_id)
         return None if owner is None else parse_owner(owner)
 
     async def reap(self, owner: JobOwner) -> int:
         """End the unfinished jobs of every owner but `owner` whose lease is gone (a
         replica holding its lease is alive: its jobs are its own)."""
-        flat = await self._run(lua.DEAD_JOBS, owner_arg(owner))
+        flat = await self._run(job_lua.DEAD_JOBS, owner_arg(owner))
         ended = 0
         for n in range(0, len(flat), 3):
             job_id, dead, record = flat[n].decode(), flat[n + 1], decode_response(flat[n + 2])
             _, failed = self._final_spec(reaped(record, cancel_requested=False))
             _, cancelled = self._final_spec(reaped(record, cancel_requested=True))
-            ended += await self._run(lua.REAP_JOB, job_id, dead, *failed, *cancelled)
+            ended += await self._run(job_lua.REAP_JOB, job_id, dead, *failed, *cancelled)
         return ended
 
     async def remember(self, key: str, reasoning: str) -> None:
@@ -264,7 +269,7 @@ class RedisBackend:
         start, resets_in = window(self._clock(), window_secs)
         key = f"rate:{window_secs}:{start}:{counter}"
         life_ms = str(round((resets_in + COUNTER_SLACK_SECS) * 1000))
-        allowed, used = await self._run(lua.CHARGE, key, str(amount), str(limit), life_ms)
+        allowed, used = await self._run(job_lua.CHARGE, key, str(amount), str(limit), life_ms)
         return Charge(bool(allowed), int(used), resets_in)
 
     async def maintain(self) -> None:
@@ -286,14 +291,14 @@ class RedisBackend:
         False when it was lost (expired, or another epoch holds it)."""
         ms = str(max(1, round(lease_secs * 1000)))
         flag = "1" if take else "0"
-        return bool(await self._run(lua.RENEW_LEASE, owner.replica, owner.epoch, ms, flag))
+        return bool(await self._run(job_lua.RENEW_LEASE, owner.replica, owner.epoch, ms, flag))
 
     async def release_lease(self, owner: JobOwner) -> None:
-        await self._run(lua.RELEASE_LEASE, owner.replica, owner.epoch)
+        await self._run(job_lua.RELEASE_LEASE, owner.replica, owner.epoch)
 
     async def cancels_for(self, owner: JobOwner) -> tuple[str, ...]:
         """The ids of `owner`'s unfinished jobs that were asked to cancel."""
-        return tuple(i.decode() for i in await self._run(lua.CANCELS_FOR, owner_arg(owner)))
+        return tuple(i.decode() for i in await self._run(job_lua.CANCELS_FOR, owner_arg(owner)))
 
     @contextlib.asynccontextmanager
     async def cancel_requests(self, replica: str) -> AsyncIterator[AsyncIterator[str]]:
