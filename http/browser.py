@@ -31,7 +31,13 @@ ALLOW_METHODS = b"GET, POST, DELETE, OPTIONS"
 ALLOW_HEADERS = ("authorization", "content-type", "accept", "idempotency-key")
 _SDK_HEADER_PREFIXES = ("x-stainless-", "openai-")
 """The OpenAI SDKs' own request headers (`x-stainless-os`, `openai-organization`, ...)."""
-EXPOSE_HEADERS = b"retry-after, x-request-id"
+_RATE_LIMIT_HEADERS = tuple(
+    f"x-ratelimit-{what}-{of}".encode()
+    for of in ("requests", "tokens")
+    for what in ("limit", "remaining", "reset")
+)
+EXPOSE_HEADERS = b", ".join((b"retry-after", b"x-request-id", *_RATE_LIMIT_HEADERS))
+"""The answer headers a page may read: `Retry-After` and the per-key rate limits'."""
 PREFLIGHT_MAX_AGE = b"600"
 
 

@@ -69,6 +69,10 @@ async def test_listed_origins_get_preflights_and_readable_answers(
             r = await http.post("/v1/responses", json=BODY, headers={**key, "Origin": origin})
             assert r.status_code == 200, r.text
             assert r.headers["access-control-allow-origin"] == origin
+            exposed = {h.strip() for h in r.headers["access-control-expose-headers"].split(",")}
+            # A page can read when to retry, and the key's rate limits.
+            assert {"retry-after", "x-ratelimit-remaining-requests"} <= exposed
+            assert "x-ratelimit-reset-tokens" in exposed
         r = await http.post("/v1/responses", json=BODY, headers={"Origin": "https://app.example"})
         assert_openai_error(r, 401, "invalid_api_key")  # errors are readable too
         assert r.headers["access-control-allow-origin"] == "https://app.example"
