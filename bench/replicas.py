@@ -24,13 +24,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import shutil
 import signal
 import socket
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -39,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from machinery import redis_server
 
 ROOT = Path(__file__).resolve().parents[1]
 SERVER = """
@@ -65,36 +64,6 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
-
-
-@contextlib.contextmanager
-def redis_server() -> Iterator[str]:
-    """A `redis-server` on a free loopback port (no persistence) for the block; its URL."""
-    binary = shutil.which("redis-server")
-    if binary is None:
-        raise RuntimeError("redis-server is not installed (apt-get install redis-server)")
-    port = free_port()
-    with tempfile.TemporaryDirectory(prefix="mlxcel-bench-redis-") as folder:
-        argv = [binary, "--bind", "127.0.0.1", "--port", str(port), "--dir", folder]
-        argv += ["--save", "", "--appendonly", "no", "--daemonize", "no"]
-        process = subprocess.Popen(argv, stdout=subprocess.DEVNULL)
-        try:
-            deadline = time.monotonic() + 30
-            while True:
-                try:
-                    with socket.create_connection(("127.0.0.1", port), timeout=1) as sock:
-                        sock.sendall(b"PING\r\n")
-                        if sock.recv(64).startswith(b"+PONG"):
-                            break
-                except OSError:
-                    pass
-                if time.monotonic() > deadline or process.poll() is not None:
-                    raise RuntimeError("redis-server did not start")
-                time.sleep(0.02)
-            yield f"redis://127.0.0.1:{port}/0"
-        finally:
-            process.terminate()
-            process.wait(timeout=30)
 
 
 @dataclass
@@ -284,7 +253,7 @@ def main() -> int:
     args = parser.parse_args()
     lease = args.lease_secs
     results: dict[str, Any] = {}
-    with redis_server() as store:
+    with redis_server(free_port()) as store:
         with replicas(store, "bench-main", lease) as started:
             cluster = started.start(3)
             results["cancel"] = routed_cancels(cluster, args.cancels)
