@@ -2,6 +2,6 @@
 
 import sys
 
-from mlxcel.cli import main
+from mlxcel.cli.main import main
 
 sys.exit(main())

@@ -6,8 +6,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from mlxcel.actors.limits import StoreLimits, redis_url, sqlite_path
 from mlxcel.errors import ConfigError
+from mlxcel.store.limits import StoreLimits, redis_url, sqlite_path
 
 __all__ = ["Settings", "StoreLimits"]
 

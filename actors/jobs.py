@@ -18,7 +18,6 @@ from dataclasses import dataclass, field
 
 import trio
 
-from mlxcel.actors.events import ResponseFinished, ResponseInProgress
 from mlxcel.actors.messages import (
     CancelJob,
     EndJobs,
@@ -28,17 +27,18 @@ from mlxcel.actors.messages import (
     JobRefused,
     SubmitJob,
 )
-from mlxcel.actors.replica import LEASE_LOST_MESSAGE, Membership
 from mlxcel.actors.replies import answer
-from mlxcel.actors.responses import ResponseBuilder
 from mlxcel.actors.scheduler import SchedulerHandle
-from mlxcel.actors.store import StoreHandle
-from mlxcel.actors.store_backend import JobOwner
-from mlxcel.actors.store_codec import encoded_size
 from mlxcel.errors import RateLimited, StoreUnavailable
 from mlxcel.generation import GenerationRequest
 from mlxcel.items import ResponseError, ResponseRecord, Usage
 from mlxcel.metrics import Metrics
+from mlxcel.respond.builder import ResponseBuilder
+from mlxcel.respond.events import ResponseFinished, ResponseInProgress
+from mlxcel.store.actor import StoreHandle
+from mlxcel.store.backend import JobOwner
+from mlxcel.store.codec import encoded_size
+from mlxcel.store.replica import LEASE_LOST_MESSAGE, Membership
 
 log = logging.getLogger(__name__)
 

@@ -2,20 +2,19 @@
 
 Commands are named for what they ask (`Generate`, `PutResponse`). Replies travel on a
 channel the command brings; the producer closes it when done. The events a response
-streams back (`OutputTextDelta`, `ResponseFinished`) are catalogued in `actors/events.py`.
+streams back (`OutputTextDelta`, `ResponseFinished`) are catalogued in `respond/events.py`.
 """
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass, field
 
 import trio
 
-from mlxcel.actors.events import ResponseEvent
 from mlxcel.errors import MlxcelError
 from mlxcel.generation import GenerationRequest
-from mlxcel.items import Conversation, Item, ResponseRecord
+from mlxcel.items import ResponseRecord
+from mlxcel.respond.events import ResponseEvent
 
 # --- scheduler ---------------------------------------------------------------------
 
@@ -160,64 +159,3 @@ class EndJobs:
 
 
 JobCommand = SubmitJob | CancelJob | EndJobs
-
-
-# --- store -------------------------------------------------------------------------
-
-
-class Table(enum.Enum):
-    RESPONSES = "responses"
-    """Stored responses: entry cap, byte budget, TTL, LRU."""
-    CONVERSATIONS = "conversations"
-    """Conversation transcripts: their own cap, budget and TTL."""
-    EPHEMERAL = "ephemeral"
-    """Final objects of `background, store: false` jobs, pollable for a short TTL."""
-    ACTIVE = "active"
-    """Unfinished background jobs: never evicted; the job cap bounds them."""
-
-
-Stored = ResponseRecord | Conversation
-
-
-@dataclass(frozen=True, slots=True)
-class AddItems:
-    items: tuple[Item, ...]
-    response_id: str | None = None
-    """The response whose turn these items are: appending its turn again changes nothing."""
-
-
-@dataclass(frozen=True, slots=True)
-class RemoveItem:
-    item_id: str
-
-
-@dataclass(frozen=True, slots=True)
-class SetMetadata:
-    metadata: dict[str, str]
-
-
-ConversationChange = AddItems | RemoveItem | SetMetadata
-
-
-class Refused(enum.Enum):
-    """Why a conversation change was not made; the stored transcript is as it was."""
-
-    MISSING = "missing"
-    """No such conversation, and it was not to be created (or its id was minted here, so
-    it was deleted or has expired and must not come back empty)."""
-    FULL = "full"
-    """The changed transcript would not fit the conversation store's byte budget."""
-
-
-@dataclass(frozen=True, slots=True)
-class TableStatistics:
-    entries: int
-    bytes: int
-
-
-@dataclass(frozen=True, slots=True)
-class StoreStatistics:
-    responses: TableStatistics
-    conversations: TableStatistics
-    ephemeral: TableStatistics
-    active: TableStatistics

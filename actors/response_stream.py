@@ -18,7 +18,6 @@ from typing import TypeVar
 
 import trio
 
-from mlxcel.actors.events import ResponseEvent, ResponseFinished
 from mlxcel.actors.messages import (
     CancelResponse,
     EndAll,
@@ -34,6 +33,7 @@ from mlxcel.actors.messages import (
 from mlxcel.errors import GenerationFailed, QueueFull
 from mlxcel.generation import GenerationRequest
 from mlxcel.items import ResponseRecord
+from mlxcel.respond.events import ResponseEvent, ResponseFinished
 
 T = TypeVar("T")
 

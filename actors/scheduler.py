@@ -16,7 +16,6 @@ from dataclasses import dataclass
 
 import trio
 
-from mlxcel.actors.echo import EchoHandle
 from mlxcel.actors.messages import (
     CancelResponse,
     EndAll,
@@ -33,10 +32,11 @@ from mlxcel.actors.messages import (
 from mlxcel.actors.replies import answer
 from mlxcel.actors.response_stream import SchedulerHandle
 from mlxcel.actors.slot import ClientGone, ResponsePath, Running
-from mlxcel.actors.store import StoreHandle
 from mlxcel.items import ResponseRecord
 from mlxcel.metrics import Metrics
 from mlxcel.model.actor import ModelHandle
+from mlxcel.store.actor import StoreHandle
+from mlxcel.store.echo import EchoHandle
 
 __all__ = ["ClientGone", "Scheduler", "SchedulerHandle"]
 

@@ -18,8 +18,15 @@ from typing import Literal
 
 import trio
 
-from mlxcel.actors.echo import EchoHandle, turn_key
-from mlxcel.actors.events import (
+from mlxcel.actors.messages import Generate
+from mlxcel.actors.replies import answer
+from mlxcel.errors import InvalidRequest, StoreUnavailable
+from mlxcel.generation import GenerationRequest, PrefillProgress, SequenceFailed
+from mlxcel.items import Message, Reasoning, ResponseError, ResponseRecord, Usage
+from mlxcel.metrics import Metrics, TokenTimer
+from mlxcel.model.actor import ModelHandle
+from mlxcel.respond.builder import ResponseBuilder
+from mlxcel.respond.events import (
     CompactionStarted,
     KeepAlive,
     ResponseEvent,
@@ -27,15 +34,8 @@ from mlxcel.actors.events import (
     ResponseInProgress,
     StreamError,
 )
-from mlxcel.actors.messages import Generate
-from mlxcel.actors.replies import answer
-from mlxcel.actors.responses import ResponseBuilder
-from mlxcel.actors.store import StoreHandle
-from mlxcel.errors import InvalidRequest, StoreUnavailable
-from mlxcel.generation import GenerationRequest, PrefillProgress, SequenceFailed
-from mlxcel.items import Message, Reasoning, ResponseError, ResponseRecord, Usage
-from mlxcel.metrics import Metrics, TokenTimer
-from mlxcel.model.actor import ModelHandle
+from mlxcel.store.actor import StoreHandle
+from mlxcel.store.echo import EchoHandle, turn_key
 
 log = logging.getLogger(__name__)
 

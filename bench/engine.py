@@ -32,8 +32,8 @@ from typing import Any
 from prompts import TokenCounter, make_long_prompt, make_prompt
 
 from mlxcel.generation import Sampling, SequenceSpec
+from mlxcel.model.blas import BlasInfo, describe, load_fast_blas
 from mlxcel.model.engine import LoadedModel
-from mlxcel.model.provision.blas import BlasInfo, describe, load_fast_blas
 from mlxcel.model.provision.fetch import default_model_dir, is_ready
 
 

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from mlxcel.model.provision.blas import describe, load_fast_blas
+from mlxcel.model.blas import describe, load_fast_blas
 from mlxcel.model.provision.fetch import default_model_dir, is_ready
 
 CASES = {"decode64": (64, 1, 150), "prefill0": (1, 256, 0), "prefill2k": (1, 256, 2048)}

@@ -42,8 +42,8 @@ from machinery import redis_server
 ROOT = Path(__file__).resolve().parents[1]
 SERVER = """
 import functools, sys
-from mlxcel.app import serve_until_signalled
-from mlxcel.cli import _serve
+from mlxcel.cli.serve import serve_until_signalled
+from mlxcel.cli.main import _serve
 from mlxcel.model.fake import FakeEngine, fake_factory
 from mlxcel.prepare.intake import ModelNames
 

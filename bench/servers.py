@@ -27,7 +27,7 @@ LOG_TAIL_LINES = 40
 # anything imports mlx.core, then mlx_lm.server's own `main()`.
 PEER_BOOT = """\
 import sys
-from mlxcel.model.provision.blas import describe, load_fast_blas
+from mlxcel.model.blas import describe, load_fast_blas
 info = load_fast_blas()
 print(describe(info), flush=True)
 model, port, decode, prompt = sys.argv[1:5]

@@ -46,9 +46,6 @@ from pathlib import Path
 import trio
 from machinery import server
 
-from mlxcel.actors.limits import StoreLimits
-from mlxcel.actors.store import StoreActor, StoreHandle
-from mlxcel.actors.store_codec import encoded_size
 from mlxcel.items import (
     FunctionCall,
     FunctionCallOutput,
@@ -61,6 +58,9 @@ from mlxcel.items import (
     Usage,
     new_id,
 )
+from mlxcel.store.actor import StoreActor, StoreHandle
+from mlxcel.store.codec import encoded_size
+from mlxcel.store.limits import StoreLimits
 
 UNBOUNDED = StoreLimits(10_000_000, 1 << 42, 0)
 """No entry cap, budget or TTL that this benchmark could reach: nothing is evicted."""

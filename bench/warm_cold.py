@@ -18,8 +18,8 @@ from typing import Any
 
 from mlxcel.config import Settings
 from mlxcel.generation import Sampling, SequenceSpec
+from mlxcel.model.blas import describe, load_fast_blas
 from mlxcel.model.engine import LoadedModel
-from mlxcel.model.provision.blas import describe, load_fast_blas
 from mlxcel.model.provision.fetch import default_model_dir, is_ready
 
 

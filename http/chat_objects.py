@@ -10,15 +10,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from mlxcel.actors.events import (
-    FunctionCallArgumentsDelta,
-    OutputItemAdded,
-    OutputTextDelta,
-    ReasoningTextDelta,
-    ResponseEvent,
-    ResponseFinished,
-    StreamError,
-)
 from mlxcel.errors import GenerationFailed
 from mlxcel.http.objects import logprob_json
 from mlxcel.items import (
@@ -29,6 +20,15 @@ from mlxcel.items import (
     ResponseRecord,
     TokenLogprob,
     Usage,
+)
+from mlxcel.respond.events import (
+    FunctionCallArgumentsDelta,
+    OutputItemAdded,
+    OutputTextDelta,
+    ReasoningTextDelta,
+    ResponseEvent,
+    ResponseFinished,
+    StreamError,
 )
 
 

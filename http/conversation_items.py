@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from quart import Blueprint, Response, request
 
-from mlxcel.actors.messages import AddItems, RemoveItem
 from mlxcel.errors import NotFound
 from mlxcel.http.body import read_model
 from mlxcel.http.conversations import changed_conversation, existing_conversation
@@ -12,6 +11,7 @@ from mlxcel.http.handles import json_response
 from mlxcel.http.item_schemas import to_items
 from mlxcel.http.objects import conversation_json, item_json
 from mlxcel.http.schemas import ConversationItemsBody, list_page
+from mlxcel.store.tables import AddItems, RemoveItem
 
 conversation_items = Blueprint("conversation_items", __name__)
 

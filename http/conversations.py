@@ -10,8 +10,6 @@ import time
 
 from quart import Blueprint, Response
 
-from mlxcel.actors.messages import ConversationChange, Refused, SetMetadata
-from mlxcel.actors.store import StoreHandle, conversation_not_found
 from mlxcel.errors import InvalidRequest
 from mlxcel.http.body import read_model
 from mlxcel.http.guards import current_tenant
@@ -20,6 +18,8 @@ from mlxcel.http.item_schemas import to_items
 from mlxcel.http.objects import conversation_json
 from mlxcel.http.schemas import ConversationCreateBody, ConversationUpdateBody
 from mlxcel.items import Conversation, new_conversation_id
+from mlxcel.store.actor import StoreHandle, conversation_not_found
+from mlxcel.store.tables import ConversationChange, Refused, SetMetadata
 
 conversations = Blueprint("conversations", __name__)
 

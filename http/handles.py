@@ -12,16 +12,16 @@ from typing import Any
 import trio
 from quart import Quart, Response, current_app
 
-from mlxcel.actors.echo import EchoHandle
 from mlxcel.actors.jobs import JobsHandle
-from mlxcel.actors.quotas import Limiter
 from mlxcel.actors.scheduler import SchedulerHandle
-from mlxcel.actors.store import StoreHandle
 from mlxcel.generation import ModelView
 from mlxcel.keys import Keyring
 from mlxcel.metrics import Metrics
 from mlxcel.prepare.intake import ModelNames
 from mlxcel.prepare.policy import ClientPolicy
+from mlxcel.quotas import Limiter
+from mlxcel.store.actor import StoreHandle
+from mlxcel.store.echo import EchoHandle
 
 _KEY = "mlxcel"
 

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from quart import Blueprint, Response
 
-from mlxcel.actors.messages import StoreStatistics
 from mlxcel.errors import StoreUnavailable
 from mlxcel.http.handles import handles
 from mlxcel.metrics import CONTENT_TYPE
+from mlxcel.store.tables import StoreStatistics
 
 prometheus = Blueprint("prometheus", __name__)
 

@@ -2,7 +2,7 @@
 says about the limits, and how its tokens get charged.
 
 A generating route is wrapped in `rate_limited`: before it reads its body, the limiter
-(`actors/quotas.py`) admits the request or refuses it with a 429 whose `Retry-After` is
+(`quotas.py`) admits the request or refuses it with a 429 whose `Retry-After` is
 the end of the spent limit's window. Every answer of such a route, refusals and
 successes alike, carries OpenAI's headers (`x-ratelimit-limit-requests`,
 `-remaining-requests`, `-reset-requests`, and the same for `-tokens`) for the limits that
@@ -20,12 +20,12 @@ from typing import ParamSpec, cast
 
 from quart import Response, request
 
-from mlxcel.actors.quotas import Admission, Meter
 from mlxcel.errors import LimitReached, QuotaExceeded, RequestRateLimited, TokenRateLimited
 from mlxcel.generation import GenerateText, GenerationRequest
 from mlxcel.http.guards import current_tenant
 from mlxcel.http.handles import handles
 from mlxcel.items import ResponseRecord
+from mlxcel.quotas import Admission, Meter
 
 ADMISSION_KEY = "mlxcel.admission"
 """Where a request's scope keeps what the limiter decided for it."""

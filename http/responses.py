@@ -10,7 +10,6 @@ import functools
 
 from quart import Blueprint, Response
 
-from mlxcel.actors.events import ResponseCreated
 from mlxcel.errors import InvalidRequest, ModelNotFound
 from mlxcel.http.access_log import exchange_note, note_record
 from mlxcel.http.body import read_model
@@ -33,6 +32,7 @@ from mlxcel.prepare.limits import check_item_count
 from mlxcel.prepare.offload import off_loop
 from mlxcel.prepare.params import ResponseParams
 from mlxcel.prepare.policy import screen
+from mlxcel.respond.events import ResponseCreated
 
 responses = Blueprint("responses", __name__)
 

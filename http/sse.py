@@ -12,7 +12,8 @@ import dataclasses
 import json
 from typing import Any
 
-from mlxcel.actors.events import (
+from mlxcel.http.objects import item_json, logprob_json, part_json, response_json
+from mlxcel.respond.events import (
     CompactionCompleted,
     CompactionStarted,
     ContentPartAdded,
@@ -34,7 +35,6 @@ from mlxcel.actors.events import (
     ResponseInProgress,
     StreamError,
 )
-from mlxcel.http.objects import item_json, logprob_json, part_json, response_json
 
 KEEPALIVE_FRAME = b": keep-alive\n\n"
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from quart import Blueprint, Response, request
 
-from mlxcel.actors.messages import Table
 from mlxcel.errors import InvalidRequest, NotFound
 from mlxcel.http.access_log import exchange_note
 from mlxcel.http.guards import current_tenant
@@ -12,6 +11,7 @@ from mlxcel.http.handles import Handles, handles, json_response
 from mlxcel.http.objects import item_json, response_json
 from mlxcel.http.schemas import list_page
 from mlxcel.items import ResponseRecord
+from mlxcel.store.tables import Table
 
 stored = Blueprint("stored", __name__)
 

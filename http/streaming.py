@@ -19,10 +19,10 @@ from typing import Any
 
 import trio
 
-from mlxcel.actors.events import KeepAlive, ResponseCreated, ResponseEvent, ResponseFinished
 from mlxcel.actors.response_stream import ResponseStream
 from mlxcel.http.access_log import ExchangeNote
 from mlxcel.http.sse import KEEPALIVE_FRAME, SseEncoder
+from mlxcel.respond.events import KeepAlive, ResponseCreated, ResponseEvent, ResponseFinished
 
 log = logging.getLogger(__name__)
 

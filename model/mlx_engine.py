@@ -31,13 +31,13 @@ from pathlib import Path
 from typing import Any
 
 from mlxcel.generation import ModelInfo, PrefillProgress, Sampling, SequenceSpec, TokenStep
+from mlxcel.model.blas import BlasInfo
 from mlxcel.model.constrained import GrammarCompiler, GrammarMasks
 from mlxcel.model.engine import LoadedModel
 from mlxcel.model.folder import context_length
 from mlxcel.model.prompt import TemplateCodec
-from mlxcel.model.provision.blas import BlasInfo
 from mlxcel.model.step_plan import MAX_PREFILL_ROWS, StepBudget, Waiting, plan_chunk
-from mlxcel.model.tool_parsers import detect_parser
+from mlxcel.respond.tool_parsers import detect_parser
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # weights are local; never reach for a hub
 

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import json
 
-from mlxcel.actors.echo import EchoHandle, TurnHasher, turn_key, turn_prefix
 from mlxcel.items import Item, Message, Reasoning
 from mlxcel.prepare.offload import off_loop
 from mlxcel.prepare.params import ResponseParams
+from mlxcel.store.echo import EchoHandle, TurnHasher, turn_key, turn_prefix
 
 
 def _signature(params: ResponseParams) -> str:

@@ -13,8 +13,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from mlxcel.actors.echo import EchoHandle
-from mlxcel.actors.store import StoreHandle
 from mlxcel.errors import ContextLengthExceeded, InvalidRequest, ModelNotFound, UnsupportedFeature
 from mlxcel.generation import GenerationRequest, ModelInfo, PromptCodec, Sampling
 from mlxcel.items import (
@@ -33,6 +31,8 @@ from mlxcel.prepare.limits import check_input_size
 from mlxcel.prepare.offload import off_loop
 from mlxcel.prepare.params import ResponseParams
 from mlxcel.prepare.tools import tool_use
+from mlxcel.store.actor import StoreHandle
+from mlxcel.store.echo import EchoHandle
 
 # The server sets these itself when it renders a prompt.
 RESERVED_TEMPLATE_KWARGS = frozenset(

@@ -7,20 +7,6 @@ import dataclasses
 import re
 from collections.abc import Sequence
 
-from mlxcel.actors.events import (
-    ContentPartAdded,
-    ContentPartDone,
-    FunctionCallArgumentsDelta,
-    FunctionCallArgumentsDone,
-    OutputItemAdded,
-    OutputItemDone,
-    OutputTextDelta,
-    OutputTextDone,
-    ReasoningTextDelta,
-    ReasoningTextDone,
-    ResponseEvent,
-)
-from mlxcel.actors.responses import ResponseBuilder
 from mlxcel.generation import TokenStep, ToolUse
 from mlxcel.items import (
     Compaction,
@@ -34,7 +20,21 @@ from mlxcel.items import (
     TokenLogprob,
     new_id,
 )
-from mlxcel.model.tool_parsers import ParseEvent
+from mlxcel.respond.builder import ResponseBuilder
+from mlxcel.respond.events import (
+    ContentPartAdded,
+    ContentPartDone,
+    FunctionCallArgumentsDelta,
+    FunctionCallArgumentsDone,
+    OutputItemAdded,
+    OutputItemDone,
+    OutputTextDelta,
+    OutputTextDone,
+    ReasoningTextDelta,
+    ReasoningTextDone,
+    ResponseEvent,
+)
+from mlxcel.respond.tool_parsers import ParseEvent
 
 
 @dataclasses.dataclass

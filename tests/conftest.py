@@ -1,4 +1,5 @@
-"""Shared fixtures: an in-process server on the fake engine, and real Redis servers."""
+"""Shared fixtures: an in-process server on the fake engine, real Redis servers, the store
+kinds a store test runs on, the scripted tool-call parser and the default model's tokenizer."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import httpx
 import pytest
@@ -18,7 +20,9 @@ from mlxcel.app import serve
 from mlxcel.config import Settings
 from mlxcel.model.fake import FakeEngine, fake_factory
 from mlxcel.prepare.intake import ModelNames
+from mlxcel.respond.tool_parsers import PARSERS
 
+from builder_stream import Script, ScriptedParser
 from redis_server import RedisServer
 from server_process import ServerProcesses
 from support import FakeServer, StartServer, key_prefix
@@ -132,3 +136,48 @@ def own_redis() -> Iterator[RedisServer]:
         yield server
     finally:
         server.close()
+
+
+@pytest.fixture
+def script() -> Iterator[Script]:
+    """The batches the `scripted` tool-call format's parser reports (fill it in)."""
+    batches: Script = []
+    with mock.patch.dict(PARSERS, {"scripted": lambda names, schemas: ScriptedParser(batches)}):
+        yield batches
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """A store test runs on every backend; on Redis only when it keeps to real time.
+
+    Trio's autojump clock jumps whenever every task waits, real network I/O to Redis
+    included, and the store's lease timer then fires at moments no test controls: a test
+    on the autojump clock runs on memory and SQLite alone (not collected for Redis, never
+    skipped)."""
+    if "store_spec" in metafunc.fixturenames:
+        kinds = ["memory", "sqlite"]
+        if "autojump_clock" not in metafunc.fixturenames:
+            kinds.append("redis")
+        metafunc.parametrize("store_spec", kinds, indirect=True)
+
+
+@pytest.fixture
+def store_spec(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """The `--store` of a store test (see `pytest_generate_tests`); with Redis, the test
+    passes a key prefix of its own too."""
+    kind = str(request.param)
+    if kind == "redis":
+        server: RedisServer = request.getfixturevalue("redis_server")
+        return server.url
+    return "memory" if kind == "memory" else f"sqlite:{tmp_path / 'store.sqlite3'}"
+
+
+@pytest.fixture(scope="session")
+def tokenizer() -> Any:
+    """The default model's real tokenizer (the test command fetches the model first)."""
+    from tokenizers import Tokenizer
+
+    from mlxcel.model.provision.fetch import default_model_dir, is_ready
+
+    path = default_model_dir()
+    assert is_ready(path), "the default model is missing: run `mlxcel fetch-model` first"
+    return Tokenizer.from_file(str(Path(path) / "tokenizer.json"))

@@ -3,7 +3,7 @@
     python tests/fake_server_main.py [--fake-step-delay SECONDS] [mlxcel-server flags]
 
 Every server flag (`--store`, the store limits, `--parallel`, ...) goes through the
-command line's own parsing and error handling (`mlxcel.cli`), and the server runs as
+command line's own parsing and error handling (`mlxcel.cli.main`), and the server runs as
 `mlxcel-server` runs it, signals included; only the model is the deterministic fake
 engine (`mlxcel.model.fake`), whose steps last `--fake-step-delay` seconds each, so tests
 can hold a job in flight.
@@ -15,8 +15,8 @@ import argparse
 import functools
 import sys
 
-from mlxcel.app import serve_until_signalled
-from mlxcel.cli import _serve
+from mlxcel.cli.main import _serve
+from mlxcel.cli.serve import serve_until_signalled
 from mlxcel.config import Settings
 from mlxcel.model.fake import FakeEngine, fake_factory
 from mlxcel.prepare.intake import ModelNames

@@ -33,7 +33,20 @@ from openai.types.responses import (
 )
 from pydantic import BaseModel, TypeAdapter
 
-from mlxcel.actors.events import (
+from mlxcel.http.sse import SseEncoder
+from mlxcel.items import (
+    Compaction,
+    FunctionCall,
+    Message,
+    OutputText,
+    Reasoning,
+    RequestEcho,
+    ResponseError,
+    ResponseRecord,
+    TokenLogprob,
+    Usage,
+)
+from mlxcel.respond.events import (
     CompactionCompleted,
     CompactionStarted,
     ContentPartAdded,
@@ -53,19 +66,6 @@ from mlxcel.actors.events import (
     ResponseFinished,
     ResponseInProgress,
     StreamError,
-)
-from mlxcel.http.sse import SseEncoder
-from mlxcel.items import (
-    Compaction,
-    FunctionCall,
-    Message,
-    OutputText,
-    Reasoning,
-    RequestEcho,
-    ResponseError,
-    ResponseRecord,
-    TokenLogprob,
-    Usage,
 )
 
 SDK_EVENT: TypeAdapter[ResponseStreamEvent] = TypeAdapter(ResponseStreamEvent)

@@ -1,4 +1,4 @@
-"""What the store backends' state machine (`tests/actors/test_store_backends.py`) draws:
+"""What the store backends' state machine (`tests/store/test_backends.py`) draws:
 ids, records, conversation changes, table orders, owners and limits, small enough that
 caps, budgets, TTLs and LRU eviction all happen within a few steps."""
 
@@ -6,16 +6,6 @@ from __future__ import annotations
 
 from hypothesis import strategies as st
 
-from mlxcel.actors.limits import StoreLimits
-from mlxcel.actors.messages import (
-    AddItems,
-    ConversationChange,
-    RemoveItem,
-    SetMetadata,
-    Table,
-)
-from mlxcel.actors.store_backend import JobOwner
-from mlxcel.actors.store_codec import encoded_size
 from mlxcel.items import (
     FunctionCall,
     InputText,
@@ -27,6 +17,10 @@ from mlxcel.items import (
     ResponseStatus,
     new_conversation_id,
 )
+from mlxcel.store.backend import JobOwner
+from mlxcel.store.codec import encoded_size
+from mlxcel.store.limits import StoreLimits
+from mlxcel.store.tables import AddItems, ConversationChange, RemoveItem, SetMetadata, Table
 
 KEYS = [f"resp_{n}" for n in range(5)]
 """Response ids; a response's `previous_response_id` is always an earlier one (no loops)."""
@@ -123,7 +117,7 @@ fenced out happen often."""
 job_writers = st.sampled_from([HOLDER, HOLDER, CURRENT, STALE, OTHER])
 BOUNDED = (Table.RESPONSES, Table.CONVERSATIONS, Table.EPHEMERAL)
 REDIS_PARTS = ("body", "lru", "exp", "bytes", "link", "ver")
-"""The keys of one table in Redis (`actors/redis_scripts.py`)."""
+"""The keys of one table in Redis (`store/redis_scripts.py`)."""
 
 
 def limits(entries: range, units: list[float], ttls: list[float]) -> st.SearchStrategy[StoreLimits]:

@@ -19,7 +19,7 @@ import httpx
 import trio
 from openai import OpenAI
 
-from mlxcel.app import DEFAULT_ALIAS
+from mlxcel.cli.serve import DEFAULT_ALIAS
 from mlxcel.config import Settings
 from mlxcel.model.fake import FakeEngine
 

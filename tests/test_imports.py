@@ -1,10 +1,13 @@
 """The direction of the package's imports, read from the source: the rules that keep the
 layers apart stay true because this test walks the whole import graph.
 
+    cli/       the command line: flags, serving the real model, codex-config
     http/      the wire: routes, schemas, JSON objects, SSE, errors, the server
     prepare/   from a request's parameters to a GenerationRequest
-    actors/    scheduler, jobs, store, echo cache, and their message catalogue
-    model/     the engine, the model thread, prompts, tool-call parsers
+    actors/    the running tasks (scheduler, slots, jobs) and their message catalogue
+    respond/   generated text to items, stream events and the final record
+    store/     what the server keeps, where, and for how long
+    model/     the engine, the model thread, prompts, the fast BLAS
     generation.py, items.py, errors.py   the vocabulary every layer speaks
 """
 
@@ -17,7 +20,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SOURCES = ("actors", "http", "model", "prepare")
+SOURCES = ("actors", "cli", "http", "model", "prepare", "respond", "store")
 
 
 def module_name(path: Path) -> str:
@@ -84,7 +87,7 @@ def test_http_talks_to_the_model_only_through_the_actors(module: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "module", [*under("mlxcel.model"), "mlxcel.actors.messages", "mlxcel.actors.events"]
+    "module", [*under("mlxcel.model"), "mlxcel.actors.messages", *under("mlxcel.respond")]
 )
 def test_the_model_and_the_catalogue_never_reach_http(module: str) -> None:
     found = {t: p for t, p in reachable(GRAPH, module).items() if t.startswith("mlxcel.http")}
@@ -97,16 +100,38 @@ def test_preparation_knows_no_wire_format(module: str) -> None:
     assert not found, " -> ".join(next(iter(found.values())))
 
 
-def test_the_store_never_reaches_the_model() -> None:
+VOCABULARY = {"mlxcel.items", "mlxcel.errors", "mlxcel.generation"}
+
+
+@pytest.mark.parametrize("module", under("mlxcel.store"))
+def test_the_store_reaches_nothing_above_it(module: str) -> None:
+    above = ("model", "respond", "actors", "http", "prepare", "cli", "app", "quotas")
     found = {
         t: p
-        for t, p in reachable(GRAPH, "mlxcel.actors.store").items()
-        if t.startswith("mlxcel.model")
+        for t, p in reachable(GRAPH, module).items()
+        if any(t == f"mlxcel.{name}" or t.startswith(f"mlxcel.{name}.") for name in above)
     }
     assert not found, " -> ".join(next(iter(found.values())))
 
 
+@pytest.mark.parametrize("module", under("mlxcel.respond"))
+def test_respond_speaks_only_the_vocabulary(module: str) -> None:
+    found = {
+        t: p
+        for t, p in reachable(GRAPH, module).items()
+        if t not in VOCABULARY and not t.startswith("mlxcel.respond")
+    }
+    assert not found, " -> ".join(next(iter(found.values())))
+
+
+@pytest.mark.parametrize("module", sorted(GRAPH))
+def test_only_the_entry_point_imports_the_command_line(module: str) -> None:
+    if module in ("mlxcel.__main__", "mlxcel.cli") or module.startswith("mlxcel.cli."):
+        return
+    direct = sorted(t for t in GRAPH[module] if t == "mlxcel.cli" or t.startswith("mlxcel.cli."))
+    assert not direct, f"{module} imports {direct}"
+
+
 @pytest.mark.parametrize("module", ["mlxcel.items", "mlxcel.errors", "mlxcel.generation"])
 def test_the_vocabulary_stands_on_nothing_but_itself(module: str) -> None:
-    allowed = {"mlxcel.items", "mlxcel.errors", "mlxcel.generation"}
-    assert set(reachable(GRAPH, module)) <= allowed
+    assert set(reachable(GRAPH, module)) <= VOCABULARY

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from mlxcel.cli import server_main
+from mlxcel.cli.flags import build_parser, settings_from_args
+from mlxcel.cli.main import server_main
 from mlxcel.errors import ConfigError
-from mlxcel.flags import build_parser, settings_from_args
 from mlxcel.http.guards import key_name
 from mlxcel.keys import ApiKey, KeyLimits, Keyring, combine, parse_key_file
 

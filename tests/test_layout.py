@@ -37,7 +37,7 @@ def test_every_source_folder_is_an_installed_package() -> None:
     )
     folders = {
         path.parent.relative_to(ROOT)
-        for top in ("actors", "http", "model", "prepare")
+        for top in ("actors", "cli", "http", "model", "prepare", "respond", "store")
         for path in (ROOT / top).rglob("*.py")
     }
     assert {".".join(("mlxcel", *folder.parts)) for folder in folders} <= listed
@@ -50,4 +50,4 @@ def test_settings_load_no_layer() -> None:
         [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
     )
     loaded = {name for name in json.loads(out.stdout) if name.startswith("mlxcel.")}
-    assert loaded == {"mlxcel.actors", "mlxcel.actors.limits", "mlxcel.config", "mlxcel.errors"}
+    assert loaded == {"mlxcel.store", "mlxcel.store.limits", "mlxcel.config", "mlxcel.errors"}

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any, Final
 
 # Re-exported: models and BLAS shim builds share one cache root.
-from mlxcel.model.provision.blas import cache_dir as cache_dir
+from mlxcel.model.blas import cache_dir as cache_dir
 
 log = logging.getLogger(__name__)
 

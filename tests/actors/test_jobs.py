@@ -10,16 +10,16 @@ import trio
 import trio.testing
 
 from mlxcel.actors.jobs import BYTES_PER_OUTPUT_TOKEN, JobsHandle, JobSupervisor
-from mlxcel.actors.messages import Table
 from mlxcel.actors.scheduler import Scheduler
-from mlxcel.actors.store import StoreActor, StoreHandle
-from mlxcel.actors.store_codec import encoded_size
 from mlxcel.config import Settings, StoreLimits
 from mlxcel.errors import RateLimited
 from mlxcel.generation import GenerateText, GenerationRequest, Sampling
 from mlxcel.items import RequestEcho, ResponseRecord, Usage, new_id
 from mlxcel.model.actor import ModelActor
 from mlxcel.model.fake import FakeCodec, FakeEngine, fake_factory
+from mlxcel.store.actor import StoreActor, StoreHandle
+from mlxcel.store.codec import encoded_size
+from mlxcel.store.tables import Table
 
 from support import key_prefix, wait_until
 

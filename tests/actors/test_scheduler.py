@@ -8,7 +8,14 @@ import pytest
 import trio
 import trio.testing
 
-from mlxcel.actors.events import (
+from mlxcel.actors.scheduler import Scheduler, SchedulerHandle
+from mlxcel.config import Settings, StoreLimits
+from mlxcel.errors import QueueFull
+from mlxcel.generation import GenerationRequest, Sampling
+from mlxcel.items import RequestEcho, ResponseRecord, new_id
+from mlxcel.model.actor import ModelActor
+from mlxcel.model.fake import FakeCodec, FakeEngine, fake_factory
+from mlxcel.respond.events import (
     KeepAlive,
     OutputTextDelta,
     OutputTextDone,
@@ -16,14 +23,7 @@ from mlxcel.actors.events import (
     ResponseFinished,
     StreamError,
 )
-from mlxcel.actors.scheduler import Scheduler, SchedulerHandle
-from mlxcel.actors.store import StoreActor, StoreHandle
-from mlxcel.config import Settings, StoreLimits
-from mlxcel.errors import QueueFull
-from mlxcel.generation import GenerationRequest, Sampling
-from mlxcel.items import RequestEcho, ResponseRecord, new_id
-from mlxcel.model.actor import ModelActor
-from mlxcel.model.fake import FakeCodec, FakeEngine, fake_factory
+from mlxcel.store.actor import StoreActor, StoreHandle
 
 from support import wait_until
 

@@ -24,7 +24,7 @@ from cluster import (
     texts,
 )
 
-from mlxcel.actors.store_backend import RESTART_MESSAGE
+from mlxcel.store.backend import RESTART_MESSAGE
 
 from redis_server import RedisServer
 from server_process import MODEL, ServerProcess, ServerProcesses

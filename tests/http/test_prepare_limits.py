@@ -16,7 +16,7 @@ import httpx
 import pytest
 import trio
 
-import mlxcel.actors.echo
+import mlxcel.store.echo
 from mlxcel.app import serve
 from mlxcel.config import Settings
 from mlxcel.model.fake import FakeCodec, FakeEngine, fake_factory
@@ -135,7 +135,7 @@ async def test_echo_keys_hash_each_item_once(
             return str(self._inner.hexdigest())
 
     counting = types.SimpleNamespace(sha256=lambda data=b"": Counted(hashlib.sha256(data)))
-    monkeypatch.setattr(mlxcel.actors.echo, "hashlib", counting)
+    monkeypatch.setattr(mlxcel.store.echo, "hashlib", counting)
     server = await start(nursery, context_length=100_000)
     body = {"model": "fake-model", "input": turns(400)}
     r = await post(server, "/v1/responses", body)

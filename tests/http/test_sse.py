@@ -21,7 +21,8 @@ from openai.types.responses import (
 )
 from pydantic import BaseModel
 
-from mlxcel.actors.events import (
+from mlxcel.http.sse import SseEncoder, event_json
+from mlxcel.respond.events import (
     CompactionCompleted,
     CompactionStarted,
     KeepAlive,
@@ -29,7 +30,6 @@ from mlxcel.actors.events import (
     ResponseEvent,
     ResponseFinished,
 )
-from mlxcel.http.sse import SseEncoder, event_json
 
 from sse_frames import (
     COMPACTION,

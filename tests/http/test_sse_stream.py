@@ -19,7 +19,14 @@ from openai.types.responses import (
     ResponseTextDoneEvent,
 )
 
-from mlxcel.actors.events import (
+from mlxcel.generation import TokenStep, ToolUse
+from mlxcel.http.sse import KEEPALIVE_FRAME, SseEncoder
+from mlxcel.items import (
+    RequestEcho,
+    TokenLogprob,
+)
+from mlxcel.respond.builder import ResponseBuilder
+from mlxcel.respond.events import (
     KeepAlive,
     OutputTextDelta,
     ResponseCreated,
@@ -27,13 +34,6 @@ from mlxcel.actors.events import (
     ResponseFinished,
     ResponseInProgress,
     StreamError,
-)
-from mlxcel.actors.responses import ResponseBuilder
-from mlxcel.generation import TokenStep, ToolUse
-from mlxcel.http.sse import KEEPALIVE_FRAME, SseEncoder
-from mlxcel.items import (
-    RequestEcho,
-    TokenLogprob,
 )
 
 from sse_frames import (

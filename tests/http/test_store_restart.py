@@ -15,8 +15,8 @@ from typing import Any
 
 import httpx
 
-from mlxcel.actors.store_backend import RESTART_MESSAGE
-from mlxcel.actors.store_codec import decode, encoded_size
+from mlxcel.store.backend import RESTART_MESSAGE
+from mlxcel.store.codec import decode, encoded_size
 
 from server_process import MODEL, ServerProcesses
 

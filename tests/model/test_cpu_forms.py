@@ -8,7 +8,7 @@ from typing import Any, cast
 
 import pytest
 
-from mlxcel.model.provision.blas import load_fast_blas
+from mlxcel.model.blas import load_fast_blas
 from mlxcel.model.provision.fetch import default_model_dir, is_ready
 
 from tiny_model import ensure_tiny_model

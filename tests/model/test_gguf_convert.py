@@ -152,7 +152,7 @@ def write_gguf(path: Path, arch: str = "qwen2", head: str = "tied") -> dict[str,
 
 
 def _load_weights(folder: Path) -> dict[str, Array]:
-    from mlxcel.model.provision.blas import load_fast_blas
+    from mlxcel.model.blas import load_fast_blas
 
     load_fast_blas()
     import mlx.core as mx

@@ -13,8 +13,8 @@ import pytest
 
 from mlxcel.config import Settings
 from mlxcel.generation import Sampling, SequenceSpec, TokenStep
+from mlxcel.model.blas import load_fast_blas
 from mlxcel.model.engine import LoadedModel
-from mlxcel.model.provision.blas import load_fast_blas
 
 from tiny_model import ensure_tiny_model
 

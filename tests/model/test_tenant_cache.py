@@ -9,7 +9,8 @@ import httpx
 import pytest
 import trio
 
-from mlxcel.app import load_model, serve
+from mlxcel.app import serve
+from mlxcel.cli.serve import load_model
 from mlxcel.config import Settings
 from mlxcel.prepare.intake import ModelNames
 

@@ -1,0 +1,132 @@
+"""The serve flag set, named as llama-server names them, shared by `mlxcel serve`,
+`mlxcel-server` and `mlxcel codex-config`.
+
+Each flag may also come from an environment variable; a flag given on the command line
+wins over its variable. Each flag's default is its setting's (`config.py`).
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from mlxcel import __version__
+from mlxcel.cli.flag_table import FLAGS, Flag, switch
+from mlxcel.config import Settings, StoreLimits
+from mlxcel.errors import ConfigError
+
+
+def _env_default(flag: Flag, environ: dict[str, str]) -> Any:
+    if flag.env is None or flag.env not in environ:
+        return flag.default
+    raw = environ[flag.env]
+    try:
+        return flag.kind(raw)
+    except ValueError as exc:
+        raise ConfigError(f"{flag.env}={raw!r} is not valid for {flag.names[-1]}") from exc
+
+
+def build_parser(prog: str, environ: dict[str, str]) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description="Serve a local MLX language model behind the OpenAI Responses API.",
+        epilog="Every flag can also be set by the environment variable named in its help; "
+        "a flag on the command line wins.",
+    )
+    add_serve_flags(parser, environ)
+    return parser
+
+
+def add_serve_flags(parser: argparse.ArgumentParser, environ: dict[str, str]) -> None:
+    for flag in FLAGS:
+        env_note = f" [env {flag.env}]" if flag.env else ""
+        default_note = "" if flag.default is None else f" (default: {flag.default})"
+        if flag.negatable:
+            parser.add_argument(
+                *flag.names,
+                dest=flag.dest,
+                action=argparse.BooleanOptionalAction,
+                default=_env_default(flag, environ),
+                help=f"{flag.help}{env_note}",
+            )
+            continue
+        if flag.repeat:
+            from_env = _env_default(flag, environ)
+            parser.add_argument(
+                *flag.names,
+                dest=flag.dest,
+                action="append",
+                type=flag.kind,
+                default=[] if from_env is None else [from_env],
+                help=f"{flag.help}{env_note}",
+            )
+            continue
+        if flag.kind is switch:
+            default = _env_default(flag, environ)
+            parser.add_argument(
+                *flag.names,
+                dest=flag.dest,
+                action="store_true",
+                default=default,
+                help=f"{flag.help}{env_note}",
+            )
+            continue
+        parser.add_argument(
+            *flag.names,
+            dest=flag.dest,
+            type=flag.kind,
+            default=_env_default(flag, environ),
+            help=f"{flag.help}{default_note}{env_note}",
+        )
+    parser.add_argument("--version", action="version", version=f"mlxcel {__version__}")
+
+
+def settings_from_args(args: argparse.Namespace) -> Settings:
+    keys = tuple(k.strip() for value in args.api_key for k in value.split(",") if k.strip())
+    origins = tuple(o.strip() for o in (args.cors_origins or "").split(",") if o.strip())
+    return Settings(
+        model=args.model,
+        alias=args.alias,
+        host=args.host,
+        port=args.port,
+        ctx_size=args.ctx_size,
+        parallel=args.parallel,
+        max_queue_depth=args.max_queue_depth,
+        prefill_step_size=args.prefill_step_size,
+        max_step_ms=args.max_step_ms,
+        prompt_cache_bytes=args.prompt_cache_bytes,
+        tool_call_parser=args.tool_call_parser,
+        sse_keepalive_secs=args.sse_keepalive_secs,
+        progress_events=not args.no_progress_events,
+        api_keys=keys,
+        api_key_file=args.api_key_file,
+        access_log=args.access_log,
+        cors_origins=origins,
+        store=args.store,
+        redis_key_prefix=args.redis_key_prefix,
+        replica_lease_secs=args.replica_lease_secs,
+        responses=StoreLimits(
+            args.responses_store_max_entries,
+            args.responses_store_max_bytes,
+            args.responses_store_ttl_secs,
+        ),
+        conversations=StoreLimits(
+            args.conversation_store_max_entries,
+            args.conversation_store_max_bytes,
+            args.conversation_store_ttl_secs,
+        ),
+        background_max_jobs=args.background_max_jobs,
+        background_ephemeral_ttl_secs=args.background_ephemeral_ttl_secs,
+        reasoning_echo_max_bytes=args.reasoning_echo_max_bytes,
+        send_timeout_secs=args.send_timeout_secs,
+        shutdown_timeout_secs=args.shutdown_timeout_secs,
+        body_timeout_secs=args.body_timeout_secs,
+        read_timeout_secs=args.read_timeout_secs,
+        max_connections=args.max_connections,
+        hosted_tools=args.hosted_tools,
+        images=args.images,
+        metrics_public=args.metrics_public,
+        rate_limit_rpm=args.rate_limit_rpm,
+        rate_limit_tpm=args.rate_limit_tpm,
+        daily_token_quota=args.daily_token_quota,
+    )

@@ -1,0 +1,428 @@
+"""The store's encoding gives back exactly what it was given, for every kind of item and
+every stored value, and says `CodecError` for bytes it cannot read."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import math
+import typing
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mlxcel import items
+from mlxcel.items import (
+    Compaction,
+    ContentPart,
+    Conversation,
+    FunctionCall,
+    FunctionCallOutput,
+    InputImage,
+    InputText,
+    Item,
+    ItemReference,
+    JsonValue,
+    Message,
+    OutputText,
+    Reasoning,
+    Refusal,
+    RequestEcho,
+    ResponseError,
+    ResponseRecord,
+    TokenLogprob,
+    Usage,
+)
+from mlxcel.store.codec import VERSION, CodecError, decode, encode, encoded_size
+from mlxcel.store.tables import Stored
+
+# --- strategies, one per dataclass of `mlxcel.items` ---------------------------------
+
+texts = st.text(max_size=12)
+ids = st.none() | st.sampled_from(["msg_1", "fc_2", "rs_3", "$", "v", ""])
+statuses = st.sampled_from(typing.get_args(items.ItemStatus))
+counts = st.integers(0, 2**53)
+logprob_values = st.floats(allow_nan=False)  # -inf is a real logprob; NaN never equals itself
+
+keys = st.sampled_from(["$", "v", "type", "text", "id", "items", "InputText"]) | texts
+json_scalars = (
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**63)
+    | st.floats(allow_nan=False, allow_infinity=False)  # the HTTP edge refuses the others
+    | texts
+    | st.sampled_from(["InputText", "ResponseRecord", "auto"])
+)
+json_values: st.SearchStrategy[JsonValue] = st.recursive(
+    json_scalars,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(keys, inner, max_size=3),
+    max_leaves=8,
+)
+# Client JSON that looks like the encoding itself: a tag, a version, a dataclass's shape.
+tagged_lookalikes: st.SearchStrategy[JsonValue] = st.fixed_dictionaries(
+    {"$": st.sampled_from(["InputText", "Message", "ResponseRecord", "Nope"])},
+    optional={"v": st.sampled_from([VERSION, VERSION + 1]), "text": texts, "content": json_values},
+)
+client_json = json_values | tagged_lookalikes
+metadata = st.dictionaries(keys, texts, max_size=3)
+
+input_texts = st.builds(InputText, texts)
+token_logprobs = st.builds(
+    TokenLogprob,
+    texts,
+    logprob_values,
+    st.lists(st.tuples(texts, logprob_values), max_size=3).map(tuple),
+)
+output_texts = st.builds(OutputText, texts, st.lists(token_logprobs, max_size=3).map(tuple))
+refusals = st.builds(Refusal, texts)
+input_images = st.builds(
+    InputImage,
+    st.none() | texts,
+    st.none() | texts,
+    st.sampled_from(["auto", "low", "high", ""]),
+)
+parts: st.SearchStrategy[ContentPart] = st.one_of(input_texts, output_texts, refusals, input_images)
+part_tuples = st.lists(parts, max_size=3).map(tuple)
+
+messages = st.builds(
+    Message, st.sampled_from(typing.get_args(items.Role)), part_tuples, ids, statuses
+)
+function_calls = st.builds(
+    FunctionCall,
+    texts,
+    texts,
+    texts,
+    ids,
+    statuses,
+    st.none() | st.sampled_from(["crm", "crm__", ""]),
+    st.booleans(),
+)
+function_call_outputs = st.builds(
+    FunctionCallOutput, texts, texts, ids, st.none() | part_tuples, st.booleans()
+)
+reasonings = st.builds(Reasoning, texts, ids, statuses)
+flat_items: st.SearchStrategy[Item] = st.one_of(
+    messages, function_calls, function_call_outputs, reasonings
+)
+
+
+def _compactions(inner: st.SearchStrategy[Item]) -> st.SearchStrategy[Item]:
+    return st.builds(Compaction, texts, st.lists(inner, max_size=3).map(tuple), ids)
+
+
+all_items: st.SearchStrategy[Item] = st.recursive(flat_items, _compactions, max_leaves=6)
+compactions = _compactions(all_items)
+item_tuples = st.lists(all_items, max_size=3).map(tuple)
+
+usages = st.builds(Usage, counts, counts, counts, counts, counts)
+response_errors = st.builds(ResponseError, texts, texts)
+request_echoes = st.builds(
+    RequestEcho,
+    model=texts,
+    instructions=st.none() | texts,
+    max_output_tokens=st.none() | counts,
+    temperature=st.floats(0, 2) | st.just(1.0),
+    top_p=st.floats(0, 1) | st.just(1.0),
+    top_logprobs=st.integers(0, 20),
+    store=st.booleans(),
+    background=st.booleans(),
+    metadata=metadata,
+    previous_response_id=st.none() | texts,
+    tool_choice=client_json | st.just("auto"),
+    tools=st.lists(client_json, max_size=3).map(tuple),
+    parallel_tool_calls=st.booleans(),
+    text=client_json | st.just({"format": {"type": "text"}}),
+    reasoning=client_json,
+    truncation=st.sampled_from(["disabled", "auto"]),
+    user=st.none() | texts,
+    conversation_id=st.none() | texts,
+)
+response_records = st.builds(
+    ResponseRecord,
+    id=texts,
+    created_at=counts,
+    status=st.sampled_from(typing.get_args(items.ResponseStatus)),
+    echo=request_echoes,
+    output=item_tuples,
+    usage=st.none() | usages,
+    incomplete_reason=st.none() | texts,
+    error=st.none() | response_errors,
+    completed_at=st.none() | counts,
+    input_items=item_tuples,
+    tenant=st.sampled_from(["", "key-a"]) | texts,
+)
+conversations = st.builds(
+    Conversation,
+    texts,
+    counts,
+    metadata,
+    item_tuples,
+    st.lists(texts, max_size=3).map(tuple),
+)
+
+STRATEGIES: dict[type[Any], st.SearchStrategy[Any]] = {
+    InputText: input_texts,
+    TokenLogprob: token_logprobs,
+    OutputText: output_texts,
+    Refusal: refusals,
+    InputImage: input_images,
+    Message: messages,
+    FunctionCall: function_calls,
+    FunctionCallOutput: function_call_outputs,
+    Reasoning: reasonings,
+    Compaction: compactions,
+    Usage: usages,
+    ResponseError: response_errors,
+    RequestEcho: request_echoes,
+    ResponseRecord: response_records,
+    Conversation: conversations,
+}
+NOT_STORED = {ItemReference: "a request's input entry, resolved before anything is stored"}
+
+
+def _dataclasses_of_items() -> set[type[Any]]:
+    return {
+        cls
+        for cls in vars(items).values()
+        if isinstance(cls, type)
+        and dataclasses.is_dataclass(cls)
+        and cls.__module__ == items.__name__
+    }
+
+
+def _reachable(hint: Any, seen: set[type[Any]]) -> None:
+    """The dataclasses a value annotated `hint` can hold, added to `seen`."""
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint):
+        if hint not in seen:
+            seen.add(hint)
+            for field_hint in typing.get_type_hints(hint, vars(items)).values():
+                _reachable(field_hint, seen)
+        return
+    for arg in typing.get_args(hint):
+        if not isinstance(arg, (str, int, bool, type(Ellipsis))):
+            _reachable(arg, seen)
+
+
+def test_every_dataclass_of_the_items_module_has_a_strategy() -> None:
+    assert set(STRATEGIES) | set(NOT_STORED) == _dataclasses_of_items()
+    stored: set[type[Any]] = set()
+    for kind in typing.get_args(Stored):
+        _reachable(kind, stored)
+    # What a stored value can hold is exactly what the strategies build ...
+    assert stored == set(STRATEGIES)
+    # ... and what is not stored really cannot be held by one.
+    assert not stored & set(NOT_STORED)
+
+
+# --- the round trip ------------------------------------------------------------------
+
+
+def assert_same(decoded: object, original: object, where: str = "value") -> None:
+    """Equal, and of the same type all the way down: tuples stay tuples, lists lists,
+    ints ints, and the sign of a zero is kept."""
+    assert type(decoded) is type(original), f"{where}: {type(decoded)} != {type(original)}"
+    if dataclasses.is_dataclass(original):
+        for field in dataclasses.fields(original):
+            assert_same(
+                getattr(decoded, field.name),
+                getattr(original, field.name),
+                f"{where}.{field.name}",
+            )
+    elif isinstance(original, (tuple, list)):
+        assert isinstance(decoded, (tuple, list))
+        assert len(decoded) == len(original), where
+        for n, (d, o) in enumerate(zip(decoded, original, strict=True)):
+            assert_same(d, o, f"{where}[{n}]")
+    elif isinstance(original, dict):
+        assert isinstance(decoded, dict)
+        assert list(decoded) == list(original), where  # same keys, same order
+        for key, value in original.items():
+            assert_same(decoded[key], value, f"{where}[{key!r}]")
+    elif isinstance(original, float):
+        assert isinstance(decoded, float)
+        assert decoded == original, where
+        assert math.copysign(1, decoded) == math.copysign(1, original), where
+    else:
+        assert decoded == original, where
+
+
+def assert_round_trip(value: Stored) -> Stored:
+    data = encode(value)
+    assert encoded_size(value) == len(data)
+    back = decode(data)
+    assert back == value
+    assert_same(back, value)
+    assert decode(data.decode()) == value  # text reads the same as bytes
+    return back
+
+
+@settings(max_examples=300, deadline=None)
+@given(response_records)
+def test_a_response_record_round_trips(record: ResponseRecord) -> None:
+    back = assert_round_trip(record)
+    assert isinstance(back, ResponseRecord)
+    assert isinstance(back.output, tuple)
+    assert isinstance(back.input_items, tuple)
+    assert isinstance(back.echo.tools, tuple)
+    for tool, sent in zip(back.echo.tools, record.echo.tools, strict=True):
+        assert type(tool) is type(sent)  # a client's list stays a list
+
+
+@settings(max_examples=200, deadline=None)
+@given(conversations)
+def test_a_conversation_round_trips(conversation: Conversation) -> None:
+    back = assert_round_trip(conversation)
+    assert isinstance(back, Conversation)
+    assert isinstance(back.items, tuple)
+    assert isinstance(back.response_ids, tuple)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.data())
+def test_every_kind_round_trips_inside_a_stored_value(data: st.DataObject) -> None:
+    """Each dataclass, drawn on its own, placed where a stored value holds it."""
+    kind = data.draw(st.sampled_from(sorted(STRATEGIES, key=lambda c: c.__name__)))
+    value = data.draw(STRATEGIES[kind])
+    assert_round_trip(_holding(value))
+
+
+def _holding(value: object) -> Stored:
+    """A stored value with `value` in it."""
+    echo = RequestEcho("m")
+    match value:
+        case ResponseRecord() | Conversation():
+            return value
+        case RequestEcho():
+            return ResponseRecord("r", 0, "completed", value)
+        case Usage():
+            return ResponseRecord("r", 0, "completed", echo, usage=value)
+        case ResponseError():
+            return ResponseRecord("r", 0, "failed", echo, error=value)
+        case Message() | FunctionCall() | FunctionCallOutput() | Reasoning() | Compaction():
+            return Conversation("c", 0, items=(value,))
+        case InputText() | OutputText() | Refusal() | InputImage():
+            return Conversation("c", 0, items=(Message("user", (value,)),))
+        case TokenLogprob():
+            part = OutputText("t", (value,))
+            return ResponseRecord(
+                "r", 0, "completed", echo, output=(Message("assistant", (part,)),)
+            )
+    raise AssertionError(f"no place for {type(value).__name__}")
+
+
+@pytest.mark.parametrize(
+    "logprob", [float("-inf"), float("inf"), -0.0, 0.0, 5e-324, -1.7976931348623157e308]
+)
+def test_extreme_logprobs_round_trip(logprob: float) -> None:
+    part = OutputText("t", (TokenLogprob("t", logprob, (("u", logprob),)),))
+    message = Message("assistant", (part,))
+    assert_round_trip(ResponseRecord("r", 0, "completed", RequestEcho("m"), output=(message,)))
+
+
+def test_a_lone_surrogate_round_trips() -> None:
+    record = ResponseRecord("r", 0, "completed", RequestEcho("m", instructions="a\ud800b"))
+    assert decode(encode(record)) == record
+    assert encoded_size(record) == len(encode(record))
+
+
+def test_defaults_are_left_out_but_a_value_equal_to_one_of_another_type_is_kept() -> None:
+    plain = ResponseRecord("r", 0, "completed", RequestEcho("m"))
+    assert json.loads(encode(plain))["echo"] == {"$": "RequestEcho", "model": "m"}
+    # 1 == 1.0 and True == 1, but a client's value is kept as it was sent.
+    echo = RequestEcho("m", temperature=1, tool_choice=True, text={"format": {"type": "text"}})
+    assert_round_trip(ResponseRecord("r", 0, "completed", echo))
+
+
+# --- what cannot be read -------------------------------------------------------------
+
+VALID = json.loads(encode(ResponseRecord("r", 0, "completed", RequestEcho("m"))))
+
+
+def _with(**changes: object) -> bytes:
+    tree = {**VALID, **changes}
+    return json.dumps({k: v for k, v in tree.items() if v is not _DROP}).encode()
+
+
+_DROP = object()
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        pytest.param(_with(v=VERSION + 1), id="newer-version"),
+        pytest.param(_with(v=0), id="version-0"),
+        pytest.param(_with(v=str(VERSION)), id="version-as-text"),
+        pytest.param(_with(v=None), id="version-null"),
+        pytest.param(_with(v=_DROP), id="no-version"),
+        pytest.param(_with(**{"$": "Nope"}), id="unknown-tag"),
+        pytest.param(_with(**{"$": _DROP}), id="no-tag"),
+        pytest.param(_with(**{"$": ["ResponseRecord"]}), id="tag-not-text"),
+        pytest.param(_with(echo={"$": "Nope", "model": "m"}), id="unknown-nested-tag"),
+        pytest.param(_with(output=[{"$": "Nope"}]), id="unknown-item-tag"),
+        pytest.param(_with(**{"$": "Usage"}), id="not-a-stored-kind"),
+        pytest.param(_with(nope=1), id="unknown-field"),
+        pytest.param(_with(id=_DROP), id="missing-field"),
+        pytest.param(_with(output={"a": 1}), id="tuple-not-a-list"),
+        pytest.param(_with(v=True), id="version-as-true"),
+        pytest.param(_with(v=1.0), id="version-as-float"),
+        pytest.param(_with(echo="x"), id="echo-not-an-object"),
+        pytest.param(_with(echo={"$": "Usage"}), id="echo-of-another-kind"),
+        pytest.param(_with(output=[{"$": "Usage"}]), id="an-output-that-is-no-item"),
+        pytest.param(_with(id=7), id="id-not-text"),
+        pytest.param(_with(created_at="0"), id="time-not-a-number"),
+        pytest.param(_with(created_at=True), id="time-a-boolean"),
+        pytest.param(_with(status="done"), id="status-unknown"),
+        pytest.param(_with(usage="none"), id="usage-not-an-object"),
+        pytest.param(b"", id="empty"),
+        pytest.param(b"{", id="truncated"),
+        pytest.param(encode(ResponseRecord("r", 0, "completed", RequestEcho("m")))[:-1], id="cut"),
+        pytest.param(b"\xff\xfe{}", id="not-utf8"),
+        pytest.param(b"NaN", id="bare-nan"),
+        pytest.param(b"[" * 100_000, id="nested-past-the-stack"),
+        pytest.param(b'{"a":' * 100_000, id="objects-nested-past-the-stack"),
+        pytest.param(b"[1, 2]", id="a-list"),
+        pytest.param(b"null", id="null"),
+        pytest.param(b'"text"', id="a-string"),
+    ],
+)
+def test_unreadable_bytes_are_a_codec_error(data: bytes) -> None:
+    with pytest.raises(CodecError):
+        decode(data)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.data())
+def test_damaged_encodings_decode_or_are_a_codec_error(data: st.DataObject) -> None:
+    """A real encoding with one value swapped for arbitrary JSON: `decode` gives a value
+    or says CodecError, never another exception."""
+    value = data.draw(st.one_of(response_records, conversations))
+    tree = json.loads(encode(value))
+    node: Any = tree
+    path = []
+    while isinstance(node, (dict, list)) and node and data.draw(st.booleans()):
+        key = data.draw(
+            st.sampled_from(sorted(node) if isinstance(node, dict) else range(len(node)))
+        )
+        path.append(key)
+        if not isinstance(node[key], (dict, list)) or not node[key]:
+            break
+        node = node[key]
+    if path:
+        parent: Any = tree
+        for key in path[:-1]:
+            parent = parent[key]
+        parent[path[-1]] = data.draw(json_values | tagged_lookalikes)
+    with contextlib.suppress(CodecError):
+        decode(json.dumps(tree))
+
+
+def test_a_record_without_a_tenant_encodes_as_before_and_one_with_a_tenant_keeps_it() -> None:
+    record = ResponseRecord("resp_1", 0, "completed", RequestEcho("m"))
+    # One tenant (no API keys): the encoding is the one earlier releases wrote and read.
+    assert b"tenant" not in encode(record)
+    owned = dataclasses.replace(record, tenant="key-a")
+    assert decode(encode(owned)) == owned
+    assert decode(encode(record)) == record
