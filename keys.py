@@ -28,6 +28,9 @@ from mlxcel.errors import ConfigError
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 _KEY = re.compile(r"[\x21-\x7e]+")
+_COUNT = re.compile(r"[0-9]{1,18}")
+"""A limit: ASCII digits only (`str.isdigit` also takes digits `int` refuses, such as
+'²'), and few enough that `int` never meets its length limit."""
 """A key is printable ASCII without spaces: an HTTP header carries nothing else safely."""
 LIMIT_NAMES = ("rpm", "tpm", "daily")
 
@@ -135,16 +138,18 @@ def _limits(words: list[str], where: str) -> KeyLimits:
             raise ConfigError(f"{where}: after the key only rpm=N, tpm=N and daily=N may follow")
         if option in values:
             raise ConfigError(f"{where}: {option} is given twice")
-        if not number.isdigit():  # 0 turns that limit off for this key
+        if _COUNT.fullmatch(number) is None:  # 0 turns that limit off for this key
             raise ConfigError(f"{where}: {option} must be a whole number (0: no limit)")
         values[option] = int(number)
     return KeyLimits(**values)
 
 
 def read_key_file(path: Path) -> tuple[ApiKey, ...]:
-    """The keys of the file at `path`; ConfigError if it cannot be read or parsed."""
+    """The keys of the file at `path`; ConfigError if it cannot be read or parsed. A
+    byte-order mark (an editor's UTF-8 with BOM) is no part of the first line, and CRLF
+    line ends are line ends."""
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8-sig")
     except (OSError, UnicodeDecodeError) as exc:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else "not UTF-8 text"
         raise ConfigError(f"--api-key-file {path}: cannot be read ({reason})") from None

@@ -137,7 +137,8 @@ async def reload_keys_on_sighup(
     be read or parsed leaves the keys as they were. Logs name keys, never show them.
 
     Resource handling: owns the SIGHUP handler until cancelled; reports ready once the
-    handler is installed. Error handling: a bad file is logged, never raised."""
+    handler is installed. Error handling: a bad file is logged, never raised, whatever
+    the error (cancellation is a BaseException and passes)."""
     with trio.open_signal_receiver(signal.SIGHUP) as hangups:
         task_status.started()
         async for _ in hangups:
@@ -149,6 +150,14 @@ async def reload_keys_on_sighup(
             except ConfigError as exc:
                 kept = len(keyring.entries)
                 log.error("SIGHUP: %s; keeping the %d keys in use", exc.message, kept)
+                continue
+            except Exception:
+                # A reload never ends the server: whatever a file does to the parser, the
+                # keys in use stay. Not logged with its traceback: it could quote a key.
+                kept = len(keyring.entries)
+                log.error(
+                    "SIGHUP: the keys file could not be read; keeping the %d keys in use", kept
+                )
                 continue
             names = ", ".join(entry.name for entry in entries) or "none"
             log.info("SIGHUP: %d API keys now (%s)", len(entries), names)

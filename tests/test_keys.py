@@ -68,6 +68,9 @@ def test_an_entry_never_holds_its_key() -> None:
         ("a:\n", "line 1: no key after the name"),
         ("a:sk-1 rpm=-1\n", "line 1: rpm must be a whole number"),
         ("a:sk-1 rpm=x\n", "line 1: rpm must be a whole number"),
+        ("a:sk-1 rpm=\u00b2\n", "line 1: rpm must be a whole number"),
+        ("a:sk-1 tpm=\u0663\n", "line 1: tpm must be a whole number"),
+        ("a:sk-1 daily=" + "9" * 5000 + "\n", "line 1: daily must be a whole number"),
         ("a:sk-1 rpm=1 rpm=2\n", "line 1: rpm is given twice"),
         ("# c\n\na:sk-1 sk-secret-tail\n", "line 3: after the key only"),
         ("a:sk-1 burst=3\n", "line 1: after the key only"),
@@ -126,7 +129,13 @@ def test_an_empty_keys_file_still_requires_a_key(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    "text", ["a:sk-dup-1\na:sk-dup-2\n", "a:sk-dup-1\nb:sk-dup-1\n", "a:sk-dup-1 x\n"]
+    "text",
+    [
+        "a:sk-dup-1\na:sk-dup-2\n",
+        "a:sk-dup-1\nb:sk-dup-1\n",
+        "a:sk-dup-1 x\n",
+        "a:sk-dup-1 rpm=\u00b2\n",
+    ],
 )
 def test_a_wrong_keys_file_stops_start_up_with_exit_2(
     tmp_path: Path, text: str, capsys: pytest.CaptureFixture[str]
@@ -163,3 +172,15 @@ def test_a_missing_keys_file_stops_start_up(
 def test_a_non_ascii_flag_key_is_refused() -> None:
     with pytest.raises(ConfigError, match="printable ASCII"):
         Keyring.load(["sk-é"], None)
+
+
+def test_a_keys_file_with_a_byte_order_mark_and_crlf_line_ends_reads_as_written(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "keys"
+    path.write_bytes(b"\xef\xbb\xbfalice:sk-bom-1 rpm=3\r\nbob:sk-bom-2\r\n")
+    keyring = Keyring.load([], path)
+    assert [entry.name for entry in keyring.entries] == ["alice", "bob"]
+    assert keyring.limits_of("alice") == KeyLimits(rpm=3)
+    assert keyring.match(b"sk-bom-1") is not None
+    assert keyring.match(b"sk-bom-2") is not None

@@ -76,3 +76,21 @@ def test_sighup_reloads_the_keys_file_and_no_key_is_ever_logged(
     for name in ("new", key_name("sk-anon-e81b"), key_name("sk-flag-7f3a")):
         assert f"key={name} " in log  # the access log names the callers
     assert "status=401" in log
+
+
+def test_a_limit_in_unicode_digits_keeps_the_server_and_its_old_keys(
+    servers: ServerProcesses, tmp_path: Path
+) -> None:
+    """`rpm=²` passed `str.isdigit` and `int` refused it: the reload's ValueError ended
+    the server. Now it is the file's error like any other, and the old keys stay."""
+    keys_file = tmp_path / "keys"
+    keys_file.write_text("old:sk-old-19c2 rpm=5\n")
+    server = servers.start("--api-key-file", str(keys_file))
+    assert status(server, "sk-old-19c2") == 200
+
+    keys_file.write_text("old:sk-old-19c2 rpm=\u00b2\nnew:sk-new-55d0\n")
+    server.hangup()
+    wait_for(lambda: "rpm must be a whole number" in server.log.read_text(), server)
+    assert server.proc.poll() is None
+    assert status(server, "sk-old-19c2") == 200
+    assert status(server, "sk-new-55d0") == 401
