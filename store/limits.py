@@ -6,6 +6,7 @@ actors, the model or the HTTP layer.
 
 from __future__ import annotations
 
+import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,6 +38,12 @@ def sqlite_path(store: str) -> Path | None:
     kind, _, path = store.partition(":")
     if kind == "memory" and not path:
         return None
+    if kind == "sqlite" and (path == ":memory:" or path.startswith("file:")):
+        # SQLite's in-memory or URI names would be a store that is not durable, behind a
+        # flag that promises it is (and a stray `:memory:.lock` file).
+        raise ValueError(
+            f"--store {store!r} is not a file: use --store memory for a store in memory"
+        )
     if kind != "sqlite":
         raise ValueError(
             "--store must be 'memory', 'sqlite', 'sqlite:PATH' or a redis:// or rediss:// "
@@ -55,7 +62,15 @@ def redis_url(store: str) -> str | None:
     scheme, sep, rest = store.partition("://")
     if not sep or scheme not in ("redis", "rediss"):
         return None
-    host = rest.split("/", 1)[0].rpartition("@")[2]
-    if not host.split(":", 1)[0]:
-        raise ValueError(f"--store {store.split('@')[-1]!r} names no Redis host")
+    shown = f"{scheme}://{rest.rpartition('@')[2]}"  # never the password
+    try:
+        parts = urllib.parse.urlsplit(store)
+        parts.port  # noqa: B018 (raises ValueError for a port that is no port)
+    except ValueError:
+        raise ValueError(f"--store {shown!r} is not a Redis URL (host, port)") from None
+    if not parts.hostname:
+        raise ValueError(f"--store {shown!r} names no Redis host")
+    database = parts.path.strip("/")
+    if database and not (database.isascii() and database.isdigit()):
+        raise ValueError(f"--store {shown!r}: the database after the host is a number")
     return store

@@ -123,12 +123,20 @@ class RedisBackend:
         """Connect and check the server; ConfigError when it cannot be reached or evicts
         keys on its own: any `maxmemory-policy` but `noeviction` (`allkeys-*` would drop
         job records, `volatile-*` the keys with an expiry: replica leases, rate-limit windows)."""
-        client = coredis.Redis.from_url(
-            url,
-            connect_timeout=CONNECT_TIMEOUT_SECS,
-            stream_timeout=COMMAND_TIMEOUT_SECS,
-            retry_policy=NoRetryPolicy(),
-        )
+        try:
+            client = coredis.Redis.from_url(
+                url,
+                connect_timeout=CONNECT_TIMEOUT_SECS,
+                stream_timeout=COMMAND_TIMEOUT_SECS,
+                retry_policy=NoRetryPolicy(),
+            )
+        except (ValueError, KeyError, TypeError, OSError) as exc:
+            # A query option the client refuses (`ssl_cert_reqs=bogus`, a CA file that
+            # is not there): one line naming the store, never the URL's password.
+            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else "bad option"
+            raise ConfigError(
+                f"the Redis store at {_where(url)} cannot be used: {reason}"
+            ) from None
         limits = {
             Table.RESPONSES: responses,
             Table.CONVERSATIONS: conversations,

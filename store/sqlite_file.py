@@ -133,7 +133,9 @@ def lock_file(path: Path) -> int:
     server has it."""
     lock_path = path.with_name(path.name + ".lock")
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        # Stored responses are the users' conversations: the folder this makes and the
+        # files are the owner's alone.
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
     except OSError as exc:
         raise ConfigError(f"the store {path} cannot be opened: {exc.strerror or exc}") from exc
@@ -151,7 +153,20 @@ def lock_file(path: Path) -> int:
     return fd
 
 
+def private_files(path: Path) -> None:
+    """The store file created 0600 before SQLite opens it (its log and shared-memory
+    files take the file's mode), and an older store's files made 0600 too."""
+    os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
+    for name in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
+        with contextlib.suppress(FileNotFoundError):
+            os.chmod(name, 0o600)
+
+
 def connect(path: Path) -> sqlite3.Connection:
+    try:
+        private_files(path)
+    except OSError as exc:
+        raise ConfigError(f"the store {path} cannot be opened: {exc.strerror or exc}") from exc
     try:
         db = sqlite3.connect(
             path, timeout=BUSY_TIMEOUT_SECS, isolation_level=None, check_same_thread=False

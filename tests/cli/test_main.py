@@ -199,6 +199,12 @@ def test_zero_disables_background_mode() -> None:
         ["--store", "sqlite3:/tmp/x"],
         ["--store", "memory:/tmp/x"],
         ["--store", ""],
+        ["--store", "sqlite::memory:"],
+        ["--store", "sqlite:file:x?mode=memory"],
+        ["--store", "rediss://:pw@host:abc/0"],
+        ["--store", "redis://host:99999"],
+        ["--store", "redis://[::1"],
+        ["--store", "redis://host/db"],
         ["--cors-origins", "https://app.example/path"],
         ["--cors-origins", "app.example"],
     ],
@@ -211,6 +217,8 @@ def test_invalid_values_fail_start_up_with_a_clear_message(
     assert server_main(argv) == 2
     err = capsys.readouterr().err
     assert "error:" in err
+    assert err.count("\n") == 1  # one line, never a traceback
+    assert "pw" not in err
     assert argv[0].lstrip("-").split("-")[0] in err
 
 

@@ -88,6 +88,18 @@ async def test_an_unreachable_server_is_a_config_error_at_once() -> None:
         await RedisBackend.open(f"redis://127.0.0.1:{free_port()}/0", "p", ROOMY, ROOMY, ROOMY)
 
 
+@pytest.mark.parametrize(
+    "query", ["ssl_ca_certs=/no/such/ca.pem", "ssl_cert_reqs=bogus", "stream_timeout=soon"]
+)
+async def test_a_url_option_the_client_refuses_is_a_config_error_without_the_password(
+    query: str,
+) -> None:
+    url = f"rediss://:pw-s3cret@127.0.0.1:{free_port()}/0?{query}"
+    with trio.fail_after(10), pytest.raises(ConfigError) as caught:
+        await RedisBackend.open(url, "p", ROOMY, ROOMY, ROOMY)
+    assert "pw-s3cret" not in caught.value.message
+
+
 # --- outages ---------------------------------------------------------------------------
 
 

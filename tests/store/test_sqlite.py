@@ -197,3 +197,33 @@ async def test_reasoning_traces_outlive_a_reopen_within_their_budget(tmp_path: P
     await store.remember("a", "x" * 21)  # larger than the budget: what was there stays
     assert await store.recall(("a",)) == {"a": "0123456789"}
     await store.aclose()
+
+
+async def test_the_store_files_and_a_new_folder_are_the_owners_alone(tmp_path: Path) -> None:
+    folder = tmp_path / "new"
+    store = await open_store(folder / "store.sqlite3", Clock())
+    try:
+        assert await store.put(Table.RESPONSES, record("resp_a"))
+        files = sorted(folder.iterdir())
+        assert {f.name for f in files} >= {
+            "store.sqlite3",
+            "store.sqlite3-wal",
+            "store.sqlite3.lock",
+        }
+        for file in files:
+            assert file.stat().st_mode & 0o777 == 0o600, file.name
+        assert folder.stat().st_mode & 0o777 == 0o700
+    finally:
+        await store.aclose()
+
+
+async def test_an_older_world_readable_store_file_is_made_private(tmp_path: Path) -> None:
+    path = tmp_path / "store.sqlite3"
+    store = await open_store(path, Clock())
+    await store.aclose()
+    path.chmod(0o644)
+    store = await open_store(path, Clock())
+    try:
+        assert path.stat().st_mode & 0o777 == 0o600
+    finally:
+        await store.aclose()
