@@ -116,18 +116,17 @@ class BoundedTable:
         return True
 
     def find_items(self, ids: frozenset[str], tenant: str = "") -> dict[str, Item]:
-        """The items with these ids among the table's live records (those found), each
-        from the newest record holding it when that record is the tenant's."""
+        """The items with these ids among the tenant's live records (those found), each
+        from the newest record holding it."""
         found: dict[str, Item] = {}
         if self.index is None:
             return found
         for item_id in sorted(ids):  # a fixed order of LRU touches, as in every backend
-            for response_id, place in self.index.places(item_id):
+            for response_id, place in self.index.places(tenant, item_id):
                 record = self._cache.get(response_id)
                 item = item_at(record, place) if isinstance(record, ResponseRecord) else None
                 if item is not None and item.id == item_id:
-                    if isinstance(record, ResponseRecord) and record.tenant == tenant:
-                        found[item_id] = item
+                    found[item_id] = item
                     break
         return found
 

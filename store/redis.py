@@ -44,11 +44,12 @@ from mlxcel.store.backend import (
     window,
 )
 from mlxcel.store.codec import CodecError, encode
-from mlxcel.store.item_index import item_at
 from mlxcel.store.limits import StoreLimits
+from mlxcel.store.redis_upgrade import upgrade_item_index
 from mlxcel.store.redis_values import (
     decode_response,
     decode_stored,
+    found_items,
     item_places,
     limits_args,
     link,
@@ -130,9 +131,7 @@ class RedisBackend:
                 stream_timeout=COMMAND_TIMEOUT_SECS,
                 retry_policy=NoRetryPolicy(),
             )
-        except (ValueError, KeyError, TypeError, OSError) as exc:
-            # A query option the client refuses (`ssl_cert_reqs=bogus`, a CA file that
-            # is not there): one line naming the store, never the URL's password.
+        except (ValueError, KeyError, TypeError, OSError) as exc:  # an option refused
             reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else "bad option"
             raise ConfigError(
                 f"the Redis store at {_where(url)} cannot be used: {reason}"
@@ -159,6 +158,7 @@ class RedisBackend:
                 "stored responses, background jobs or replica leases on its own; run it "
                 "with noeviction"
             )
+        await upgrade_item_index(client, backend.base, backend._run)
         return backend
 
     # --- the protocol ----------------------------------------------------------------
@@ -192,15 +192,7 @@ class RedisBackend:
     async def find_items(self, ids: frozenset[str], tenant: str = "") -> dict[str, Item]:
         if not ids:
             return {}
-        flat = await self._run(lua.FIND_ITEMS, *sorted(ids))
-        found: dict[str, Item] = {}
-        for n in range(0, len(flat), 3):
-            item_id, body, place = flat[n].decode(), flat[n + 1], int(flat[n + 2])
-            record = decode_response(body)
-            item = item_at(record, place)
-            if item is not None and item.id == item_id and record.tenant == tenant:
-                found[item_id] = item
-        return found
+        return found_items(await self._run(lua.FIND_ITEMS, tenant, *sorted(ids)))
 
     async def delete(self, table: Table, key: str) -> bool:
         return bool(await self._run(lua.DELETE, table.value, key))

@@ -7,7 +7,10 @@ value), `t:lru` (id → recency tick; for `active`, the order jobs were register
 `t:exp` (id → expiry time, for tables with a TTL), `t:bytes` (the sum of the bodies'
 lengths), `t:link` (id → `previous_response_id`) and `t:ver` (id → the tick it was
 written at, for compare-and-set). Stored responses' items are indexed in `items`
-(item id → [[response id, place], ...], oldest first) and `responses:itemids`. Unfinished
+per tenant and id: `ix:<tenant>\\n<item id>` is a sorted set of `<response id>\\n<place>`
+scored by when the response was stored, each (response, id) once, and
+`responses:itemkeys` holds each response's `[[tenant\\nitem id, place], ...]` so that
+removing it costs its own size, whatever ids it repeats. Unfinished
 jobs keep their owner in `active:owner` ("replica\\nepoch") and their cancel requests in
 `active:cancel`; a replica's lease is `lease:<replica>` holding its epoch. The reasoning
 echo cache is the table `echo`. A rate-limit counter's window is the key
@@ -35,37 +38,22 @@ local function touch(t, id)
 end
 
 local function unindex(rid)
-  local ids = redis.call('HGET', k('responses:itemids'), rid)
-  if not ids then return end
-  redis.call('HDEL', k('responses:itemids'), rid)
-  for _, item in ipairs(cjson.decode(ids)) do
-    local raw = redis.call('HGET', k('items'), item)
-    if raw then
-      local kept = {}
-      for _, place in ipairs(cjson.decode(raw)) do
-        if place[1] ~= rid then kept[#kept + 1] = place end
-      end
-      if #kept == 0 then
-        redis.call('HDEL', k('items'), item)
-      else
-        redis.call('HSET', k('items'), item, cjson.encode(kept))
-      end
-    end
+  local raw = redis.call('HGET', k('responses:itemkeys'), rid)
+  if not raw then return end
+  redis.call('HDEL', k('responses:itemkeys'), rid)
+  for _, p in ipairs(cjson.decode(raw)) do
+    redis.call('ZREM', k('ix:' .. p[1]), rid .. '\n' .. p[2])
   end
 end
 
 local function index(rid, items)
   local places = cjson.decode(items)
   if #places == 0 then return end
-  local ids = {}
+  local at = tick()
   for _, p in ipairs(places) do
-    local raw = redis.call('HGET', k('items'), p[1])
-    local list = raw and cjson.decode(raw) or {}
-    list[#list + 1] = {rid, p[2]}
-    redis.call('HSET', k('items'), p[1], cjson.encode(list))
-    ids[#ids + 1] = p[1]
+    redis.call('ZADD', k('ix:' .. p[1]), at, rid .. '\n' .. p[2])
   end
-  redis.call('HSET', k('responses:itemids'), rid, cjson.encode(ids))
+  redis.call('HSET', k('responses:itemkeys'), rid, items)
 end
 
 local function remove(t, id)
@@ -213,26 +201,45 @@ return out
 
 FIND_ITEMS = script(
     r"""
--- ARGV[3..]: item ids, sorted. Returns {item id, body, place, ...} from the newest live
--- stored response holding each.
-local out = {}
-for i = 3, #ARGV do
-  local raw = redis.call('HGET', k('items'), ARGV[i])
-  if raw then
-    local places = cjson.decode(raw)
-    for j = #places, 1, -1 do
-      local rid = places[j][1]
+-- ARGV[3]: the tenant; ARGV[4..]: item ids, sorted. Returns {item id, response id,
+-- place, body, ...} from the tenant's newest live stored response holding each; a
+-- response's body is sent once ('' where an earlier one of the list carried it).
+local tenant, out, sent = ARGV[3], {}, {}
+for i = 4, #ARGV do
+  local key, from = k('ix:' .. tenant .. '\n' .. ARGV[i]), 0
+  local found = false
+  while not found do
+    local holders = redis.call('ZREVRANGE', key, from, from + 15)
+    if #holders == 0 then break end
+    for _, member in ipairs(holders) do
+      local rid, place = string.match(member, '^(.*)\n(%d+)$')
       if live('responses', rid) then
         touch('responses', rid)
         out[#out + 1] = ARGV[i]
-        out[#out + 1] = redis.call('HGET', k('responses:body'), rid)
-        out[#out + 1] = tostring(places[j][2])
+        out[#out + 1] = rid
+        out[#out + 1] = place
+        out[#out + 1] = sent[rid] and '' or redis.call('HGET', k('responses:body'), rid)
+        sent[rid] = true
+        found = true
         break
       end
     end
+    from = from + 16
   end
 end
 return out
+"""
+)
+
+REINDEX = script(
+    r"""
+-- ARGV[3]: a stored response's id, ARGV[4]: its items (as PUT's). Indexes it afresh
+-- (the upgrade from the one-list-per-id index), if it is still stored.
+if redis.call('HEXISTS', k('responses:body'), ARGV[3]) == 1 then
+  unindex(ARGV[3])
+  index(ARGV[3], ARGV[4])
+end
+return 1
 """
 )
 

@@ -8,9 +8,11 @@ import json
 import logging
 
 from mlxcel.errors import StoreUnavailable
-from mlxcel.items import ResponseRecord
+from mlxcel.items import Item, ResponseRecord
 from mlxcel.store.backend import JobOwner
 from mlxcel.store.codec import CodecError, decode
+from mlxcel.store.item_index import item_at
+from mlxcel.store.item_index import item_places as index_places
 from mlxcel.store.limits import StoreLimits
 from mlxcel.store.tables import Stored, Table
 
@@ -36,15 +38,12 @@ def link(value: Stored) -> str:
 
 
 def item_places(table: Table, value: Stored) -> str:
-    """The item ids of a stored response and their places, for `find_items`."""
+    """A stored response's items for the index: each id once, under its tenant, with its
+    place (see `redis_scripts.py`)."""
     if table is not Table.RESPONSES or not isinstance(value, ResponseRecord):
         return "[]"
-    places = [
-        [item.id, place]
-        for place, item in enumerate((*value.input_items, *value.output))
-        if item.id is not None
-    ]
-    return json.dumps(places)
+    places = index_places(value)
+    return json.dumps([[f"{value.tenant}\n{item}", str(place)] for item, place in places.items()])
 
 
 def owner_arg(owner: JobOwner) -> str:
@@ -71,3 +70,18 @@ def decode_response(body: bytes) -> ResponseRecord:
         log.error("the Redis store holds a %s where a response was", type(record).__name__)
         raise unavailable("not a response")
     return record
+
+
+def found_items(flat: list[bytes]) -> dict[str, Item]:
+    """`FIND_ITEMS`' answer read back: each holding record decoded once, however many of
+    the request's references it holds."""
+    found: dict[str, Item] = {}
+    records: dict[bytes, ResponseRecord] = {}
+    for n in range(0, len(flat), 4):
+        item_id, rid, place, body = flat[n].decode(), flat[n + 1], int(flat[n + 2]), flat[n + 3]
+        if rid not in records:
+            records[rid] = decode_response(body)
+        item = item_at(records[rid], place)
+        if item is not None and item.id == item_id:
+            found[item_id] = item
+    return found

@@ -265,18 +265,20 @@ class SqliteBackend:
 
     def _find_items(self, now: float, ids: frozenset[str], tenant: str) -> dict[str, Item]:
         found: dict[str, Item] = {}
+        records: dict[int, Stored] = {}  # each holding record decoded once per request
         for item_id in sorted(ids):
-            rows = self._db.execute(
-                ITEM_PLACES,
-                {"item": item_id, "now": now},
-            )
-            for rowid, body, place in rows:
-                record = decode(body)
+            where = {"item": item_id, "tenant": tenant, "now": now}
+            for rowid, place in self._db.execute(ITEM_PLACES, where).fetchall():
+                if rowid not in records:
+                    (body,) = self._db.execute(
+                        "SELECT body FROM entries WHERE rowid = ?", (rowid,)
+                    ).fetchone()
+                    records[rowid] = decode(body)
+                record = records[rowid]
                 item = item_at(record, place) if isinstance(record, ResponseRecord) else None
                 if item is not None and item.id == item_id:
                     self._rows.touch(Table.RESPONSES, rowid)
-                    if isinstance(record, ResponseRecord) and record.tenant == tenant:
-                        found[item_id] = item
+                    found[item_id] = item
                     break
         return found
 

@@ -20,6 +20,9 @@ from pathlib import Path
 import trio
 
 from mlxcel.errors import ConfigError
+from mlxcel.items import ResponseRecord
+from mlxcel.store.codec import decode
+from mlxcel.store.item_index import item_places
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +41,7 @@ PAGE_BYTES = 4096
 WAL_SIZE_LIMIT = 64 * 1024 * 1024
 """The write-ahead log file is cut back to this many bytes once it has been copied."""
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 """`PRAGMA user_version` of the layout below; a file from a newer release is refused."""
 
 _SCHEMA = """
@@ -94,8 +97,39 @@ CREATE TABLE counters (
 """Version 2: the rate-limit counters, one row per counter and window length, holding
 the count of its latest window (`StoreBackend.charge`)."""
 
-_UPGRADES = (_SCHEMA, _COUNTERS)
+_ITEMS_BY_TENANT = """
+DROP TABLE items;
+CREATE TABLE items (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    tenant TEXT NOT NULL,
+    item_id TEXT NOT NULL,
+    response_id TEXT NOT NULL,
+    place INTEGER NOT NULL
+);
+CREATE INDEX items_by_id ON items (tenant, item_id, seq);
+CREATE INDEX items_by_response ON items (response_id);
+"""
+"""Version 3: items indexed per tenant, each (response, id) once; the stored responses
+are indexed again as the upgrade's last step (`index_items`)."""
+
+_UPGRADES = (_SCHEMA, _COUNTERS, _ITEMS_BY_TENANT)
 """What takes a file from version n to version n + 1 (from 0: a new file)."""
+
+INSERT_ITEM = "INSERT INTO items (tenant, item_id, response_id, place) VALUES (?, ?, ?, ?)"
+
+
+def index_items(db: sqlite3.Connection, record: ResponseRecord) -> None:
+    """Index the stored response's items: each of its ids once, under its tenant."""
+    places = item_places(record)
+    rows = ((record.tenant, item_id, record.id, place) for item_id, place in places.items())
+    db.executemany(INSERT_ITEM, rows)
+
+
+def _index_stored_responses(db: sqlite3.Connection) -> None:
+    for (body,) in db.execute("SELECT body FROM entries WHERE tbl = 'responses'").fetchall():
+        record = decode(body)
+        if isinstance(record, ResponseRecord):
+            index_items(db, record)
 
 
 LIVE = "(expires_at IS NULL OR expires_at > :now)"
@@ -121,11 +155,11 @@ ORDER BY chain.depth
 (an unfinished job before a stored response), or no row where the walk stopped."""
 
 ITEM_PLACES = f"""
-SELECT e.rowid, e.body, i.place FROM items i
+SELECT e.rowid, i.place FROM items i
 JOIN entries e ON e.tbl = 'responses' AND e.id = i.response_id AND {LIVE}
-WHERE i.item_id = :item ORDER BY i.seq DESC
+WHERE i.tenant = :tenant AND i.item_id = :item ORDER BY i.seq DESC
 """
-"""Where the live stored responses hold item `:item`, newest first."""
+"""Where the tenant's live stored responses hold item `:item`, newest first."""
 
 
 def lock_file(path: Path) -> int:
@@ -186,7 +220,10 @@ def connect(path: Path) -> sqlite3.Connection:
                 )
             if version < SCHEMA_VERSION:
                 steps = " ".join(_UPGRADES[version:])
-                db.executescript(f"BEGIN; {steps} PRAGMA user_version = {SCHEMA_VERSION}; COMMIT;")
+                db.executescript(f"BEGIN; {steps}")  # one transaction to the COMMIT below
+                _index_stored_responses(db)
+                db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+                db.execute("COMMIT")
         return db
     except sqlite3.DatabaseError as exc:
         raise ConfigError(f"the store {path} cannot be opened: {exc}") from exc

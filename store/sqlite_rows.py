@@ -14,6 +14,7 @@ from typing import Any
 
 from mlxcel.items import ResponseRecord
 from mlxcel.store.backend import JobOwner
+from mlxcel.store.sqlite_file import index_items
 from mlxcel.store.tables import Stored, Table
 
 
@@ -68,14 +69,7 @@ class Rows:
             },
         )
         if table is Table.RESPONSES and isinstance(value, ResponseRecord):
-            places = [
-                (item.id, value.id, place)
-                for place, item in enumerate((*value.input_items, *value.output))
-                if item.id is not None
-            ]
-            self._db.executemany(
-                "INSERT INTO items (item_id, response_id, place) VALUES (?, ?, ?)", places
-            )
+            index_items(self._db, value)
         self.counts[table][0] += 1
         self.counts[table][1] += len(body)
 

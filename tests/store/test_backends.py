@@ -359,7 +359,7 @@ class BackendsMachine(RuleBasedStateMachine):
             assert size <= self.limits[table].max_bytes
         index = memory._tables[Table.RESPONSES].index
         assert index is not None
-        assert set(index._ids) == set(Cache.__iter__(memory._tables[Table.RESPONSES]._cache))
+        assert set(index._keys) == set(Cache.__iter__(memory._tables[Table.RESPONSES]._cache))
         for pinned in memory._active.values():
             assert pinned.size == encoded_size(pinned.record)
 
@@ -439,18 +439,28 @@ class BackendsMachine(RuleBasedStateMachine):
         held = {owners[n]: JobOwner(*owners[n + 1].split("\n")) for n in range(0, len(owners), 2)}
         assert held == self.holders
         assert set(_listed(snapshot["cancels"])) <= set(self.holders)
-        # The item index: the stored responses' item ids, each pointing at its holders.
+        # The item index: each stored response's (tenant, id) keys once, each key's
+        # sorted set holding exactly the responses that list it, at the listed place.
         responses = set(_listed(snapshot["responses"]["ids"]))
-        indexed = _listed(snapshot["itemids"])
+        indexed = _listed(snapshot["itemkeys"])
         by_response = {
-            indexed[n]: set(json.loads(indexed[n + 1])) for n in range(0, len(indexed), 2)
+            indexed[n]: {(key, place) for key, place in json.loads(indexed[n + 1])}
+            for n in range(0, len(indexed), 2)
         }
         assert set(by_response) <= responses
-        items = _listed(snapshot["items"])
-        for n in range(0, len(items), 2):
-            places = json.loads(items[n + 1])
-            assert places
-            assert all(items[n] in by_response.get(rid, ()) for rid, _ in places)
+        for places in by_response.values():
+            assert len({key for key, _ in places}) == len(places)  # each key once
+        listed = {(rid, key, place) for rid, places in by_response.items() for key, place in places}
+        held = set()
+        sets = _listed(snapshot["ix"])
+        for n in range(0, len(sets), 2):
+            key = sets[n].removeprefix("{" + self.prefix + "}:ix:")
+            members = _listed(sets[n + 1])
+            assert members
+            for member in members:
+                rid, _, place = member.rpartition("\n")
+                held.add((rid, key, place))
+        assert held == listed
 
 
 def _listed(value: Any) -> list[Any]:
@@ -475,8 +485,12 @@ for _, t in ipairs({'responses', 'conversations', 'ephemeral', 'active'}) do
 end
 out.owners = redis.call('HGETALL', B .. 'active:owner')
 out.cancels = redis.call('SMEMBERS', B .. 'active:cancel')
-out.itemids = redis.call('HGETALL', B .. 'responses:itemids')
-out.items = redis.call('HGETALL', B .. 'items')
+out.itemkeys = redis.call('HGETALL', B .. 'responses:itemkeys')
+out.ix = {}
+for _, key in ipairs(redis.call('KEYS', B .. 'ix:*')) do
+  out.ix[#out.ix + 1] = key
+  out.ix[#out.ix + 1] = redis.call('ZRANGE', key, 0, -1)
+end
 return cjson.encode(out)
 """
 """Every key of a run's Redis store, read in one step, as JSON."""

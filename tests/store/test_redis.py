@@ -317,3 +317,23 @@ async def test_stores_under_different_prefixes_never_see_each_other(
         assert await one.get((Table.RESPONSES,), "resp_1") == mine
         assert (await one.statistics()).active.entries == 1
         assert await one.reap(JobOwner("b", "1")) == 1
+
+
+async def test_an_earlier_releases_item_index_is_built_afresh_at_start(
+    redis_server: RedisServer,
+) -> None:
+    """A store written with one JSON list per item id is indexed per tenant at the next
+    start, and the old keys are gone."""
+    prefix = key_prefix()
+    base = "{" + prefix + "}:"
+    async with opened(redis_server.url, prefix) as backend:
+        await backend.put(Table.RESPONSES, record("resp_1", item_ids=("msg_a", "msg_b")))
+    for key in redis_server.call("KEYS", base + "ix:*") or []:  # back to the old layout
+        redis_server.call("DEL", key)
+    redis_server.call("DEL", base + "responses:itemkeys")
+    redis_server.call("HSET", base + "responses:itemids", "resp_1", '["msg_a","msg_b"]')
+    redis_server.call("HSET", base + "items", "msg_a", '[["resp_1",1]]', "msg_b", '[["resp_1",2]]')
+    async with opened(redis_server.url, prefix) as backend:
+        found = await backend.find_items(frozenset({"msg_a", "msg_b"}))
+        assert sorted(found) == ["msg_a", "msg_b"]
+    assert redis_server.call("EXISTS", base + "items", base + "responses:itemids") == 0

@@ -227,3 +227,25 @@ async def test_an_older_world_readable_store_file_is_made_private(tmp_path: Path
         assert path.stat().st_mode & 0o777 == 0o600
     finally:
         await store.aclose()
+
+
+async def test_a_version_2_file_is_indexed_afresh_per_tenant(tmp_path: Path) -> None:
+    path = tmp_path / "store.sqlite3"
+    store = await open_store(path, Clock())
+    assert await store.put(Table.RESPONSES, record("resp_a"))
+    await store.aclose()
+    with sqlite3.connect(path) as db:  # the layout version 2 had: no tenant, no dedup
+        db.executescript(
+            "DROP TABLE items; CREATE TABLE items (seq INTEGER PRIMARY KEY AUTOINCREMENT, "
+            "item_id TEXT NOT NULL, response_id TEXT NOT NULL, place INTEGER NOT NULL); "
+            "PRAGMA user_version = 2;"
+        )
+    store = await open_store(path, Clock())
+    try:
+        found = await store.find_items(frozenset({"msg_resp_a"}))
+        assert list(found) == ["msg_resp_a"]
+        assert await store.find_items(frozenset({"msg_resp_a"}), "another") == {}
+    finally:
+        await store.aclose()
+    with sqlite3.connect(path) as db:
+        assert db.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,)

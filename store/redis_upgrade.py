@@ -1,0 +1,42 @@
+"""What takes a Redis store written by an earlier release to this release's keys.
+
+Earlier releases indexed items in one JSON list per item id (`items`, re-encoded on every
+put and delete: quadratic in a record that repeats one id) and listed each response's
+item ids in `responses:itemids`. This release keeps a sorted set per tenant and id
+(`redis_scripts.py`); the stored responses are indexed afresh once, at start, and the
+old keys are dropped. Indexing is idempotent, so replicas starting together may each
+run it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import coredis
+
+from mlxcel.items import ResponseRecord
+from mlxcel.store import redis_scripts as lua
+from mlxcel.store.redis_values import decode_stored, item_places
+from mlxcel.store.tables import Table
+
+log = logging.getLogger(__name__)
+
+Run = Callable[..., Awaitable[Any]]
+"""The backend's `_run`: one script with its arguments."""
+
+
+async def upgrade_item_index(client: coredis.Redis[bytes], base: str, run: Run) -> None:
+    """Index every response the old layout indexed, then drop the old keys."""
+    old = f"{base}responses:itemids"
+    rids = await client.hkeys(old)
+    if not rids and not await client.exists([f"{base}items"]):
+        return
+    log.info("indexing the items of %d stored responses afresh (a store upgrade)", len(rids))
+    for rid in rids:
+        body = await client.hget(f"{base}responses:body", rid)
+        record = decode_stored(body) if body is not None else None
+        if isinstance(record, ResponseRecord):
+            await run(lua.REINDEX, record.id, item_places(Table.RESPONSES, record))
+    await client.delete([old, f"{base}items"])

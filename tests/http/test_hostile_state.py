@@ -1,0 +1,136 @@
+"""Hostile state: requests that aim at the store's own bookkeeping rather than at a
+route's input, each on every store backend (memory, SQLite, a real Redis), over real
+HTTP on the fake engine. Each test names what it proves and failed before its fix."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import httpx
+import pytest
+
+from mlxcel.store.limits import StoreLimits
+
+from redis_server import RedisServer
+from support import StartServer
+
+REPEATS = 20_000
+"""One client-chosen item id repeated this often in one input: reasoning items render to
+nothing, so they pass every precheck of a large enough context window."""
+
+KEYS = ("key-a", "key-b")
+
+
+@pytest.fixture(params=["memory", "sqlite", "redis"])
+def fake_store(request: pytest.FixtureRequest) -> str:
+    """Every test here runs on every store backend."""
+    return str(request.param)
+
+
+def repeated_ids(text: str) -> list[dict[str, Any]]:
+    same = {"type": "reasoning", "id": "rs_same", "summary": []}
+    return [*([same] * REPEATS), {"role": "user", "content": f"echo: {text}"}]
+
+
+async def create(http: httpx.AsyncClient, body: dict[str, Any], key: str = "") -> dict[str, Any]:
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    r = await http.post("/v1/responses", json={"model": "fake-model", **body}, headers=headers)
+    assert r.status_code == 200, r.text
+    return dict(r.json())
+
+
+async def test_deleting_and_evicting_a_record_repeating_one_id_is_linear(
+    start_fake_server: StartServer, fake_store: str, request: pytest.FixtureRequest
+) -> None:
+    """Before: the item index kept one place per copy and rebuilt the id's list per copy
+    (K = 12,000 froze the loop for 4.9 s; on Redis one script re-encoded a JSON list per
+    item and blocked every replica). Now each (record, id) is indexed once."""
+    server = await start_fake_server(
+        context_length=4 * REPEATS, responses=StoreLimits(2, 268_435_456, 3600)
+    )
+    redis: RedisServer | None = None
+    if fake_store == "redis":
+        redis = request.getfixturevalue("redis_server")
+        redis.call("CONFIG", "SET", "slowlog-log-slower-than", "50000")  # 50 ms
+        redis.call("SLOWLOG", "RESET")
+    try:
+        async with httpx.AsyncClient(base_url=server.url, timeout=60) as http:
+            first = await create(http, {"input": repeated_ids("one")})
+            seconds = await timed(lambda: http.delete(f"/v1/responses/{first['id']}"))
+            assert seconds < 5, f"delete took {seconds:.2f} s"  # quadratic: ~15 s
+            assert (await http.get(f"/v1/responses/{first['id']}")).status_code == 404
+            # Eviction: the entry cap of 2 evicts the oldest at the third put.
+            kept = [await create(http, {"input": repeated_ids(str(n))}) for n in range(2)]
+            body = {"model": "fake-model", "input": "echo: x"}
+            seconds = await timed(lambda: http.post("/v1/responses", json=body))
+            assert seconds < 5, f"a put that evicts took {seconds:.2f} s"
+            assert (await http.get(f"/v1/responses/{kept[0]['id']}")).status_code == 404
+            assert (await http.get(f"/v1/responses/{kept[1]['id']}")).status_code == 200
+            assert (await http.get("/health")).status_code == 200
+        if redis is not None:
+            assert redis.call("SLOWLOG", "LEN") == 0, redis.call("SLOWLOG", "GET", "3")
+    finally:
+        if redis is not None:
+            redis.call("CONFIG", "SET", "slowlog-log-slower-than", "10000")
+
+
+async def timed(work: Callable[[], Awaitable[httpx.Response]]) -> float:
+    """Seconds `work()` took; it must answer 200."""
+    started = time.monotonic()
+    response = await work()
+    assert response.status_code == 200, response.text
+    return time.monotonic() - started
+
+
+async def test_an_item_reference_resolves_among_the_asking_tenants_records_only(
+    start_fake_server: StartServer,
+) -> None:
+    """Before: a reference took the newest record holding the id, then checked its
+    tenant, so once another tenant stored an item with the same id the owner's reference
+    answered 400 (telling it someone else used the id)."""
+    server = await start_fake_server(api_keys=KEYS)
+    async with httpx.AsyncClient(base_url=server.url, timeout=60) as http:
+        mine = {"type": "message", "id": "msg_chosen", "role": "user", "content": "echo: mine"}
+        theirs = {**mine, "content": "echo: theirs"}
+        await create(http, {"input": [mine]}, KEYS[0])
+        await create(http, {"input": [theirs]}, KEYS[1])  # the same id, stored later
+        reference = [{"type": "item_reference", "id": "msg_chosen"}]
+        answer = await create(http, {"input": reference}, KEYS[0])
+        assert answer["output"][0]["content"][0]["text"] == "mine"
+        answer = await create(http, {"input": reference}, KEYS[1])
+        assert answer["output"][0]["content"][0]["text"] == "theirs"
+
+
+@pytest.mark.parametrize("fake_store", ["sqlite", "redis"])  # memory decodes nothing
+async def test_references_into_one_big_record_decode_it_once(
+    start_fake_server: StartServer, fake_store: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before: each reference decoded (SQLite) or shipped (Redis) the whole record that
+    holds it: 300 references into one 500 KB record cost 150 MB of decoding."""
+    import mlxcel.store.redis_values as redis_backend
+    import mlxcel.store.sqlite as sqlite_backend
+
+    decoded: list[int] = []
+    module, name = (
+        (sqlite_backend, "decode") if fake_store == "sqlite" else (redis_backend, "decode_response")
+    )
+    original = getattr(module, name)
+
+    def counting(body: bytes) -> Any:
+        decoded.append(len(body))
+        return original(body)
+
+    server = await start_fake_server(context_length=2_000_000)
+    text = "w" * 1_600
+    held = [
+        {"type": "message", "id": f"msg_{n}", "role": "user", "content": text} for n in range(300)
+    ]
+    async with httpx.AsyncClient(base_url=server.url, timeout=60) as http:
+        await create(http, {"input": [*held, {"role": "user", "content": "echo: ok"}]})
+        monkeypatch.setattr(module, name, counting)
+        references = [{"type": "item_reference", "id": f"msg_{n}"} for n in range(300)]
+        await create(http, {"input": [*references, {"role": "user", "content": "echo: ok"}]})
+    big = [size for size in decoded if size > 400_000]
+    assert len(big) == 1, decoded
