@@ -11,7 +11,7 @@ import hashlib
 import json
 import secrets
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal, TypeAlias
 
 Role: TypeAlias = Literal["user", "assistant", "system", "developer"]
@@ -297,6 +297,28 @@ class ResponseRecord:
             for p in item.content
             if isinstance(p, OutputText)
         )
+
+
+def failed(
+    record: ResponseRecord,
+    error: ResponseError,
+    *,
+    usage: Usage | None,
+    output: tuple[Item, ...] = (),
+) -> ResponseRecord:
+    """`record` ended `failed` with `error`: the one way every layer fails a response.
+
+    Partial output is dropped unless the caller keeps some (`output`); `usage` is what
+    the caller counts (what ran, the prompt alone, or nothing). The rest is kept."""
+    return replace(record, status="failed", output=output, usage=usage, error=error)
+
+
+def cancelled(
+    record: ResponseRecord, *, usage: Usage, output: tuple[Item, ...] = ()
+) -> ResponseRecord:
+    """`record` ended `cancelled`, keeping `output` (what was generated before the
+    cancel, as it stood) and counting `usage`. The rest is kept."""
+    return replace(record, status="cancelled", output=output, usage=usage)
 
 
 @dataclass(frozen=True, slots=True)

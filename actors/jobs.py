@@ -31,9 +31,8 @@ from mlxcel.actors.replies import answer
 from mlxcel.actors.scheduler import SchedulerHandle
 from mlxcel.errors import RateLimited, StoreUnavailable
 from mlxcel.generation import GenerationRequest
-from mlxcel.items import ResponseError, ResponseRecord, Usage
+from mlxcel.items import ResponseError, ResponseRecord, Usage, cancelled, failed
 from mlxcel.metrics import Metrics
-from mlxcel.respond.builder import ResponseBuilder
 from mlxcel.respond.events import ResponseFinished, ResponseInProgress
 from mlxcel.store.actor import StoreHandle
 from mlxcel.store.backend import JobOwner
@@ -299,14 +298,12 @@ class JobSupervisor:
 
     @staticmethod
     def _failed(job: _Job, code: str, message: str) -> ResponseRecord:
-        return dataclasses.replace(
-            job.request.record, status="failed", usage=Usage(), error=ResponseError(code, message)
-        )
+        record = job.request.record
+        return failed(record, ResponseError(code, message), usage=Usage(), output=record.output)
 
     @staticmethod
     def _cancelled(job: _Job) -> ResponseRecord:
-        builder = ResponseBuilder(job.request.record, len(job.request.prompt))
-        return dataclasses.replace(builder.cancel(), usage=Usage())
+        return cancelled(job.request.record, usage=Usage())
 
     async def _keep(self, final: ResponseRecord, owner: JobOwner) -> ResponseRecord:
         """Store the final object and unpin the job in one step: polling never misses the

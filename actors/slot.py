@@ -10,7 +10,6 @@ slot runs what; this module owns what a slot does.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import functools
 import logging
 from dataclasses import dataclass, field
@@ -22,7 +21,7 @@ from mlxcel.actors.messages import Generate
 from mlxcel.actors.replies import answer
 from mlxcel.errors import InvalidRequest, StoreUnavailable
 from mlxcel.generation import GenerationRequest, PrefillProgress, SequenceFailed
-from mlxcel.items import Message, Reasoning, ResponseError, ResponseRecord, Usage
+from mlxcel.items import Message, Reasoning, ResponseError, ResponseRecord, Usage, failed
 from mlxcel.metrics import Metrics, TokenTimer
 from mlxcel.model.actor import ModelHandle
 from mlxcel.respond.builder import ResponseBuilder
@@ -330,10 +329,6 @@ def _stopped(
 def _failed(
     request: GenerationRequest, message: str, *, code: str = "server_error"
 ) -> ResponseRecord:
-    return dataclasses.replace(
-        request.record,
-        status="failed",
-        output=(),
-        usage=Usage(input_tokens=len(request.prompt)),
-        error=ResponseError(code, message),
-    )
+    """Failed before any token was counted: its prompt is its only usage."""
+    usage = Usage(input_tokens=len(request.prompt))
+    return failed(request.record, ResponseError(code, message), usage=usage)

@@ -26,6 +26,8 @@ from mlxcel.items import (
     ResponseRecord,
     TokenLogprob,
     Usage,
+    cancelled,
+    failed,
     new_id,
 )
 from mlxcel.respond.events import (
@@ -225,13 +227,7 @@ class ResponseBuilder:
 
     def fail(self, code: str, message: str) -> tuple[list[ResponseEvent], ResponseRecord]:
         """A failed record (partial output is dropped) and the stream's error event."""
-        self._record = dataclasses.replace(
-            self._record,
-            status="failed",
-            output=(),
-            usage=self._usage(),
-            error=ResponseError(code, message),
-        )
+        self._record = failed(self._record, ResponseError(code, message), usage=self._usage())
         return [StreamError(self._id, code, message)], self._record
 
     def cancel(self) -> ResponseRecord:
@@ -243,19 +239,20 @@ class ResponseBuilder:
     ) -> tuple[list[ResponseEvent], ResponseRecord]:
         """Stop before the end (a cancel, a client gone, a shutdown): the open items are
         closed as they stand and kept; held text that may be a call is dropped. A
-        response that already ended is returned unchanged, with no events."""
+        response that already ended is returned unchanged, with no events. `reason`
+        says why an `incomplete` one stopped."""
         if self._record.status != "in_progress":
             return [], self._record
         events = self._close_reasoning()
         events += self._close_message("incomplete")
         events += self._calls.close_all() if self._calls else []
-        self._record = dataclasses.replace(
-            self._record,
-            status=status,
-            output=tuple(i for i in self._output if i is not None),
-            usage=self._usage(),
-            incomplete_reason=reason,
-        )
+        output, usage = tuple(i for i in self._output if i is not None), self._usage()
+        if status == "cancelled":
+            self._record = cancelled(self._record, usage=usage, output=output)
+        else:
+            self._record = dataclasses.replace(
+                self._record, status=status, output=output, usage=usage, incomplete_reason=reason
+            )
         return events, self._record
 
     # --- text and messages -------------------------------------------------------

@@ -26,6 +26,8 @@ from mlxcel.items import (
     ResponseError,
     ResponseRecord,
     Usage,
+    cancelled,
+    failed,
     is_minted_conversation_id,
 )
 from mlxcel.store.tables import (
@@ -222,23 +224,19 @@ def final_table(record: ResponseRecord) -> Table:
 
 
 def reaped(record: ResponseRecord, cancel_requested: bool) -> ResponseRecord:
-    """The final object of a job whose owner is gone."""
+    """The final object of a job whose owner is gone: what it held is kept, nothing is
+    counted."""
     if cancel_requested:
-        return dataclasses.replace(record, status="cancelled", usage=Usage())
+        return cancelled(record, usage=Usage(), output=record.output)
     error = ResponseError("server_error", RESTART_MESSAGE)
-    return dataclasses.replace(record, status="failed", usage=Usage(), error=error)
+    return failed(record, error, usage=Usage(), output=record.output)
 
 
 def too_large(final: ResponseRecord) -> ResponseRecord:
     """What is stored instead of a job's final object larger than the whole byte budget,
-    so polling still gets an answer."""
-    return dataclasses.replace(
-        final,
-        status="failed",
-        output=(),
-        input_items=(),
-        incomplete_reason=None,
-        error=ResponseError(
-            "server_error", "The response was larger than the response store's byte budget."
-        ),
+    so polling still gets an answer: its usage, without its items (what did not fit)."""
+    error = ResponseError(
+        "server_error", "The response was larger than the response store's byte budget."
     )
+    slim = dataclasses.replace(final, input_items=(), incomplete_reason=None)
+    return failed(slim, error, usage=final.usage)

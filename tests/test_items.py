@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from mlxcel.items import (
     IMAGE_PLACEHOLDER,
     FunctionCallOutput,
@@ -11,6 +13,11 @@ from mlxcel.items import (
     OutputText,
     Refusal,
     RequestEcho,
+    ResponseError,
+    ResponseRecord,
+    Usage,
+    cancelled,
+    failed,
     has_images,
     parts_text,
 )
@@ -37,3 +44,40 @@ def test_images_are_found_in_messages_and_call_outputs() -> None:
     assert not has_images([Message("user", (InputText("x"),)), FunctionCallOutput("c", "y")])
     assert has_images([Message("user", (image,))])
     assert has_images([FunctionCallOutput("c", IMAGE_PLACEHOLDER, parts=(image,))])
+
+
+def running() -> ResponseRecord:
+    """A response part way through: a message under way, tokens counted."""
+    made = Message("assistant", (OutputText("par"),), id="msg_1", status="incomplete")
+    asked = (Message("user", (InputText("q"),)),)
+    echo = RequestEcho(model="m")
+    return ResponseRecord(
+        "resp_1", 1, "in_progress", echo, output=(made,), usage=Usage(9, 3), input_items=asked
+    )
+
+
+def test_a_failure_drops_the_output_unless_kept_and_counts_what_it_is_given() -> None:
+    record, error = running(), ResponseError("server_error", "boom")
+    ended = failed(record, error, usage=Usage(9))
+    assert (ended.status, ended.error, ended.output, ended.usage) == (
+        "failed",
+        error,
+        (),
+        Usage(9),
+    )
+    undone = dataclasses.replace(ended, status="in_progress", error=None)
+    assert dataclasses.replace(undone, output=record.output, usage=record.usage) == record
+    assert failed(record, error, usage=None, output=record.output).output == record.output
+
+
+def test_a_cancel_keeps_the_output_it_is_given_and_has_no_error() -> None:
+    record = running()
+    ended = cancelled(record, usage=Usage(), output=record.output)
+    assert (ended.status, ended.error, ended.output, ended.usage) == (
+        "cancelled",
+        None,
+        record.output,
+        Usage(),
+    )
+    assert dataclasses.replace(ended, status="in_progress", usage=record.usage) == record
+    assert cancelled(record, usage=Usage(9, 3)).output == ()

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Literal
 
 from mlxcel.respond.tool_parsers.base import JsonCall, Schemas
-from mlxcel.respond.tool_parsers.events import ParseEvent, partial_suffix
+from mlxcel.respond.tool_parsers.events import ParseEvent
 from mlxcel.respond.tool_parsers.runs import RunParser
 
 PYTHON_TAG = "<|python_tag|>"
@@ -28,7 +28,10 @@ class Llama3JsonToolParser(RunParser):
 
     def _step(self, events: list[ParseEvent], *, final: bool) -> bool:
         if self._state == "text":
-            return self._text(events, final=final)
+            if not self._text(PYTHON_TAG, events, final=final):
+                return False
+            self._state = "call"
+            return True
         if self._state == "object":
             if self._object(events, final=final):
                 self._state = "after"
@@ -54,17 +57,4 @@ class Llama3JsonToolParser(RunParser):
             case _:
                 events += self._end_run(final=final)
                 self._state = "text"
-        return True
-
-    def _text(self, events: list[ParseEvent], *, final: bool) -> bool:
-        start = self._buffer.find(PYTHON_TAG)
-        if start < 0:
-            keep = 0 if final else partial_suffix(self._buffer, PYTHON_TAG)
-            events += self._emit_text(self._buffer[: len(self._buffer) - keep])
-            self._buffer = self._buffer[len(self._buffer) - keep :]
-            return False
-        events += self._emit_text(self._buffer[:start])
-        self._buffer = self._buffer[start:]
-        self._take(len(PYTHON_TAG))
-        self._state, self._parsed_last = "call", False
         return True

@@ -13,7 +13,7 @@ import re
 from typing import Literal
 
 from mlxcel.respond.tool_parsers.base import Call, JsonCall, Schemas
-from mlxcel.respond.tool_parsers.events import ParseEvent, partial_suffix
+from mlxcel.respond.tool_parsers.events import ParseEvent
 from mlxcel.respond.tool_parsers.runs import RunParser
 
 TOOL_CALLS = "[TOOL_CALLS]"
@@ -33,7 +33,10 @@ class MistralToolParser(RunParser):
 
     def _step(self, events: list[ParseEvent], *, final: bool) -> bool:
         if self._state == "text":
-            return self._text(events, final=final)
+            if not self._text(TOOL_CALLS, events, final=final):
+                return False
+            self._state = "marker"
+            return True
         if self._state == "object":
             if self._object(events, final=final):
                 in_list = isinstance(self._call, JsonCall) and self._in_list
@@ -77,19 +80,6 @@ class MistralToolParser(RunParser):
             case "list":  # not a list of calls after all
                 events += self._end_run(final=final)
                 self._state = "text"
-        return True
-
-    def _text(self, events: list[ParseEvent], *, final: bool) -> bool:
-        start = self._buffer.find(TOOL_CALLS)
-        if start < 0:
-            keep = 0 if final else partial_suffix(self._buffer, TOOL_CALLS)
-            events += self._emit_text(self._buffer[: len(self._buffer) - keep])
-            self._buffer = self._buffer[len(self._buffer) - keep :]
-            return False
-        events += self._emit_text(self._buffer[:start])
-        self._buffer = self._buffer[start:]
-        self._take(len(TOOL_CALLS))
-        self._state, self._parsed_last = "marker", False
         return True
 
     def _name(self, events: list[ParseEvent], rest: str, *, final: bool) -> bool:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 
 from mlxcel.respond.tool_parsers.base import Call, JsonCall, ParserBase, Schemas
-from mlxcel.respond.tool_parsers.events import ParseEvent
+from mlxcel.respond.tool_parsers.events import ParseEvent, partial_suffix
 from mlxcel.respond.tool_parsers.json_scan import ObjectScanner, json_object
 
 
@@ -43,6 +43,21 @@ class RunParser(ParserBase, ABC):
         """Read what the buffer allows; False when nothing more can be read yet.
 
         `final`: the buffer holds all that is left, so everything must be read."""
+
+    def _text(self, marker: str, events: list[ParseEvent], *, final: bool) -> bool:
+        """Let text through up to the `marker` that starts a run (the start of one is held
+        until it is known); True once the marker is read into the markup."""
+        start = self._buffer.find(marker)
+        if start < 0:
+            keep = 0 if final else partial_suffix(self._buffer, marker)
+            events += self._emit_text(self._buffer[: len(self._buffer) - keep])
+            self._buffer = self._buffer[len(self._buffer) - keep :]
+            return False
+        events += self._emit_text(self._buffer[:start])
+        self._buffer = self._buffer[start:]
+        self._take(len(marker))
+        self._parsed_last = False
+        return True
 
     def _take(self, size: int) -> None:
         """Move the buffer's first `size` characters into the markup."""
