@@ -17,6 +17,7 @@ is reachable by other names on purpose, and `Host` is not checked.
 from __future__ import annotations
 
 import ipaddress
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -39,6 +40,9 @@ _RATE_LIMIT_HEADERS = tuple(
 EXPOSE_HEADERS = b", ".join((b"retry-after", b"x-request-id", *_RATE_LIMIT_HEADERS))
 """The answer headers a page may read: `Retry-After` and the per-key rate limits'."""
 PREFLIGHT_MAX_AGE = b"600"
+_TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9a-z-]+")
+"""A header name (RFC 9110 token, lower-cased): only such names are echoed in a grant."""
+_PORT = re.compile(r":[0-9]{1,5}")
 
 
 def is_loopback_bind(host: str) -> bool:
@@ -59,12 +63,17 @@ def _header(scope: HTTPScope, name: bytes) -> str | None:
 
 
 def _host_name(host: str) -> str:
-    """The name part of a `Host` value, without its port, lower-cased."""
+    """The name part of a `Host` value, without its port or a root label's trailing dot,
+    lower-cased; a value with anything after a bracketed address but a port is returned
+    whole (`[::1]evil.com` names no loopback host)."""
     host = host.strip().lower()
     if host.startswith("["):
-        return host.partition("]")[0] + "]"
+        address, _, rest = host.partition("]")
+        return address + "]" if rest == "" or _PORT.fullmatch(rest) else host
     name, _, port = host.rpartition(":")
-    return name if name and port.isdigit() else host
+    if not (name and port.isdigit()):
+        name = host
+    return name[:-1] if name.endswith(".") else name
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,7 +115,7 @@ class BrowserPolicy:
         sdk = [
             name
             for name in (part.strip().lower() for part in asked.split(","))
-            if name.startswith(_SDK_HEADER_PREFIXES) and name.isascii()
+            if name.startswith(_SDK_HEADER_PREFIXES) and _TOKEN.fullmatch(name)
         ]
         return [
             (b"access-control-allow-origin", allowed.encode("latin-1")),

@@ -95,7 +95,16 @@ async def test_any_origin_with_a_star(start_fake_server: StartServer) -> None:
 
 
 @pytest.mark.parametrize(
-    "host", ["evil.example", "evil.example:8080", "127.0.0.1.evil.example", "10.0.0.1"]
+    "host",
+    [
+        "evil.example",
+        "evil.example:8080",
+        "127.0.0.1.evil.example",
+        "10.0.0.1",
+        "[::1]evil.com",
+        "[::1]:80evil.com",
+        "localhost..",
+    ],
 )
 async def test_a_loopback_server_refuses_other_host_names(
     fake_server: FakeServer, host: str
@@ -107,7 +116,8 @@ async def test_a_loopback_server_refuses_other_host_names(
             )
         r = await http.post("/v1/responses", json=BODY, headers={"Host": host})
         assert_openai_error(r, 403, "host_not_allowed")
-        for name in ("localhost", "LOCALHOST:1234", "127.0.0.1", "[::1]:8080", "[::1]"):
+        names = ("localhost", "LOCALHOST:1234", "127.0.0.1", "[::1]:8080", "[::1]", "localhost.")
+        for name in (*names, "localhost.:8080"):
             r = await http.post("/v1/responses", json=BODY, headers={"Host": name})
             assert r.status_code == 200, (name, r.text)
 
@@ -120,3 +130,22 @@ async def test_a_server_on_every_address_does_not_check_the_host(
     async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30) as http:
         r = await http.post("/v1/responses", json=BODY, headers={"Host": "api.example"})
         assert r.status_code == 200, r.text
+
+
+async def test_a_preflight_echoes_only_header_names_that_are_tokens(
+    start_fake_server: StartServer,
+) -> None:
+    server = await start_fake_server(cors_origins=("https://app.example",))
+    asked = 'x-stainless-ok, x-stainless-a b, openai-x"y, openai-(z), x-stainless-\u00e9'
+    headers = {**preflight("https://app.example"), "Access-Control-Request-Headers": asked}
+    async with httpx.AsyncClient(base_url=server.url, timeout=30) as http:
+        r = await http.options(
+            "/v1/responses",
+            headers={k: v.encode("utf-8") for k, v in headers.items()},
+        )
+    assert r.status_code == 204
+    allowed = [h.strip() for h in r.headers["access-control-allow-headers"].split(",")]
+    assert "x-stainless-ok" in allowed
+    assert not [
+        h for h in allowed if h.startswith(("x-stainless-", "openai-")) and h != "x-stainless-ok"
+    ]
