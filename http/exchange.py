@@ -10,8 +10,12 @@ answer: a 401, a 404, a refusal): the connection was then neither recycled nor c
 and the client's next request on it waited forever.
 
 So `send` is shielded (hypercorn shields its socket writes already; the rest is quick),
-and an answer sent before the request body has been received says `Connection: close`,
-because hypercorn ends that connection after it.
+and an answer sent while a declared request body (`Content-Length` above 0, or
+`Transfer-Encoding`) is still unread says `Connection: close`, because hypercorn ends that
+connection after it. A request without a body keeps its connection whatever the app read
+(a quick `GET` is answered on a connection the client may use again), and one that
+declares its body both ways (`Transfer-Encoding` and `Content-Length`, RFC 9112 §6.3: a
+request smuggler's) is answered and its connection closed.
 
 Every exchange is counted here, once it is over (a stream's whole body sent): by the URL
 rule it matched (put in its scope by a hook of the app), its method and its status, so
@@ -34,6 +38,7 @@ from hypercorn.typing import (
     ASGIReceiveEvent,
     ASGISendCallable,
     ASGISendEvent,
+    HTTPScope,
     Scope,
 )
 from quart_trio import QuartTrio
@@ -60,7 +65,7 @@ class App(QuartTrio):
         if scope["type"] != "http":
             await super().asgi_app(scope, receive, send)
             return
-        exchange = _Exchange(receive, send)
+        exchange = _Exchange(receive, send, _body_framing(scope))
         cast(dict[str, object], scope)[NOTE_KEY] = ExchangeNote()
         started = trio.current_time()
         try:
@@ -106,13 +111,27 @@ async def _answer(
     await exchange.send({"type": "http.response.body", "body": body or b"", "more_body": False})
 
 
+def _body_framing(scope: Scope) -> tuple[bool, bool]:
+    """Whether the request declares a body, and whether it declares it both ways."""
+    names = {name.lower(): value for name, value in cast(HTTPScope, scope)["headers"]}
+    chunked = b"transfer-encoding" in names
+    length = names.get(b"content-length", b"0").strip()
+    return chunked or length not in (b"", b"0"), chunked and b"content-length" in names
+
+
 class _Exchange:
-    def __init__(self, receive: ASGIReceiveCallable, send: ASGISendCallable) -> None:
+    def __init__(
+        self,
+        receive: ASGIReceiveCallable,
+        send: ASGISendCallable,
+        framing: tuple[bool, bool] = (True, False),
+    ) -> None:
         self._receive = receive
         self._send = send
         self.extra_headers: Headers = []
         """Headers the answer carries besides its own (CORS)."""
-        self._request_received = False
+        has_body, self._ambiguous = framing
+        self._request_received = not has_body
         self.status: int | None = None
         """The answer's status, once it has started."""
 
@@ -126,7 +145,7 @@ class _Exchange:
         if message["type"] == "http.response.start":
             self.status = message["status"]
             headers = [*message.get("headers", ()), *self.extra_headers]
-            if not self._request_received:
+            if not self._request_received or self._ambiguous:
                 headers.append((b"connection", b"close"))
             message = cast(ASGISendEvent, {**message, "headers": headers})
         with trio.CancelScope(shield=True):

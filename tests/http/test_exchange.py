@@ -1,7 +1,9 @@
 """Keep-alive connections after an answer sent before the request body arrived.
 
 An early answer (a 404 for an unknown conversation, a 401) used to leave its connection
-neither recycled nor closed, so the client's next request on it waited forever.
+neither recycled nor closed, so the client's next request on it waited forever. Now an
+answer closes its connection only while a declared body is unread (or the body was
+declared both ways); a quick answer to a request without a body keeps it.
 """
 
 from __future__ import annotations
@@ -72,3 +74,57 @@ def post_many(url: str, count: int) -> list[int]:
 async def test_early_answers_never_stall_a_client(fake_server: FakeServer) -> None:
     statuses = await in_thread(post_many, fake_server.url, 40)
     assert statuses == [404] * 40 + [200]
+
+
+async def exchange_raw(url: str, requests_text: str, answers: int) -> list[bytes]:
+    """Send `requests_text` (pipelined requests) on one connection; the heads of the
+    first `answers` answers."""
+    host, port = url.removeprefix("http://").split(":")
+    stream = await trio.open_tcp_stream(host, int(port))
+    async with stream:
+        await stream.send_all(requests_text.replace("HOST", host).encode())
+        seen = b""
+        with trio.fail_after(10):
+            while seen.count(b"HTTP/1.1 ") < answers or not seen.endswith(b"}"):
+                chunk = await stream.receive_some()
+                assert chunk, seen
+                seen += chunk
+    return [part.split(b"\r\n\r\n", 1)[0].lower() for part in seen.split(b"HTTP/1.1 ")[1:]]
+
+
+@pytest.mark.parametrize("path", ["/v1/models", "/v1/responses/resp_missing", "/health"])
+async def test_a_quick_answer_to_a_request_without_a_body_keeps_its_connection(
+    fake_server: FakeServer, path: str
+) -> None:
+    """Before: every answer given before the app read the (empty) body said
+    `Connection: close` (20 of 20 `GET /v1/models`)."""
+    get = f"GET {path} HTTP/1.1\r\nHost: HOST\r\n\r\n"
+    heads = await exchange_raw(fake_server.url, get * 3, 3)
+    assert len(heads) == 3
+    assert not [head for head in heads if b"connection: close" in head]
+
+
+async def test_a_refused_key_with_a_request_pipelined_behind_it_answers_both(
+    start_fake_server: StartServer,
+) -> None:
+    server = await start_fake_server(api_keys=("sk-right",))
+    wrong = "GET /v1/models HTTP/1.1\r\nHost: HOST\r\nAuthorization: Bearer sk-wrong\r\n\r\n"
+    right = "GET /v1/models HTTP/1.1\r\nHost: HOST\r\nAuthorization: Bearer sk-right\r\n\r\n"
+    for _ in range(10):
+        heads = await exchange_raw(server.url, wrong + right, 2)
+        assert [head[:3] for head in heads] == [b"401", b"200"]
+
+
+async def test_a_body_declared_both_ways_is_answered_and_its_connection_closed(
+    fake_server: FakeServer,
+) -> None:
+    """RFC 9112 §6.3: a request with both `Transfer-Encoding` and `Content-Length` may be
+    a smuggling attempt; its connection must not carry another request."""
+    body = b'{"model": "fake-model", "input": "hi"}'
+    chunked = b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body)
+    head = (
+        "POST /v1/responses HTTP/1.1\r\nHost: HOST\r\nContent-Type: application/json\r\n"
+        f"Transfer-Encoding: chunked\r\nContent-Length: {len(chunked)}\r\n\r\n"
+    )
+    heads = await exchange_raw(fake_server.url, head + chunked.decode(), 1)
+    assert b"connection: close" in heads[0]
