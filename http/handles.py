@@ -14,10 +14,9 @@ from quart import Quart, Response, current_app
 
 from mlxcel.actors.jobs import JobsHandle
 from mlxcel.actors.scheduler import SchedulerHandle
-from mlxcel.generation import ModelView
+from mlxcel.generation import ModelNames, ModelView
 from mlxcel.keys import Keyring
 from mlxcel.metrics import Metrics
-from mlxcel.prepare.intake import ModelNames
 from mlxcel.prepare.policy import ClientPolicy
 from mlxcel.quotas import Limiter
 from mlxcel.store.actor import StoreHandle

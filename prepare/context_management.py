@@ -19,6 +19,7 @@ from mlxcel.generation import (
     GenerateText,
     GenerationRequest,
     ModelInfo,
+    ModelNames,
     PromptCodec,
 )
 from mlxcel.items import Item, ResponseRecord
@@ -29,7 +30,7 @@ from mlxcel.prepare.compaction import (
     check_reduction,
     default_keep_tokens,
 )
-from mlxcel.prepare.intake import ModelNames, build_request
+from mlxcel.prepare.intake import build_request
 from mlxcel.prepare.offload import off_loop
 from mlxcel.prepare.params import ResponseParams
 

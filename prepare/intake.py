@@ -10,11 +10,10 @@ import dataclasses
 import re
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 from mlxcel.errors import ContextLengthExceeded, InvalidRequest, ModelNotFound, UnsupportedFeature
-from mlxcel.generation import GenerationRequest, ModelInfo, PromptCodec, Sampling
+from mlxcel.generation import GenerationRequest, ModelInfo, ModelNames, PromptCodec, Sampling
 from mlxcel.items import (
     Compaction,
     Item,
@@ -77,20 +76,6 @@ async def intake_items(
         input_items, params.input, params.instructions, params.tools, history, context_length
     )
     return await restore_reasoning(params, model, items, echo)
-
-
-@dataclass(frozen=True, slots=True)
-class ModelNames:
-    """The names a request's `model` may use for the loaded model."""
-
-    alias: str
-    path: str
-
-    def matches(self, name: str) -> bool:
-        wanted = name.strip().rstrip("/").lower()
-        candidates = {self.alias.lower(), self.path.rstrip("/").lower()}
-        candidates.add(self.path.rstrip("/").rsplit("/", 1)[-1].lower())
-        return wanted in candidates
 
 
 def output_grammar(text: dict[str, JsonValue] | None, codec: PromptCodec) -> str | None:
