@@ -18,7 +18,8 @@ from mlxcel.http.rate_limits import metered_generate, rate_limited
 from mlxcel.http.schemas import CompactBody
 from mlxcel.items import Item, new_id
 from mlxcel.prepare.compaction import Compactor, check_reduction, rendered_tokens
-from mlxcel.prepare.intake import input_items, read_history, resolve_items
+from mlxcel.prepare.history import read_history, resolve_items
+from mlxcel.prepare.intake import input_items
 from mlxcel.prepare.limits import check_item_count
 from mlxcel.prepare.offload import off_loop
 

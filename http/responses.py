@@ -21,13 +21,8 @@ from mlxcel.http.rate_limits import metered, rate_limited
 from mlxcel.http.schemas import CreateResponseBody, InputTokensBody
 from mlxcel.http.streaming import EventStreamBody, bind_to_exchange
 from mlxcel.prepare.context_management import build_managed
-from mlxcel.prepare.intake import (
-    build_request,
-    intake_items,
-    read_history,
-    render,
-    resolve_references,
-)
+from mlxcel.prepare.history import read_history, resolve_references
+from mlxcel.prepare.intake import build_request, intake_items, render
 from mlxcel.prepare.limits import check_item_count
 from mlxcel.prepare.offload import off_loop
 from mlxcel.prepare.params import ResponseParams
