@@ -158,6 +158,16 @@ class ModelView(Protocol):
     def codec(self) -> PromptCodec: ...
 
 
+@dataclass(frozen=True, slots=True)
+class ServedModel:
+    """The loaded model as a request is prepared for it: the names it answers to, its
+    facts and its codec, read together once it is ready and passed as one."""
+
+    names: ModelNames
+    info: ModelInfo
+    codec: PromptCodec
+
+
 # --- requests ready to generate ----------------------------------------------------
 
 

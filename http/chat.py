@@ -9,7 +9,6 @@ chat completions, chunks or text completions at the edge.
 from __future__ import annotations
 
 import dataclasses
-import functools
 from typing import Any
 
 from quart import Blueprint, Response
@@ -81,11 +80,10 @@ async def create_completion() -> Response:
 async def _prepare(h: Handles, params: ResponseParams) -> GenerationRequest:
     """What `/responses` does with a request that names no history (for its tenant)."""
     params = dataclasses.replace(params, tenant=current_tenant())
-    info, codec = h.model.info, h.model.codec
-    items = await intake_items(params, (), info.context_length, h.names.alias, h.echo)
-    build = functools.partial(build_request, params, h.names, info, codec, (), items)
+    model = h.served()
+    items = await intake_items(params, model, (), h.echo)
     try:
-        return metered(await off_loop(build))
+        return metered(await off_loop(build_request, params, model, (), items))
     except InvalidRequest as exc:  # named as this wire format names the field
         if exc.param is not None and exc.param.startswith("text.format"):
             exc.param = "response_format" + exc.param.removeprefix("text.format")

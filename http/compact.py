@@ -7,7 +7,7 @@ import time
 
 from quart import Blueprint, Response
 
-from mlxcel.errors import ContextLengthExceeded, InvalidRequest, ModelNotFound
+from mlxcel.errors import ContextLengthExceeded, InvalidRequest
 from mlxcel.http.access_log import exchange_note
 from mlxcel.http.body import read_model
 from mlxcel.http.guards import current_tenant
@@ -19,7 +19,7 @@ from mlxcel.http.schemas import CompactBody
 from mlxcel.items import Item, new_id
 from mlxcel.prepare.compaction import Compactor, check_reduction, rendered_tokens
 from mlxcel.prepare.history import read_history, resolve_items
-from mlxcel.prepare.intake import input_items
+from mlxcel.prepare.intake import check_model, input_items
 from mlxcel.prepare.limits import check_item_count
 from mlxcel.prepare.offload import off_loop
 
@@ -31,9 +31,9 @@ compact = Blueprint("compact", __name__)
 async def compact_history() -> Response:
     body = await read_model(CompactBody)
     h = handles()
-    if not h.names.matches(body.model):
-        raise ModelNotFound(body.model, [h.names.alias])
-    info, codec = h.model.info, h.model.codec
+    check_model(h.names, body.model)
+    model = h.served()
+    info, codec = model.info, model.codec
     _check(body, info.context_length)
     tenant = current_tenant()
     history = await read_history(body, h.store, tenant)
@@ -49,7 +49,7 @@ async def compact_history() -> Response:
             "context window, so it cannot be summarised in one pass."
         )
     generate = metered_generate(h.scheduler.generate)
-    compactor = Compactor(generate, codec, info, h.names.alias, tenant)
+    compactor = Compactor(generate, model, tenant)
     compacted = await compactor.compact(
         items,
         instructions=body.instructions,

@@ -6,11 +6,9 @@ response stream to SSE frames; background ones answer their `queued` record at o
 
 from __future__ import annotations
 
-import functools
-
 from quart import Blueprint, Response
 
-from mlxcel.errors import InvalidRequest, ModelNotFound
+from mlxcel.errors import InvalidRequest
 from mlxcel.http.access_log import exchange_note, note_record
 from mlxcel.http.body import read_model
 from mlxcel.http.guards import current_tenant
@@ -22,7 +20,7 @@ from mlxcel.http.schemas import CreateResponseBody, InputTokensBody
 from mlxcel.http.streaming import EventStreamBody, bind_to_exchange
 from mlxcel.prepare.context_management import build_managed
 from mlxcel.prepare.history import read_history, resolve_references
-from mlxcel.prepare.intake import build_request, intake_items, render
+from mlxcel.prepare.intake import build_request, check_model, intake_items, render
 from mlxcel.prepare.limits import check_item_count
 from mlxcel.prepare.offload import off_loop
 from mlxcel.prepare.params import ResponseParams
@@ -37,20 +35,19 @@ responses = Blueprint("responses", __name__)
 async def create_response() -> Response:
     body = await read_model(CreateResponseBody)
     h = handles()
-    info, codec = h.model.info, h.model.codec
-    check_item_count(body.input, info.context_length)
+    model = h.served()
+    check_item_count(body.input, model.info.context_length)
     if body.background:
         _check_background(h, body)
     params = await _params(h, body)
     history = await read_history(params, h.store, params.tenant)
-    items = await intake_items(params, history, info.context_length, h.names.alias, h.echo)
+    items = await intake_items(params, model, history, h.echo)
     if params.compact_threshold is not None:  # compaction is the slot's first phase
         generation = await build_managed(
-            h.names, info, codec, params, history, items, check_now=not params.background
+            params, model, history, items, check_now=not params.background
         )
     else:
-        build = functools.partial(build_request, params, h.names, info, codec, history, items)
-        generation = await off_loop(build)
+        generation = await off_loop(build_request, params, model, history, items)
     generation = metered(generation)
     if params.background:
         record = await h.jobs.submit(generation)
@@ -81,14 +78,14 @@ async def create_response() -> Response:
 async def count_input_tokens() -> Response:
     body = await read_model(InputTokensBody)
     h = handles()
-    if body.model is not None and not h.names.matches(body.model):
-        raise ModelNotFound(body.model, [h.names.alias])
-    info, codec = h.model.info, h.model.codec
-    check_item_count(body.input, info.context_length)
+    if body.model is not None:
+        check_model(h.names, body.model)
+    model = h.served()
+    check_item_count(body.input, model.info.context_length)
     params = await _params(h, body, model=h.names.alias)
     history = await read_history(params, h.store, params.tenant)
-    items = await intake_items(params, history, info.context_length, h.names.alias, h.echo)
-    _, prompt = await off_loop(render, params, history, codec, items)
+    items = await intake_items(params, model, history, h.echo)
+    _, prompt = await off_loop(render, params, history, model.codec, items)
     return json_response({"object": "response.input_tokens", "input_tokens": len(prompt)})
 
 

@@ -21,7 +21,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from mlxcel.errors import ContextLengthExceeded, GenerationFailed
-from mlxcel.generation import GenerateText, GenerationRequest, ModelInfo, PromptCodec, Sampling
+from mlxcel.generation import (
+    GenerateText,
+    GenerationRequest,
+    PromptCodec,
+    Sampling,
+    ServedModel,
+)
 from mlxcel.items import (
     Compaction,
     FunctionCall,
@@ -149,16 +155,14 @@ class Compactor:
 
     generate: GenerateText
     """Runs the summary: through the scheduler, or in the slot of the response it serves."""
-    codec: PromptCodec
-    info: ModelInfo
-    alias: str
+    model: ServedModel
     tenant: str = ""
     """Whose history it summarises: the summary's prompt is cached as that tenant's."""
 
     def _rendered(self, items: Sequence[Item]) -> int:
         """Tokens of `items` rendered after a one-word user turn (so any items render)."""
         probe = Message("user", (InputText("."),))
-        return len(self.codec.render(to_chat(None, [probe, *items]), None))
+        return len(self.model.codec.render(to_chat(None, [probe, *items]), None))
 
     def _split(self, items: Sequence[Item], keep: int) -> Split:
         """`split` with each turn's tokens estimated from one render of them all: its
@@ -202,11 +206,11 @@ class Compactor:
     ) -> Plan:
         """The split, the summary prompt and its token budget, without generating:
         ContextLengthExceeded here is what `compact` would refuse before any summary."""
-        keep = keep_tokens or default_keep_tokens(self.info.context_length)
+        keep = keep_tokens or default_keep_tokens(self.model.info.context_length)
         parts = await off_loop(self._split, items, keep)
         prompt = await off_loop(self._summary_prompt, parts.summarised, instructions)
         max_tokens = max_output_tokens or DEFAULT_SUMMARY_TOKENS
-        limit = self.info.context_length
+        limit = self.model.info.context_length
         if len(prompt) + max_tokens > limit:
             raise ContextLengthExceeded(
                 f"The history to summarise renders to {len(prompt)} tokens; with room for a "
@@ -226,14 +230,14 @@ class Compactor:
                 "Write the notes now.",
             },
         ]
-        return self.codec.render(messages, None)
+        return self.model.codec.render(messages, None)
 
     async def _summarise(self, prompt: list[int], max_tokens: int) -> tuple[str, Usage]:
         record = ResponseRecord(
             id=new_id("resp"),
             created_at=int(time.time()),
             status="in_progress",
-            echo=RequestEcho(model=self.alias, store=False, temperature=0.0),
+            echo=RequestEcho(model=self.model.names.alias, store=False, temperature=0.0),
             tenant=self.tenant,
         )
         sampling = Sampling(temperature=0.0, max_tokens=max_tokens)

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from mlxcel.errors import ContextLengthExceeded, InvalidRequest, ModelNotFound, UnsupportedFeature
-from mlxcel.generation import GenerationRequest, ModelInfo, ModelNames, PromptCodec, Sampling
+from mlxcel.generation import GenerationRequest, ModelNames, PromptCodec, Sampling, ServedModel
 from mlxcel.items import (
     Compaction,
     Item,
@@ -61,18 +61,21 @@ def input_items(
 
 
 async def intake_items(
-    params: ResponseParams,
-    history: tuple[Item, ...],
-    context_length: int,
-    model: str,
-    echo: EchoHandle,
+    params: ResponseParams, model: ServedModel, history: tuple[Item, ...], echo: EchoHandle
 ) -> tuple[Item, ...]:
     """The request's input items, checked against the window, with remembered
     reasoning restored; the heavy parts run off the event loop."""
+    context_length = model.info.context_length
     items = await off_loop(
         input_items, params.input, params.instructions, params.tools, history, context_length
     )
-    return await restore_reasoning(params, model, items, echo)
+    return await restore_reasoning(params, model.names.alias, items, echo)
+
+
+def check_model(names: ModelNames, asked: str) -> None:
+    """404 for a `model` the loaded model does not answer to."""
+    if not names.matches(asked):
+        raise ModelNotFound(asked, [names.alias])
 
 
 def output_grammar(text: dict[str, JsonValue] | None, codec: PromptCodec) -> str | None:
@@ -156,9 +159,7 @@ def render(
 
 def build_request(
     params: ResponseParams,
-    names: ModelNames,
-    info: ModelInfo,
-    codec: PromptCodec,
+    model: ServedModel,
     history: tuple[Item, ...],
     items: tuple[Item, ...] | None = None,
     compaction: Compaction | None = None,
@@ -170,8 +171,8 @@ def build_request(
     stands in for history and input). `fits=False` lets a prompt that leaves no room for
     output through, for a request that compacts it first. `identity` is the id and
     creation time of the response this request continues (after its compaction)."""
-    if not names.matches(params.model):
-        raise ModelNotFound(params.model, [names.alias])
+    check_model(model.names, params.model)
+    info, codec = model.info, model.codec
     # Tools once per request: a forced call's grammar is compiled here, not twice.
     definitions, tools, call_grammar = tool_use(
         params.tools,
@@ -211,7 +212,7 @@ def build_request(
         sampling=sampling,
         tools=tools,
         reasoning_opened=not params.raw and codec.opens_reasoning(params.chat_template_kwargs),
-        echo_prefix=echo_prefix(params, names.alias, items),
+        echo_prefix=echo_prefix(params, model.names.alias, items),
     )
 
 
