@@ -18,13 +18,10 @@ from mlxcel.http.params import response_params
 from mlxcel.http.rate_limits import metered, rate_limited
 from mlxcel.http.schemas import CreateResponseBody, InputTokensBody
 from mlxcel.http.streaming import EventStreamBody, bind_to_exchange
-from mlxcel.prepare.context_management import build_managed
-from mlxcel.prepare.history import read_history, resolve_references
-from mlxcel.prepare.intake import build_request, check_model, intake_items, render
+from mlxcel.prepare.front import input_token_count, prepare_response
+from mlxcel.prepare.intake import check_model
 from mlxcel.prepare.limits import check_item_count
 from mlxcel.prepare.offload import off_loop
-from mlxcel.prepare.params import ResponseParams
-from mlxcel.prepare.policy import screen
 from mlxcel.respond.events import ResponseCreated
 
 responses = Blueprint("responses", __name__)
@@ -36,19 +33,12 @@ async def create_response() -> Response:
     body = await read_model(CreateResponseBody)
     h = handles()
     model = h.served()
-    check_item_count(body.input, model.info.context_length)
+    check_item_count(body.input, model.info.context_length)  # before any work on the input
     if body.background:
         _check_background(h, body)
-    params = await _params(h, body)
-    history = await read_history(params, h.store, params.tenant)
-    items = await intake_items(params, model, history, h.echo)
-    if params.compact_threshold is not None:  # compaction is the slot's first phase
-        generation = await build_managed(
-            params, model, history, items, check_now=not params.background
-        )
-    else:
-        generation = await off_loop(build_request, params, model, history, items)
-    generation = metered(generation)
+    params = await off_loop(response_params, body, tenant=current_tenant())
+    prepared = await prepare_response(params, model, policy=h.policy, store=h.store, echo=h.echo)
+    generation = metered(prepared)
     if params.background:
         record = await h.jobs.submit(generation)
         note_record(record)
@@ -79,24 +69,12 @@ async def count_input_tokens() -> Response:
     body = await read_model(InputTokensBody)
     h = handles()
     if body.model is not None:
-        check_model(h.names, body.model)
+        check_model(h.names, body.model)  # a 404 before the 503 of a model still loading
     model = h.served()
     check_item_count(body.input, model.info.context_length)
-    params = await _params(h, body, model=h.names.alias)
-    history = await read_history(params, h.store, params.tenant)
-    items = await intake_items(params, model, history, h.echo)
-    _, prompt = await off_loop(render, params, history, model.codec, items)
-    return json_response({"object": "response.input_tokens", "input_tokens": len(prompt)})
-
-
-async def _params(
-    h: Handles, body: CreateResponseBody, *, model: str | None = None
-) -> ResponseParams:
-    """The request's parameters as the server serves them: its tenant's, hosted tools and
-    images under the server's policy, item references resolved."""
-    params = await off_loop(response_params, body, model=model, tenant=current_tenant())
-    params = await off_loop(screen, params, h.policy, h.model.info)
-    return await resolve_references(params, h.store)
+    params = await off_loop(response_params, body, model=h.names.alias, tenant=current_tenant())
+    tokens = await input_token_count(params, model, policy=h.policy, store=h.store, echo=h.echo)
+    return json_response({"object": "response.input_tokens", "input_tokens": tokens})
 
 
 def _check_background(h: Handles, body: CreateResponseBody) -> None:

@@ -274,3 +274,31 @@ def check_reduction(before: int, after: int, limit: int) -> None:
             f"The compacted history is {after} tokens and does not fit the {limit}-token "
             "context window."
         )
+
+
+@dataclass(frozen=True, slots=True)
+class CompactionRequest:
+    """A history checked and measured, ready to compact: what `/responses/compact` runs."""
+
+    model: ServedModel
+    items: tuple[Item, ...]
+    """The whole history: the chain continued, then the input."""
+    tokens_before: int
+    instructions: str | None = None
+    keep_tokens: int | None = None
+    max_output_tokens: int | None = None
+    tenant: str = ""
+
+    async def run(self, generate: GenerateText) -> tuple[tuple[Item, ...], Usage]:
+        """The compacted history (kept system messages, preserved turns, the compaction
+        item) and the summary's usage; a 400 when it is not shorter."""
+        compacted = await Compactor(generate, self.model, self.tenant).compact(
+            self.items,
+            instructions=self.instructions,
+            keep_tokens=self.keep_tokens,
+            max_output_tokens=self.max_output_tokens,
+        )
+        output: tuple[Item, ...] = (*compacted.kept, *compacted.item.preserved, compacted.item)
+        after = await off_loop(rendered_tokens, self.model.codec, output)
+        check_reduction(self.tokens_before, after, self.model.info.context_length)
+        return output, compacted.usage

@@ -53,14 +53,7 @@ async def read_history(source: HistorySource, store: StoreHandle, tenant: str) -
             code="invalid_value",
         )
     if source.previous_response_id is not None:
-        if not store.responses_limits.enabled:
-            raise InvalidRequest(
-                "Response storage is disabled on this server, so 'previous_response_id' "
-                "cannot be used.",
-                param="previous_response_id",
-                code="storage_disabled",
-            )
-        return await chain_items(store, source.previous_response_id, tenant)
+        return await read_chain(source.previous_response_id, store, tenant)
     if conversation is not None:
         if not store.conversations_limits.enabled:
             raise InvalidRequest(
@@ -72,6 +65,21 @@ async def read_history(source: HistorySource, store: StoreHandle, tenant: str) -
         found = await store.get_conversation(conversation, tenant=tenant)
         return found.items if found is not None else ()
     return ()
+
+
+async def read_chain(response_id: str | None, store: StoreHandle, tenant: str) -> tuple[Item, ...]:
+    """The turns of the chain `response_id` ends (none without one); a 400 when the
+    server keeps no responses to continue."""
+    if response_id is None:
+        return ()
+    if not store.responses_limits.enabled:
+        raise InvalidRequest(
+            "Response storage is disabled on this server, so 'previous_response_id' "
+            "cannot be used.",
+            param="previous_response_id",
+            code="storage_disabled",
+        )
+    return await chain_items(store, response_id, tenant)
 
 
 async def resolve_references(params: ResponseParams, store: StoreHandle) -> ResponseParams:
