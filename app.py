@@ -15,6 +15,7 @@ from mlxcel.actors.jobs import JobsHandle, JobSupervisor
 from mlxcel.actors.scheduler import Scheduler, SchedulerHandle
 from mlxcel.config import Settings
 from mlxcel.errors import ConfigError
+from mlxcel.generation import ModelNames
 from mlxcel.http.browser import BrowserPolicy
 from mlxcel.http.routes import Handles, create_app
 from mlxcel.http.serve import serve_http
@@ -22,7 +23,6 @@ from mlxcel.keys import KeyLimits, Keyring
 from mlxcel.metrics import Metrics
 from mlxcel.model.actor import ModelActor
 from mlxcel.model.engine import EngineFactory, LoadedModel
-from mlxcel.prepare.intake import ModelNames
 from mlxcel.prepare.policy import ClientPolicy
 from mlxcel.quotas import Limiter
 from mlxcel.respond.tool_parsers import PARSERS

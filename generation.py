@@ -79,6 +79,20 @@ class ModelInfo:
     """Whether the model reads images; without it an image renders as a placeholder."""
 
 
+@dataclass(frozen=True, slots=True)
+class ModelNames:
+    """The names a request's `model` may use for the loaded model."""
+
+    alias: str
+    path: str
+
+    def matches(self, name: str) -> bool:
+        wanted = name.strip().rstrip("/").lower()
+        candidates = {self.alias.lower(), self.path.rstrip("/").lower()}
+        candidates.add(self.path.rstrip("/").rsplit("/", 1)[-1].lower())
+        return wanted in candidates
+
+
 class PromptCodec(Protocol):
     """Renders chat messages into prompt tokens; pure Python, safe off the MLX thread."""
 
@@ -142,6 +156,16 @@ class ModelView(Protocol):
 
     @property
     def codec(self) -> PromptCodec: ...
+
+
+@dataclass(frozen=True, slots=True)
+class ServedModel:
+    """The loaded model as a request is prepared for it: the names it answers to, its
+    facts and its codec, read together once it is ready and passed as one."""
+
+    names: ModelNames
+    info: ModelInfo
+    codec: PromptCodec
 
 
 # --- requests ready to generate ----------------------------------------------------

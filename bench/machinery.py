@@ -46,7 +46,7 @@ SERVER = """
 import functools, sys, trio
 from mlxcel.app import serve
 from mlxcel.config import Settings
-from mlxcel.prepare.intake import ModelNames
+from mlxcel.generation import ModelNames
 from mlxcel.model.fake import FakeEngine, fake_factory
 
 from mlxcel.config import StoreLimits

@@ -45,7 +45,7 @@ import functools, sys
 from mlxcel.cli.serve import serve_until_signalled
 from mlxcel.cli.main import _serve
 from mlxcel.model.fake import FakeEngine, fake_factory
-from mlxcel.prepare.intake import ModelNames
+from mlxcel.generation import ModelNames
 
 step_delay = float(sys.argv[1])
 def run(settings):

@@ -15,9 +15,9 @@ import trio
 from mlxcel.app import check_tool_parser, serve
 from mlxcel.config import Settings
 from mlxcel.errors import ConfigError
+from mlxcel.generation import ModelNames
 from mlxcel.keys import Keyring
 from mlxcel.model.engine import EngineFactory, LoadedModel
-from mlxcel.prepare.intake import ModelNames
 
 log = logging.getLogger(__name__)
 

@@ -9,13 +9,12 @@ chat completions, chunks or text completions at the edge.
 from __future__ import annotations
 
 import dataclasses
-import functools
 from typing import Any
 
 from quart import Blueprint, Response
 
 from mlxcel.errors import InvalidRequest
-from mlxcel.generation import GenerationRequest
+from mlxcel.generation import GenerationRequest, ServedModel
 from mlxcel.http.access_log import exchange_note, note_record
 from mlxcel.http.body import read_model
 from mlxcel.http.chat_objects import (
@@ -35,11 +34,10 @@ from mlxcel.http.guards import current_tenant
 from mlxcel.http.handles import Handles, handles, json_response
 from mlxcel.http.rate_limits import metered, rate_limited
 from mlxcel.http.streaming import DataStreamBody, Translate, bind_to_exchange
-from mlxcel.prepare.intake import build_request, intake_items
+from mlxcel.prepare.front import prepare_chat
 from mlxcel.prepare.limits import check_item_count
 from mlxcel.prepare.offload import off_loop
 from mlxcel.prepare.params import ResponseParams
-from mlxcel.prepare.policy import screen
 
 chat = Blueprint("chat", __name__)
 
@@ -49,9 +47,10 @@ chat = Blueprint("chat", __name__)
 async def create_chat_completion() -> Response:
     body = await read_model(ChatCompletionBody)
     h = handles()
-    check_item_count(body.messages, h.model.info.context_length)
+    model = h.served()
+    check_item_count(body.messages, model.info.context_length)
     params = await off_loop(chat_params, body)
-    generation = await _prepare(h, await off_loop(screen, params, h.policy, h.model.info))
+    generation = await _prepare(h, model, params)
     logprobs = bool(body.logprobs)
     if not body.stream:
         record = finished(await h.scheduler.generate(generation))
@@ -66,7 +65,8 @@ async def create_chat_completion() -> Response:
 async def create_completion() -> Response:
     body = await read_model(CompletionBody)
     h = handles()
-    generation = await _prepare(h, completion_params(body))
+    params = completion_params(body)  # its 400s before the 503 of a model still loading
+    generation = await _prepare(h, h.served(), params)
     prefix = body.text if body.echo else ""
     logprobs = body.logprobs is not None
     if not body.stream:
@@ -78,14 +78,12 @@ async def create_completion() -> Response:
     return await _stream(h, generation, [first] if first else [], chunks.translate)
 
 
-async def _prepare(h: Handles, params: ResponseParams) -> GenerationRequest:
-    """What `/responses` does with a request that names no history (for its tenant)."""
+async def _prepare(h: Handles, model: ServedModel, params: ResponseParams) -> GenerationRequest:
+    """The request prepared for its tenant, as `/responses` prepares one that names no
+    history; a 400 names the field as this wire format does."""
     params = dataclasses.replace(params, tenant=current_tenant())
-    info, codec = h.model.info, h.model.codec
-    items = await intake_items(params, (), info.context_length, h.names.alias, h.echo)
-    build = functools.partial(build_request, params, h.names, info, codec, (), items)
     try:
-        return metered(await off_loop(build))
+        return metered(await prepare_chat(params, model, policy=h.policy, echo=h.echo))
     except InvalidRequest as exc:  # named as this wire format names the field
         if exc.param is not None and exc.param.startswith("text.format"):
             exc.param = "response_format" + exc.param.removeprefix("text.format")

@@ -7,18 +7,18 @@ import time
 
 from quart import Blueprint, Response
 
-from mlxcel.errors import ContextLengthExceeded, InvalidRequest, ModelNotFound
+from mlxcel.errors import InvalidRequest
 from mlxcel.http.access_log import exchange_note
 from mlxcel.http.body import read_model
 from mlxcel.http.guards import current_tenant
 from mlxcel.http.handles import handles, json_response
-from mlxcel.http.item_schemas import to_entries
 from mlxcel.http.objects import item_json, usage_json
+from mlxcel.http.params import compaction_params
 from mlxcel.http.rate_limits import metered_generate, rate_limited
 from mlxcel.http.schemas import CompactBody
-from mlxcel.items import Item, new_id
-from mlxcel.prepare.compaction import Compactor, check_reduction, rendered_tokens
-from mlxcel.prepare.intake import input_items, read_history, resolve_items
+from mlxcel.items import new_id
+from mlxcel.prepare.front import prepare_compaction
+from mlxcel.prepare.intake import check_model
 from mlxcel.prepare.limits import check_item_count
 from mlxcel.prepare.offload import off_loop
 
@@ -30,36 +30,14 @@ compact = Blueprint("compact", __name__)
 async def compact_history() -> Response:
     body = await read_model(CompactBody)
     h = handles()
-    if not h.names.matches(body.model):
-        raise ModelNotFound(body.model, [h.names.alias])
-    info, codec = h.model.info, h.model.codec
-    _check(body, info.context_length)
-    tenant = current_tenant()
-    history = await read_history(body, h.store, tenant)
-    sent, references = await off_loop(to_entries, body.input)
-    raw = await resolve_items(sent, references, h.store, tenant)
-    items = history + await off_loop(
-        input_items, raw, body.instructions, None, history, info.context_length
-    )
-    before = await off_loop(rendered_tokens, codec, items)
-    if before > info.context_length:
-        raise ContextLengthExceeded(
-            f"The history is {before} tokens, longer than the {info.context_length}-token "
-            "context window, so it cannot be summarised in one pass."
-        )
-    generate = metered_generate(h.scheduler.generate)
-    compactor = Compactor(generate, codec, info, h.names.alias, tenant)
-    compacted = await compactor.compact(
-        items,
-        instructions=body.instructions,
-        keep_tokens=body.keep_tokens,
-        max_output_tokens=body.max_output_tokens,
-    )
-    output: tuple[Item, ...] = (*compacted.kept, *compacted.item.preserved, compacted.item)
-    after = await off_loop(rendered_tokens, codec, output)
-    check_reduction(before, after, info.context_length)
+    check_model(h.names, body.model)  # a 404 before any other answer
+    model = h.served()
+    _check(body, model.info.context_length)
+    params = await off_loop(compaction_params, body, tenant=current_tenant())
+    compaction = await prepare_compaction(params, model, h.store)
+    output, usage = await compaction.run(metered_generate(h.scheduler.generate))
     response_id = new_id("resp")
-    exchange_note().response(response_id, compacted.usage)
+    exchange_note().response(response_id, usage)
     return json_response(
         {
             "id": response_id,
@@ -67,13 +45,13 @@ async def compact_history() -> Response:
             "created_at": int(time.time()),
             "model": body.model,
             "output": [item_json(i) for i in output],
-            "usage": usage_json(compacted.usage),
+            "usage": usage_json(usage),
         }
     )
 
 
 def _check(body: CompactBody, context_length: int) -> None:
-    """The 400s a compaction body can earn before any work on its history."""
+    """The 400s a compaction body can earn before it is read into parameters."""
     if body.stream:
         raise InvalidRequest(
             "Compaction does not stream.", param="stream", code="unsupported_value"
@@ -85,11 +63,4 @@ def _check(body: CompactBody, context_length: int) -> None:
             param="conversation",
             code="unsupported_parameter",
         )
-    check_item_count(body.input, context_length)
-    if body.keep_tokens is not None and body.keep_tokens >= context_length:
-        raise InvalidRequest(
-            f"'keep_tokens' must be below the {context_length}-token context window: "
-            "the preserved turns and the summary must fit it together.",
-            param="keep_tokens",
-            code="invalid_value",
-        )
+    check_item_count(body.input, context_length)  # before any work on the input

@@ -14,10 +14,9 @@ from quart import Quart, Response, current_app
 
 from mlxcel.actors.jobs import JobsHandle
 from mlxcel.actors.scheduler import SchedulerHandle
-from mlxcel.generation import ModelView
+from mlxcel.generation import ModelNames, ModelView, ServedModel
 from mlxcel.keys import Keyring
 from mlxcel.metrics import Metrics
-from mlxcel.prepare.intake import ModelNames
 from mlxcel.prepare.policy import ClientPolicy
 from mlxcel.quotas import Limiter
 from mlxcel.store.actor import StoreHandle
@@ -54,6 +53,10 @@ class Handles:
     """`/metrics` answers without an API key."""
     limiter: Limiter | None = None
     """The API keys' rate limits and quotas; None when no limit can apply."""
+
+    def served(self) -> ServedModel:
+        """The loaded model as preparation takes it (`ModelNotReady`, a 503, while it loads)."""
+        return ServedModel(self.names, self.model.info, self.model.codec)
 
 
 def install(app: Quart, handles: Handles) -> None:

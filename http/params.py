@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from mlxcel.http.item_schemas import to_entries
-from mlxcel.http.schemas import CreateResponseBody
-from mlxcel.prepare.params import ResponseParams
+from mlxcel.http.schemas import CompactBody, CreateResponseBody
+from mlxcel.prepare.params import CompactionParams, ResponseParams
 
 
 def response_params(
@@ -38,5 +38,21 @@ def response_params(
         include=tuple(body.include or ()),
         chat_template_kwargs=body.chat_template_kwargs,
         compact_threshold=body.compact_threshold,
+        tenant=tenant,
+    )
+
+
+def compaction_params(body: CompactBody, *, tenant: str = "") -> CompactionParams:
+    """`body` as parameters (its input converted to items: run it off the event loop);
+    `stream` and `conversation` were refused before."""
+    items, references = to_entries(body.input)
+    return CompactionParams(
+        model=body.model,
+        input=items,
+        references=references,
+        instructions=body.instructions,
+        previous_response_id=body.previous_response_id,
+        keep_tokens=body.keep_tokens,
+        max_output_tokens=body.max_output_tokens,
         tenant=tenant,
     )

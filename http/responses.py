@@ -6,11 +6,9 @@ response stream to SSE frames; background ones answer their `queued` record at o
 
 from __future__ import annotations
 
-import functools
-
 from quart import Blueprint, Response
 
-from mlxcel.errors import InvalidRequest, ModelNotFound
+from mlxcel.errors import InvalidRequest
 from mlxcel.http.access_log import exchange_note, note_record
 from mlxcel.http.body import read_model
 from mlxcel.http.guards import current_tenant
@@ -20,18 +18,10 @@ from mlxcel.http.params import response_params
 from mlxcel.http.rate_limits import metered, rate_limited
 from mlxcel.http.schemas import CreateResponseBody, InputTokensBody
 from mlxcel.http.streaming import EventStreamBody, bind_to_exchange
-from mlxcel.prepare.context_management import build_managed
-from mlxcel.prepare.intake import (
-    build_request,
-    intake_items,
-    read_history,
-    render,
-    resolve_references,
-)
+from mlxcel.prepare.front import input_token_count, prepare_response
+from mlxcel.prepare.intake import check_model
 from mlxcel.prepare.limits import check_item_count
 from mlxcel.prepare.offload import off_loop
-from mlxcel.prepare.params import ResponseParams
-from mlxcel.prepare.policy import screen
 from mlxcel.respond.events import ResponseCreated
 
 responses = Blueprint("responses", __name__)
@@ -42,21 +32,13 @@ responses = Blueprint("responses", __name__)
 async def create_response() -> Response:
     body = await read_model(CreateResponseBody)
     h = handles()
-    info, codec = h.model.info, h.model.codec
-    check_item_count(body.input, info.context_length)
+    model = h.served()
+    check_item_count(body.input, model.info.context_length)  # before any work on the input
     if body.background:
         _check_background(h, body)
-    params = await _params(h, body)
-    history = await read_history(params, h.store, params.tenant)
-    items = await intake_items(params, history, info.context_length, h.names.alias, h.echo)
-    if params.compact_threshold is not None:  # compaction is the slot's first phase
-        generation = await build_managed(
-            h.names, info, codec, params, history, items, check_now=not params.background
-        )
-    else:
-        build = functools.partial(build_request, params, h.names, info, codec, history, items)
-        generation = await off_loop(build)
-    generation = metered(generation)
+    params = await off_loop(response_params, body, tenant=current_tenant())
+    prepared = await prepare_response(params, model, policy=h.policy, store=h.store, echo=h.echo)
+    generation = metered(prepared)
     if params.background:
         record = await h.jobs.submit(generation)
         note_record(record)
@@ -86,25 +68,13 @@ async def create_response() -> Response:
 async def count_input_tokens() -> Response:
     body = await read_model(InputTokensBody)
     h = handles()
-    if body.model is not None and not h.names.matches(body.model):
-        raise ModelNotFound(body.model, [h.names.alias])
-    info, codec = h.model.info, h.model.codec
-    check_item_count(body.input, info.context_length)
-    params = await _params(h, body, model=h.names.alias)
-    history = await read_history(params, h.store, params.tenant)
-    items = await intake_items(params, history, info.context_length, h.names.alias, h.echo)
-    _, prompt = await off_loop(render, params, history, codec, items)
-    return json_response({"object": "response.input_tokens", "input_tokens": len(prompt)})
-
-
-async def _params(
-    h: Handles, body: CreateResponseBody, *, model: str | None = None
-) -> ResponseParams:
-    """The request's parameters as the server serves them: its tenant's, hosted tools and
-    images under the server's policy, item references resolved."""
-    params = await off_loop(response_params, body, model=model, tenant=current_tenant())
-    params = await off_loop(screen, params, h.policy, h.model.info)
-    return await resolve_references(params, h.store)
+    if body.model is not None:
+        check_model(h.names, body.model)  # a 404 before the 503 of a model still loading
+    model = h.served()
+    check_item_count(body.input, model.info.context_length)
+    params = await off_loop(response_params, body, model=h.names.alias, tenant=current_tenant())
+    tokens = await input_token_count(params, model, policy=h.policy, store=h.store, echo=h.echo)
+    return json_response({"object": "response.input_tokens", "input_tokens": tokens})
 
 
 def _check_background(h: Handles, body: CreateResponseBody) -> None:

@@ -21,7 +21,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from mlxcel.errors import ContextLengthExceeded, GenerationFailed
-from mlxcel.generation import GenerateText, GenerationRequest, ModelInfo, PromptCodec, Sampling
+from mlxcel.generation import (
+    GenerateText,
+    GenerationRequest,
+    PromptCodec,
+    Sampling,
+    ServedModel,
+)
 from mlxcel.items import (
     Compaction,
     FunctionCall,
@@ -149,16 +155,14 @@ class Compactor:
 
     generate: GenerateText
     """Runs the summary: through the scheduler, or in the slot of the response it serves."""
-    codec: PromptCodec
-    info: ModelInfo
-    alias: str
+    model: ServedModel
     tenant: str = ""
     """Whose history it summarises: the summary's prompt is cached as that tenant's."""
 
     def _rendered(self, items: Sequence[Item]) -> int:
         """Tokens of `items` rendered after a one-word user turn (so any items render)."""
         probe = Message("user", (InputText("."),))
-        return len(self.codec.render(to_chat(None, [probe, *items]), None))
+        return len(self.model.codec.render(to_chat(None, [probe, *items]), None))
 
     def _split(self, items: Sequence[Item], keep: int) -> Split:
         """`split` with each turn's tokens estimated from one render of them all: its
@@ -202,11 +206,11 @@ class Compactor:
     ) -> Plan:
         """The split, the summary prompt and its token budget, without generating:
         ContextLengthExceeded here is what `compact` would refuse before any summary."""
-        keep = keep_tokens or default_keep_tokens(self.info.context_length)
+        keep = keep_tokens or default_keep_tokens(self.model.info.context_length)
         parts = await off_loop(self._split, items, keep)
         prompt = await off_loop(self._summary_prompt, parts.summarised, instructions)
         max_tokens = max_output_tokens or DEFAULT_SUMMARY_TOKENS
-        limit = self.info.context_length
+        limit = self.model.info.context_length
         if len(prompt) + max_tokens > limit:
             raise ContextLengthExceeded(
                 f"The history to summarise renders to {len(prompt)} tokens; with room for a "
@@ -226,14 +230,14 @@ class Compactor:
                 "Write the notes now.",
             },
         ]
-        return self.codec.render(messages, None)
+        return self.model.codec.render(messages, None)
 
     async def _summarise(self, prompt: list[int], max_tokens: int) -> tuple[str, Usage]:
         record = ResponseRecord(
             id=new_id("resp"),
             created_at=int(time.time()),
             status="in_progress",
-            echo=RequestEcho(model=self.alias, store=False, temperature=0.0),
+            echo=RequestEcho(model=self.model.names.alias, store=False, temperature=0.0),
             tenant=self.tenant,
         )
         sampling = Sampling(temperature=0.0, max_tokens=max_tokens)
@@ -270,3 +274,31 @@ def check_reduction(before: int, after: int, limit: int) -> None:
             f"The compacted history is {after} tokens and does not fit the {limit}-token "
             "context window."
         )
+
+
+@dataclass(frozen=True, slots=True)
+class CompactionRequest:
+    """A history checked and measured, ready to compact: what `/responses/compact` runs."""
+
+    model: ServedModel
+    items: tuple[Item, ...]
+    """The whole history: the chain continued, then the input."""
+    tokens_before: int
+    instructions: str | None = None
+    keep_tokens: int | None = None
+    max_output_tokens: int | None = None
+    tenant: str = ""
+
+    async def run(self, generate: GenerateText) -> tuple[tuple[Item, ...], Usage]:
+        """The compacted history (kept system messages, preserved turns, the compaction
+        item) and the summary's usage; a 400 when it is not shorter."""
+        compacted = await Compactor(generate, self.model, self.tenant).compact(
+            self.items,
+            instructions=self.instructions,
+            keep_tokens=self.keep_tokens,
+            max_output_tokens=self.max_output_tokens,
+        )
+        output: tuple[Item, ...] = (*compacted.kept, *compacted.item.preserved, compacted.item)
+        after = await off_loop(rendered_tokens, self.model.codec, output)
+        check_reduction(self.tokens_before, after, self.model.info.context_length)
+        return output, compacted.usage

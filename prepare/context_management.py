@@ -18,8 +18,7 @@ from mlxcel.generation import (
     CompactionReport,
     GenerateText,
     GenerationRequest,
-    ModelInfo,
-    PromptCodec,
+    ServedModel,
 )
 from mlxcel.items import Item, ResponseRecord
 from mlxcel.prepare.compaction import (
@@ -29,16 +28,14 @@ from mlxcel.prepare.compaction import (
     check_reduction,
     default_keep_tokens,
 )
-from mlxcel.prepare.intake import ModelNames, build_request
+from mlxcel.prepare.intake import build_request
 from mlxcel.prepare.offload import off_loop
 from mlxcel.prepare.params import ResponseParams
 
 
 async def build_managed(
-    names: ModelNames,
-    info: ModelInfo,
-    codec: PromptCodec,
     params: ResponseParams,
+    model: ServedModel,
     history: tuple[Item, ...],
     items: tuple[Item, ...],
     *,
@@ -48,17 +45,16 @@ async def build_managed(
 
     With `check_now`, a compaction that cannot help is refused here (a 400 before any
     slot is taken); a background job leaves that to its prelude (the job then fails)."""
-    build = functools.partial(build_request, params, names, info, codec, history, items)
+    build = functools.partial(build_request, params, model, history, items)
     generation = await off_loop(build, fits=False)
     before = len(generation.prompt)
-    threshold = params.compact_threshold or info.context_length
-    if before < threshold and before < info.context_length:
+    context_length = model.info.context_length
+    threshold = params.compact_threshold or context_length
+    if before < threshold and before < context_length:
         return generation
     identity = (generation.record.id, generation.record.created_at)
     compaction = CompactionPrelude(
-        names.alias,
-        info,
-        codec,
+        model,
         build,
         identity,
         history + items,
@@ -79,9 +75,7 @@ async def build_managed(
 class CompactionPrelude:
     """The prelude: summarise in the slot, then build the compacted request."""
 
-    alias: str
-    info: ModelInfo
-    codec: PromptCodec
+    model: ServedModel
     build: functools.partial[GenerationRequest]
     identity: tuple[str, int]
     """The response's id and creation time, which the compacted request keeps."""
@@ -94,12 +88,13 @@ class CompactionPrelude:
     """Whose request it compacts."""
 
     def compactor(self, generate: GenerateText) -> Compactor:
-        return Compactor(generate, self.codec, self.info, self.alias, self.tenant)
+        return Compactor(generate, self.model, self.tenant)
 
     def budget(self) -> tuple[int, int]:
         """Tokens for the preserved turns and for the summary: at most half the threshold
         and a quarter of it, so the compacted prompt starts well below it."""
-        keep = min(default_keep_tokens(self.info.context_length), max(1, self.threshold // 2))
+        context_length = self.model.info.context_length
+        keep = min(default_keep_tokens(context_length), max(1, self.threshold // 2))
         return keep, min(DEFAULT_SUMMARY_TOKENS, max(16, self.threshold // 4))
 
     async def __call__(self, generate: GenerateText) -> GenerationRequest:
@@ -108,7 +103,7 @@ class CompactionPrelude:
             self.items, keep_tokens=keep, max_output_tokens=summary, planned=self.planned
         )
         request = await off_loop(self.build, compacted.item, identity=self.identity)
-        check_reduction(self.tokens_before, len(request.prompt), self.info.context_length)
+        check_reduction(self.tokens_before, len(request.prompt), self.model.info.context_length)
         report = CompactionReport(compacted.item, self.tokens_before, len(request.prompt))
         return dataclasses.replace(request, compaction=report)
 

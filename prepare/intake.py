@@ -1,24 +1,21 @@
-"""From a request's parameters to a `GenerationRequest`: checks, echo, rendering.
+"""From a request's parameters and its history to a `GenerationRequest`: checks, echo,
+rendering.
 
-Everything that can reject a request before generation happens here, so a bad request
-is a 400 before any slot is taken.
+Everything that can reject a request before generation happens in preparation, so a bad
+request is a 400 before any slot is taken.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import re
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from mlxcel.errors import ContextLengthExceeded, InvalidRequest, ModelNotFound, UnsupportedFeature
-from mlxcel.generation import GenerationRequest, ModelInfo, PromptCodec, Sampling
+from mlxcel.generation import GenerationRequest, ModelNames, PromptCodec, Sampling, ServedModel
 from mlxcel.items import (
     Compaction,
     Item,
-    ItemReference,
     JsonValue,
     Message,
     RequestEcho,
@@ -27,11 +24,11 @@ from mlxcel.items import (
 )
 from mlxcel.model.prompt import to_chat
 from mlxcel.prepare.echoing import echo_prefix, restore_reasoning
+from mlxcel.prepare.history import conversation_id
 from mlxcel.prepare.limits import check_input_size
 from mlxcel.prepare.offload import off_loop
 from mlxcel.prepare.params import ResponseParams
 from mlxcel.prepare.tools import tool_use
-from mlxcel.store.actor import StoreHandle
 from mlxcel.store.echo import EchoHandle
 
 # The server sets these itself when it renders a prompt.
@@ -48,7 +45,6 @@ RESERVED_TEMPLATE_KWARGS = frozenset(
         "documents",
     }
 )
-ID_PATTERN = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
 
 
 def input_items(
@@ -65,32 +61,21 @@ def input_items(
 
 
 async def intake_items(
-    params: ResponseParams,
-    history: tuple[Item, ...],
-    context_length: int,
-    model: str,
-    echo: EchoHandle,
+    params: ResponseParams, model: ServedModel, history: tuple[Item, ...], echo: EchoHandle
 ) -> tuple[Item, ...]:
     """The request's input items, checked against the window, with remembered
     reasoning restored; the heavy parts run off the event loop."""
+    context_length = model.info.context_length
     items = await off_loop(
         input_items, params.input, params.instructions, params.tools, history, context_length
     )
-    return await restore_reasoning(params, model, items, echo)
+    return await restore_reasoning(params, model.names.alias, items, echo)
 
 
-@dataclass(frozen=True, slots=True)
-class ModelNames:
-    """The names a request's `model` may use for the loaded model."""
-
-    alias: str
-    path: str
-
-    def matches(self, name: str) -> bool:
-        wanted = name.strip().rstrip("/").lower()
-        candidates = {self.alias.lower(), self.path.rstrip("/").lower()}
-        candidates.add(self.path.rstrip("/").rsplit("/", 1)[-1].lower())
-        return wanted in candidates
+def check_model(names: ModelNames, asked: str) -> None:
+    """404 for a `model` the loaded model does not answer to."""
+    if not names.matches(asked):
+        raise ModelNotFound(asked, [names.alias])
 
 
 def output_grammar(text: dict[str, JsonValue] | None, codec: PromptCodec) -> str | None:
@@ -129,121 +114,6 @@ def output_grammar(text: dict[str, JsonValue] | None, codec: PromptCodec) -> str
         param="text.format.type",
         code="invalid_value",
     )
-
-
-def conversation_id(value: str | dict[str, JsonValue] | None) -> str | None:
-    """The id a request's `conversation` names (`"conv_x"` or `{"id": "conv_x"}`)."""
-    if value is None:
-        return None
-    raw = value.get("id") if isinstance(value, dict) else value
-    if not isinstance(raw, str) or not ID_PATTERN.fullmatch(raw):
-        raise InvalidRequest(
-            'Invalid \'conversation\': expected a conversation id or {"id": "..."}.',
-            param="conversation",
-            code="invalid_value",
-        )
-    return raw
-
-
-class HistorySource(Protocol):
-    """A request that may name earlier turns."""
-
-    @property
-    def previous_response_id(self) -> str | None: ...
-
-    @property
-    def conversation(self) -> str | dict[str, JsonValue] | None: ...
-
-
-async def read_history(source: HistorySource, store: StoreHandle, tenant: str) -> tuple[Item, ...]:
-    """The items that precede the request's input: a stored chain or a conversation,
-    the tenant's own (another tenant's are not found)."""
-    conversation = conversation_id(source.conversation)
-    if source.previous_response_id is not None and conversation is not None:
-        raise InvalidRequest(
-            "'previous_response_id' and 'conversation' cannot be used together.",
-            param="conversation",
-            code="invalid_value",
-        )
-    if source.previous_response_id is not None:
-        if not store.responses_limits.enabled:
-            raise InvalidRequest(
-                "Response storage is disabled on this server, so 'previous_response_id' "
-                "cannot be used.",
-                param="previous_response_id",
-                code="storage_disabled",
-            )
-        return await chain_items(store, source.previous_response_id, tenant)
-    if conversation is not None:
-        if not store.conversations_limits.enabled:
-            raise InvalidRequest(
-                "The conversation store is disabled on this server, so 'conversation' "
-                "cannot be used.",
-                param="conversation",
-                code="storage_disabled",
-            )
-        found = await store.get_conversation(conversation, tenant=tenant)
-        return found.items if found is not None else ()
-    return ()
-
-
-async def resolve_references(params: ResponseParams, store: StoreHandle) -> ResponseParams:
-    """`params` with each `item_reference` replaced, in its place, by the stored input or
-    output item it names; an id no stored response holds is a 400."""
-    if not params.references:
-        return params
-    items = await resolve_items(params.input, params.references, store, params.tenant)
-    return dataclasses.replace(params, input=items, references=())
-
-
-async def resolve_items(
-    items: tuple[Item, ...],
-    references: tuple[ItemReference, ...],
-    store: StoreHandle,
-    tenant: str,
-) -> tuple[Item, ...]:
-    """`items` with the stored items `references` name put back in their places; an id no
-    stored response of the tenant holds is a 400 naming that place."""
-    if not references:
-        return items
-    found = await store.find_items(frozenset(r.id for r in references), tenant=tenant)
-    for reference in references:
-        if reference.id not in found:
-            disabled = "" if store.responses_limits.enabled else " (response storage is off)"
-            raise InvalidRequest(
-                f"Item with id '{reference.id[:64]}' not found{disabled}.",
-                param=f"input[{reference.index}].id",
-                code="item_not_found",
-            )
-    named = {r.index: found[r.id] for r in references}
-    rest = iter(items)
-    return tuple(named[i] if i in named else next(rest) for i in range(len(items) + len(named)))
-
-
-async def chain_items(store: StoreHandle, response_id: str, tenant: str) -> tuple[Item, ...]:
-    """Every turn of a `previous_response_id` chain, oldest first (instructions excluded).
-
-    The store resolves the whole walk in one call; ephemeral results of `store: false`
-    jobs are never continued, nor another tenant's responses (they are not found)."""
-    chain = await store.get_chain(response_id, tenant=tenant)
-    if chain.missing is not None:
-        raise InvalidRequest(
-            f"previous response '{chain.missing}' was not found or has expired",
-            param="previous_response_id",
-            code="previous_response_not_found",
-        )
-    for record in chain.records:
-        if record.status in ("queued", "in_progress"):
-            raise InvalidRequest(
-                f"previous response '{record.id}' has not finished (status: {record.status})",
-                param="previous_response_id",
-                code="previous_response_not_finished",
-            )
-    items: list[Item] = []
-    for record in reversed(chain.records):
-        items.extend(record.input_items)
-        items.extend(record.output)
-    return tuple(items)
 
 
 def render(
@@ -289,9 +159,7 @@ def render(
 
 def build_request(
     params: ResponseParams,
-    names: ModelNames,
-    info: ModelInfo,
-    codec: PromptCodec,
+    model: ServedModel,
     history: tuple[Item, ...],
     items: tuple[Item, ...] | None = None,
     compaction: Compaction | None = None,
@@ -303,8 +171,8 @@ def build_request(
     stands in for history and input). `fits=False` lets a prompt that leaves no room for
     output through, for a request that compacts it first. `identity` is the id and
     creation time of the response this request continues (after its compaction)."""
-    if not names.matches(params.model):
-        raise ModelNotFound(params.model, [names.alias])
+    check_model(model.names, params.model)
+    info, codec = model.info, model.codec
     # Tools once per request: a forced call's grammar is compiled here, not twice.
     definitions, tools, call_grammar = tool_use(
         params.tools,
@@ -344,7 +212,7 @@ def build_request(
         sampling=sampling,
         tools=tools,
         reasoning_opened=not params.raw and codec.opens_reasoning(params.chat_template_kwargs),
-        echo_prefix=echo_prefix(params, names.alias, items),
+        echo_prefix=echo_prefix(params, model.names.alias, items),
     )
 
 

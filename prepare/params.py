@@ -54,3 +54,23 @@ class ResponseParams:
     tenant: str = ""
     """Who asks: the name of the request's API key ("" when the server takes none). It
     owns what the request stores, and its prompt-cache and reasoning-echo entries."""
+
+
+@dataclass(frozen=True, slots=True)
+class CompactionParams:
+    """A request to compact a history (`/responses/compact`): its input, and the chain
+    it continues."""
+
+    model: str
+    input: tuple[Item, ...]
+    """The input items sent in full; `references` name the others."""
+    references: tuple[ItemReference, ...] = ()
+    instructions: str | None = None
+    """What the summary must keep, besides the default goals, decisions and next steps."""
+    previous_response_id: str | None = None
+    keep_tokens: int | None = None
+    """Tokens of the newest turns preserved as they are (a default when None)."""
+    max_output_tokens: int | None = None
+    """The summary's budget (a default when None)."""
+    tenant: str = ""
+    """Who asks; only its own stored responses can be continued."""

@@ -177,23 +177,26 @@ def tool_use(
         namespaces=namespaces,
         custom=custom,
     )
-    if not use.required:
-        return definitions, use, None
+    return definitions, use, _call_grammar(use, codec) if use.required else None
+
+
+def _call_grammar(use: ToolUse, codec: PromptCodec) -> str:
+    """The grammar of the one call a reply must make: an allowed tool's name, and
+    arguments valid against its parameters (a 400 for parameters no grammar can hold)."""
     calls = [
         {
             "type": "object",
-            "properties": {"name": {"const": tool}, "arguments": parameters[tool]},
+            "properties": {"name": {"const": tool}, "arguments": arguments},
             "required": ["name", "arguments"],
             "additionalProperties": False,
         }
-        for tool in parameters
+        for tool, arguments in use.parameters.items()
         if tool in use.names
     ]
     schema = calls[0] if len(calls) == 1 else {"anyOf": calls}
     try:
-        grammar = codec.compile_call(schema, parser)
+        return codec.compile_call(schema, use.parser)
     except InvalidRequest as exc:
         raise InvalidRequest(
             f"Invalid tool parameters: {exc.message}", param="tools", code="invalid_tool_parameters"
         ) from exc
-    return definitions, use, grammar

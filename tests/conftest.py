@@ -18,8 +18,8 @@ import trio
 
 from mlxcel.app import serve
 from mlxcel.config import Settings
+from mlxcel.generation import ModelNames
 from mlxcel.model.fake import FakeEngine, fake_factory
-from mlxcel.prepare.intake import ModelNames
 from mlxcel.respond.tool_parsers import PARSERS
 
 from builder_stream import Script, ScriptedParser

@@ -18,8 +18,8 @@ import sys
 from mlxcel.cli.main import _serve
 from mlxcel.cli.serve import serve_until_signalled
 from mlxcel.config import Settings
+from mlxcel.generation import ModelNames
 from mlxcel.model.fake import FakeEngine, fake_factory
-from mlxcel.prepare.intake import ModelNames
 
 PROG = "fake-server"
 MODEL = "fake-model"

@@ -19,8 +19,8 @@ import trio
 import mlxcel.store.echo
 from mlxcel.app import serve
 from mlxcel.config import Settings
+from mlxcel.generation import ModelNames
 from mlxcel.model.fake import FakeCodec, FakeEngine, fake_factory
-from mlxcel.prepare.intake import ModelNames
 
 from support import FakeServer, post, wait_until
 

@@ -46,8 +46,8 @@ async def test_health_is_503_while_loading(nursery: trio.Nursery) -> None:
 
     from mlxcel.app import serve
     from mlxcel.config import Settings
+    from mlxcel.generation import ModelNames
     from mlxcel.model.fake import fake_factory
-    from mlxcel.prepare.intake import ModelNames
 
     loaded = trio.Event()
     token = trio.lowlevel.current_trio_token()

@@ -17,8 +17,8 @@ import trio
 
 from mlxcel.app import serve
 from mlxcel.config import Settings
+from mlxcel.generation import ModelNames
 from mlxcel.model.fake import FakeEngine, fake_factory
-from mlxcel.prepare.intake import ModelNames
 
 from support import free_port
 from tiny_model import ensure_tiny_model

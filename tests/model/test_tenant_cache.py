@@ -12,7 +12,7 @@ import trio
 from mlxcel.app import serve
 from mlxcel.cli.serve import load_model
 from mlxcel.config import Settings
-from mlxcel.prepare.intake import ModelNames
+from mlxcel.generation import ModelNames
 
 from support import in_thread
 from tiny_model import ensure_tiny_model
