@@ -172,7 +172,7 @@ async def _drain(
     await shutdown.wait()
     log.info("stopping: in-flight responses get up to %g s to finish", grace_secs)
     with trio.move_on_after(grace_secs) as late:
-        await scheduler.wait_idle()
+        await scheduler.drain()
     if late.cancelled_caught:
         log.warning("stopping: ending the responses still in flight")
     await jobs.end_all()

@@ -29,7 +29,7 @@ from mlxcel.actors.messages import (
 )
 from mlxcel.actors.replies import answer
 from mlxcel.actors.scheduler import SchedulerHandle
-from mlxcel.errors import RateLimited, StoreUnavailable
+from mlxcel.errors import RateLimited, ShuttingDown, StoreUnavailable
 from mlxcel.generation import GenerationRequest
 from mlxcel.items import ResponseError, ResponseRecord, Usage, cancelled, failed
 from mlxcel.metrics import Metrics
@@ -110,6 +110,7 @@ class JobSupervisor:
         self._jobs: dict[str, _Job] = {}
         self._active_bytes = 0
         self._drained: list[trio.MemorySendChannel[None]] = []  # answered when no job is left
+        self._closed = False  # shutting down: no new job is admitted
 
     async def run(
         self, *, task_status: trio.TaskStatus[JobsHandle] = trio.TASK_STATUS_IGNORED
@@ -143,6 +144,7 @@ class JobSupervisor:
                         case CancelJob(response_id, reply, tenant):
                             self._cancel(response_id, reply, tenant)
                         case EndJobs(reply):
+                            self._closed = True
                             self._drained.append(reply)
                             for job in self._jobs.values():
                                 job.ended_by = SHUTDOWN_MESSAGE
@@ -157,6 +159,13 @@ class JobSupervisor:
     ) -> JobAdmission:
         queued = dataclasses.replace(request.record, status="queued", usage=Usage())
         size = encoded_size(queued) + BYTES_PER_OUTPUT_TOKEN * request.sampling.max_tokens
+        if self._closed:
+            return JobRefused(
+                ShuttingDown(
+                    "The server is shutting down; retry on another server.",
+                    code="server_shutting_down",
+                )
+            )
         if len(self._jobs) >= self._max_jobs:
             return JobRefused(
                 RateLimited(
@@ -248,6 +257,8 @@ class JobSupervisor:
             try:
                 with job.scope:  # leaving it withdraws the job from the scheduler too
                     final = await self._generate(job)
+            except ShuttingDown:  # admitted just before the drain began
+                final = self._failed(job, "server_error", SHUTDOWN_MESSAGE)
             except Exception:
                 log.exception("background response %s failed", record_id)
                 final = self._failed(job, "server_error", "The server had an error.")

@@ -7,6 +7,7 @@ streams back (`OutputTextDelta`, `ResponseFinished`) are catalogued in `respond/
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
 
 import trio
@@ -27,16 +28,27 @@ class Generate:
     """When the requester submitted it (Trio's clock): its latencies count from here."""
 
 
+class Admission(enum.Enum):
+    """The scheduler's answer to a `Submit`."""
+
+    ADMITTED = "admitted"
+    FULL = "full"
+    """Every slot and queue place is taken (a request; a background job always waits)."""
+    CLOSED = "closed"
+    """The server is draining for shutdown: nothing new starts."""
+
+
 @dataclass(frozen=True, slots=True)
 class Submit:
     """Queue `command` for a slot; the reply says whether it was accepted.
 
     A request (`waits=False`) is refused when the waiting queue is full; a background
-    job (`waits=True`) is always accepted and waits its turn (the job cap bounds them)."""
+    job (`waits=True`) is always accepted and waits its turn (the job cap bounds them).
+    Once the drain has begun (`Drain`), every submission is refused."""
 
     command: Generate
     waits: bool
-    reply: trio.MemorySendChannel[bool]
+    reply: trio.MemorySendChannel[Admission]
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,8 +85,9 @@ class EndAll:
 
 
 @dataclass(frozen=True, slots=True)
-class WaitIdle:
-    """Reply once no response is queued or running (the drain before a shutdown)."""
+class Drain:
+    """Shutdown's first step: refuse every submission from now on (a request whose body
+    arrives late must not start), and reply once no response is queued or running."""
 
     reply: trio.MemorySendChannel[None]
 
@@ -106,7 +119,7 @@ SchedulerCommand = (
     | SlotIdle
     | Withdraw
     | EndAll
-    | WaitIdle
+    | Drain
     | ReadSchedulerStatistics
     | ReadQueuePosition
 )

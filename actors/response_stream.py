@@ -19,7 +19,9 @@ from typing import TypeVar
 import trio
 
 from mlxcel.actors.messages import (
+    Admission,
     CancelResponse,
+    Drain,
     EndAll,
     Generate,
     ReadQueuePosition,
@@ -27,10 +29,9 @@ from mlxcel.actors.messages import (
     SchedulerCommand,
     SchedulerStatistics,
     Submit,
-    WaitIdle,
     Withdraw,
 )
-from mlxcel.errors import GenerationFailed, QueueFull
+from mlxcel.errors import GenerationFailed, QueueFull, ShuttingDown
 from mlxcel.generation import GenerationRequest
 from mlxcel.items import ResponseRecord
 from mlxcel.respond.events import ResponseEvent, ResponseFinished
@@ -68,12 +69,13 @@ class ResponseStream:
         return self._request.record.id
 
     async def submit(self) -> None:
-        """Queue the response, or raise `QueueFull` (every slot and queue place taken).
+        """Queue the response, or raise `QueueFull` (every slot and queue place taken) or
+        `ShuttingDown` (the server drains).
 
         A background job (`waits`) is always queued. Cancelled or failing here, the
         stream closes itself, so nothing is left holding a place."""
         try:
-            answer_send, answer = trio.open_memory_channel[bool](1)
+            answer_send, answer = trio.open_memory_channel[Admission](1)
             # Marked first: a cancel can land after the control task took the command.
             self._submitted = True
             command = Generate(self._request, self._send)
@@ -82,14 +84,20 @@ class ResponseStream:
         except BaseException:
             await self.aclose()
             raise
-        if not admitted:
-            self._submitted = False
-            await self.aclose()
-            raise QueueFull(
-                "The server is busy: every generation slot is in use and the waiting "
-                f"queue is full ({self._depth}). Retry shortly.",
-                code="server_overloaded",
+        if admitted is Admission.ADMITTED:
+            return
+        self._submitted = False
+        await self.aclose()
+        if admitted is Admission.CLOSED:
+            raise ShuttingDown(
+                "The server is shutting down; retry on another server.",
+                code="server_shutting_down",
             )
+        raise QueueFull(
+            "The server is busy: every generation slot is in use and the waiting "
+            f"queue is full ({self._depth}). Retry shortly.",
+            code="server_overloaded",
+        )
 
     @property
     def prompt_tokens(self) -> int:
@@ -168,9 +176,10 @@ class SchedulerHandle:
         no such response is held (another tenant's runs on)."""
         return await self._ask(lambda reply: CancelResponse(response_id, reply, tenant))
 
-    async def wait_idle(self) -> None:
-        """Return once no response is queued or running."""
-        await self._ask(WaitIdle)
+    async def drain(self) -> None:
+        """Refuse every new submission from now on (`ShuttingDown`, 503); return once no
+        response is queued or running."""
+        await self._ask(Drain)
 
     async def end_all(self) -> None:
         """End every queued and running response now (shutdown); returns when all ended."""

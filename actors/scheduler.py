@@ -17,7 +17,9 @@ from dataclasses import dataclass
 import trio
 
 from mlxcel.actors.messages import (
+    Admission,
     CancelResponse,
+    Drain,
     EndAll,
     Generate,
     ReadQueuePosition,
@@ -26,7 +28,6 @@ from mlxcel.actors.messages import (
     SchedulerStatistics,
     SlotIdle,
     Submit,
-    WaitIdle,
     Withdraw,
 )
 from mlxcel.actors.replies import answer
@@ -78,6 +79,7 @@ class Scheduler:
         self._idle: deque[trio.MemorySendChannel[Generate]] = deque()  # at most `parallel`
         self._running: dict[str, Running] = {}
         self._idle_waiters: list[trio.MemorySendChannel[None]] = []
+        self._closed = False  # draining: every submission is refused
 
     async def run(
         self, *, task_status: trio.TaskStatus[SchedulerHandle] = trio.TASK_STATUS_IGNORED
@@ -123,7 +125,8 @@ class Scheduler:
                         self._cancel(response_id, reply, tenant, nursery)
                     case Withdraw(response_id):
                         self._withdraw(response_id, nursery)
-                    case WaitIdle(reply):
+                    case Drain(reply):
+                        self._closed = True
                         self._idle_waiters.append(reply)
                     case EndAll(reply):
                         self._end_all(nursery)
@@ -135,13 +138,15 @@ class Scheduler:
                         answer(reply, self._position(response_id))
                 self._wake_idle_waiters()
 
-    def _admit(self, command: Generate, waits: bool) -> bool:
+    def _admit(self, command: Generate, waits: bool) -> Admission:
+        if self._closed:
+            return Admission.CLOSED
         if not waits and not self._idle and self._waiting_requests >= self._depth:
-            return False
+            return Admission.FULL
         self._line.append(_Waiting(command, waits))
         self._waiting_requests += not waits
         self._dispatch()
-        return True
+        return Admission.ADMITTED
 
     def _dispatch(self) -> None:
         while self._idle and self._line:

@@ -31,7 +31,7 @@ API_KEY_KEY = "mlxcel.api_key"
 
 _OPEN_PATHS = frozenset({"/health"})
 _METRICS_PATHS = frozenset({"/metrics", "/v1/metrics"})
-_GENERATING = ("/responses", "/responses/compact")
+_GENERATING = ("/responses", "/responses/compact", "/chat/completions", "/completions")
 
 
 def check_api_key(keyring: Keyring, *, metrics_public: bool = False) -> ApiKey | None:

@@ -12,7 +12,7 @@ import trio.testing
 from mlxcel.actors.jobs import BYTES_PER_OUTPUT_TOKEN, JobsHandle, JobSupervisor
 from mlxcel.actors.scheduler import Scheduler
 from mlxcel.config import Settings, StoreLimits
-from mlxcel.errors import RateLimited
+from mlxcel.errors import RateLimited, ShuttingDown
 from mlxcel.generation import GenerateText, GenerationRequest, Sampling
 from mlxcel.items import RequestEcho, ResponseRecord, Usage, new_id
 from mlxcel.model.actor import ModelActor
@@ -214,3 +214,5 @@ async def test_ending_all_jobs_fails_running_and_queued_ones(
         assert record.status == "failed"
         assert record.error is not None
         assert "shut down" in record.error.message
+    with pytest.raises(ShuttingDown):  # nothing new is admitted once they are ended
+        await jobs.submit(job("echo: late"))

@@ -10,7 +10,7 @@ import trio.testing
 
 from mlxcel.actors.scheduler import Scheduler, SchedulerHandle
 from mlxcel.config import Settings, StoreLimits
-from mlxcel.errors import QueueFull
+from mlxcel.errors import QueueFull, ShuttingDown
 from mlxcel.generation import GenerationRequest, Sampling
 from mlxcel.items import RequestEcho, ResponseRecord, new_id
 from mlxcel.model.actor import ModelActor
@@ -198,3 +198,29 @@ async def test_a_reader_that_stops_reading_frees_the_slot_at_the_deadline(
     assert record is not None
     assert record.status == "cancelled"
     await stalled.aclose()
+
+
+async def test_once_draining_every_submission_is_refused(nursery: trio.Nursery) -> None:
+    """A request whose body arrived after the drain began used to be admitted, run, and
+    be cut by the backstop with no terminal event."""
+    scheduler, _ = await start(nursery, FakeEngine(step_delay=0.01), parallel=1)
+    running = scheduler.stream(request("echo: " + " ".join(["w"] * 20)))
+    await running.submit()
+    await running.__anext__()  # the slot has taken it
+    drained = trio.Event()
+
+    async def drain() -> None:
+        await scheduler.drain()
+        drained.set()
+
+    nursery.start_soon(drain)
+    await trio.testing.wait_all_tasks_blocked()
+    for waits in (False, True):
+        with pytest.raises(ShuttingDown):
+            await scheduler.stream(request("echo: late"), waits=waits).submit()
+    with trio.fail_after(10):
+        async with running:
+            events = [e async for e in running]
+        await drained.wait()
+    assert isinstance(events[-1], ResponseFinished)
+    assert events[-1].record.status == "completed"

@@ -4,17 +4,24 @@ HTTP on the fake engine. Each test names what it proves and failed before its fi
 
 from __future__ import annotations
 
+import functools
+import json
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import httpx
 import pytest
+import trio
 
+from mlxcel.app import serve
+from mlxcel.config import Settings
+from mlxcel.generation import ModelNames
+from mlxcel.model.fake import FakeEngine, fake_factory
 from mlxcel.store.limits import StoreLimits
 
 from redis_server import RedisServer
-from support import StartServer
+from support import StartServer, read_until
 
 REPEATS = 20_000
 """One client-chosen item id repeated this often in one input: reasoning items render to
@@ -134,3 +141,44 @@ async def test_references_into_one_big_record_decode_it_once(
         await create(http, {"input": [*references, {"role": "user", "content": "echo: ok"}]})
     big = [size for size in decoded if size > 400_000]
     assert len(big) == 1, decoded
+
+
+@pytest.mark.parametrize("path", ["/v1/responses", "/v1/chat/completions"])
+async def test_a_request_whose_body_arrives_during_the_drain_gets_503(
+    nursery: trio.Nursery, path: str
+) -> None:
+    """Before: its head passed the stopping guard, its body came after the drain began,
+    and it was submitted, ran, and was cut by the backstop with no terminal event."""
+    shutdown, stopped = trio.Event(), trio.Event()
+    settings = Settings(port=0, shutdown_timeout_secs=5)
+    factory = functools.partial(fake_factory, FakeEngine(step_delay=0.01))
+
+    async def run(*, task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED) -> None:
+        names = ModelNames("fake-model", "/models/fake")
+        await serve(settings, factory, names, shutdown=shutdown, task_status=task_status)
+        stopped.set()
+
+    url = (await nursery.start(run))[0]
+    async with httpx.AsyncClient(base_url=url, timeout=30) as http:  # the model has loaded
+        with trio.fail_after(30):
+            while (await http.get("/health")).status_code != 200:  # noqa: ASYNC110
+                await trio.sleep(0.05)
+    host, port = url.removeprefix("http://").split(":")
+    message = {"role": "user", "content": "echo: late"}
+    body = json.dumps({"model": "fake-model", "input": [message], "messages": [message]})
+    head = (
+        f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    )
+    stream = await trio.open_tcp_stream(host, int(port))
+    async with stream:
+        await stream.send_all(head.encode())
+        await trio.sleep(0.2)  # the guards have run; the route waits for the body
+        shutdown.set()
+        await trio.sleep(0.2)  # the drain has begun
+        await stream.send_all(body.encode())
+        answer = await read_until(stream, b"}}")
+    assert answer.startswith(b"HTTP/1.1 503"), answer
+    assert b"server_shutting_down" in answer
+    with trio.fail_after(10):
+        await stopped.wait()
