@@ -19,8 +19,7 @@ conversation_items = Blueprint("conversation_items", __name__)
 @conversation_items.get("/conversations/<conversation_id>/items")
 async def list_conversation_items(conversation_id: str) -> Response:
     conversation = await existing_conversation(conversation_id)
-    items = [item_json(i) for i in conversation.items]
-    return json_response(list_page(items, request.args))
+    return json_response(list_page(conversation.items, request.args, item_json))
 
 
 @conversation_items.post("/conversations/<conversation_id>/items")

@@ -9,13 +9,14 @@ this module is free of pydantic. The input items the bodies carry are
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Annotated, Any, Literal
 
 from pydantic import Field, JsonValue, model_validator
 
 from mlxcel.errors import InvalidRequest
 from mlxcel.http.item_schemas import InputItemIn, ResponseInputItemIn, _Model, check_parts
+from mlxcel.items import Item
 
 MAX_COMPACT_THRESHOLD = 100_000_000
 
@@ -115,8 +116,12 @@ class InputTokensBody(CreateResponseBody):
     model: str | None = None  # type: ignore[assignment]
 
 
-def list_page(items: Sequence[dict[str, Any]], args: Mapping[str, str]) -> dict[str, Any]:
-    """A cursor page (`after`, `limit` 1..100 default 20, `order` asc|desc default desc)."""
+def list_page(
+    items: Sequence[Item], args: Mapping[str, str], render: Callable[[Item], dict[str, Any]]
+) -> dict[str, Any]:
+    """A cursor page (`after`, `limit` 1..100 default 20, `order` asc|desc default desc) of
+    `items`, each of the page `render`ed: the page is cut first, so a long list costs one
+    pass over its ids, not the JSON of every item."""
     order = args.get("order", "desc")
     if order not in ("asc", "desc"):
         raise InvalidRequest(
@@ -132,22 +137,22 @@ def list_page(items: Sequence[dict[str, Any]], args: Mapping[str, str]) -> dict[
             param="limit",
             code="invalid_value",
         )
-    ordered = list(items) if order == "asc" else list(reversed(items))
+    ordered = items if order == "asc" else items[::-1]
+    start = 0
     after = args.get("after")
     if after is not None:
-        ids = [item.get("id") for item in ordered]
-        if after not in ids:
+        start = next((n + 1 for n, item in enumerate(ordered) if item.id == after), -1)
+        if start < 0:
             raise InvalidRequest(
                 f"Invalid 'after': no item with id {after[:64]!r}.",
                 param="after",
                 code="invalid_value",
             )
-        ordered = ordered[ids.index(after) + 1 :]
-    data = ordered[:limit]
+    data = [render(item) for item in ordered[start : start + limit]]
     return {
         "object": "list",
         "data": data,
         "first_id": data[0]["id"] if data else None,
         "last_id": data[-1]["id"] if data else None,
-        "has_more": len(ordered) > limit,
+        "has_more": len(ordered) - start > limit,
     }

@@ -11,6 +11,7 @@ from mlxcel.http.handles import Handles, handles, json_response
 from mlxcel.http.objects import item_json, response_json
 from mlxcel.http.schemas import list_page
 from mlxcel.items import ResponseRecord
+from mlxcel.prepare.offload import off_loop
 from mlxcel.store.tables import Table
 
 stored = Blueprint("stored", __name__)
@@ -18,7 +19,14 @@ stored = Blueprint("stored", __name__)
 
 @stored.get("/responses/<response_id>")
 async def retrieve_response(response_id: str) -> Response:
-    return json_response(response_json(await _stored(handles(), response_id)))
+    record = await _stored(handles(), response_id)
+    if len(record.input_items) + len(record.output) < OFF_LOOP_ITEMS:
+        return json_response(response_json(record))
+    return await off_loop(lambda: json_response(response_json(record)))  # a big record
+
+
+OFF_LOOP_ITEMS = 1_000
+"""A record with this many items or more is written as JSON in a worker thread."""
 
 
 @stored.delete("/responses/<response_id>")
@@ -57,7 +65,7 @@ async def cancel_response(response_id: str) -> Response:
 @stored.get("/responses/<response_id>/input_items")
 async def list_input_items(response_id: str) -> Response:
     record = await _stored(handles(), response_id)
-    page = list_page([item_json(i) for i in record.input_items], request.args)
+    page = list_page(record.input_items, request.args, item_json)
     return json_response(page)
 
 

@@ -71,6 +71,7 @@ log = logging.getLogger(__name__)
 CONNECT_TIMEOUT_SECS = 2.0
 COMMAND_TIMEOUT_SECS = 5.0
 """A command that gets no answer this long (Redis paused or cut off) answers 503."""
+OFF_LOOP_BYTES = 1 << 20  # bodies this large are decoded in a worker thread, not on the loop
 COUNTER_SLACK_SECS = 60
 """A rate-limit window's key outlives its window this long, for replicas whose clocks
 differ a little (a later window is another key, so it is never counted twice)."""
@@ -182,11 +183,18 @@ class RedisBackend:
 
     async def get(self, tables: tuple[Table, ...], key: str) -> Stored | None:
         found = await self._run(lua.GET, key, *(t.value for t in tables))
-        return None if found is None else decode_stored(found[1])
+        if found is None:
+            return None
+        if len(found[1]) < OFF_LOOP_BYTES:
+            return decode_stored(found[1])
+        return await trio.to_thread.run_sync(decode_stored, found[1])  # a big record
 
     async def get_chain(self, response_id: str) -> Chain:
         missing, *bodies = await self._run(lua.CHAIN, response_id, str(MAX_CHAIN_HOPS))
-        records = tuple(decode_response(body) for body in bodies)
+        if sum(len(body) for body in bodies) < OFF_LOOP_BYTES:
+            records = tuple(decode_response(body) for body in bodies)
+        else:
+            records = await trio.to_thread.run_sync(lambda: tuple(map(decode_response, bodies)))
         return Chain(records, missing.decode() or None)
 
     async def find_items(self, ids: frozenset[str], tenant: str = "") -> dict[str, Item]:

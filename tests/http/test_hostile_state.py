@@ -182,3 +182,34 @@ async def test_a_request_whose_body_arrives_during_the_drain_gets_503(
     assert b"server_shutting_down" in answer
     with trio.fail_after(10):
         await stopped.wait()
+
+
+async def test_one_page_of_a_huge_responses_input_items_renders_one_item(
+    start_fake_server: StartServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before: `input_items?limit=1` of a 90,000-item response wrote every item's JSON
+    before cutting the page (0.32 s on the event loop)."""
+    import mlxcel.http.stored as stored
+
+    server = await start_fake_server(context_length=100_000)
+    items = [{"type": "reasoning", "id": f"rs_{n}", "summary": []} for n in range(90_000)]
+    rendered: list[str] = []
+
+    def counting(item: Any) -> dict[str, Any]:
+        rendered.append(item.id)
+        return original(item)
+
+    original = stored.item_json
+    async with httpx.AsyncClient(base_url=server.url, timeout=120) as http:
+        body = {"input": [*items, {"role": "user", "content": "echo: ok"}]}
+        created = await create(http, body)
+        monkeypatch.setattr(stored, "item_json", counting)
+        path = f"/v1/responses/{created['id']}/input_items"
+        page = (await http.get(path, params={"limit": 1, "order": "asc"})).json()
+        assert [item["id"] for item in page["data"]] == ["rs_0"]
+        assert page["has_more"] is True
+        page = (await http.get(path, params={"limit": 2, "after": "rs_89998"})).json()
+        assert [item["id"] for item in page["data"]] == ["rs_89997", "rs_89996"]
+        retrieved = (await http.get(f"/v1/responses/{created['id']}")).json()
+        assert len(retrieved["output"]) == 1
+    assert rendered == ["rs_0", "rs_89997", "rs_89996"]
