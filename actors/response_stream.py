@@ -43,6 +43,14 @@ WITHDRAW_DEADLINE_SECS = 5.0
 shutdown that already stopped it."""
 
 
+EVENTS_PER_TOKEN = 2
+"""Room per token: most tokens make one delta; the items and parts they open and close
+take the rest. The room is bounded by `max_tokens`; an unread response that outgrows it
+(a long prelude's keep-alives) waits on its reader within the send deadline again."""
+FRAME_EVENTS = 64
+"""The events around the tokens: created, in progress, the closing `.done`s, the end."""
+
+
 class ResponseStream:
     """The events of one submitted response; an async iterator and context manager."""
 
@@ -58,8 +66,11 @@ class ResponseStream:
         self._request = request
         self._waits = waits
         self._depth = max_queue_depth
-        # Unbuffered: a slow reader slows only its own slot (within the send deadline).
-        self._send, self._recv = trio.open_memory_channel[ResponseEvent](0)
+        # Room for the response's events, so its slot does not wait on a slow reader:
+        # it is free for the next response once the sequence ends, and the reader takes
+        # the rest from here at its own pace.
+        room = EVENTS_PER_TOKEN * request.sampling.max_tokens + FRAME_EVENTS
+        self._send, self._recv = trio.open_memory_channel[ResponseEvent](room)
         self._submitted = False
         self._finished = False
         self._closed = False
