@@ -48,7 +48,17 @@ class Metrics:
     """The server's series and the one registry they are exposed from."""
 
     def __init__(self) -> None:
-        self.registry = r = CollectorRegistry()
+        self.registry = CollectorRegistry()
+        self._http_series(self.registry)
+        self._state_series(self.registry)
+        self._generation_series(self.registry)
+        for status in JOB_STATES:
+            self.jobs.labels(status)
+        for status in JOB_ENDINGS:
+            self.jobs_ended.labels(status)
+
+    def _http_series(self, r: CollectorRegistry) -> None:
+        """The HTTP exchange's series, updated as each request is answered."""
         self.requests = Counter(
             "mlxcel_http_requests",
             "HTTP requests answered, by route (the URL rule), method and status.",
@@ -63,6 +73,9 @@ class Metrics:
             buckets=_LONG_BUCKETS,
             registry=r,
         )
+
+    def _state_series(self, r: CollectorRegistry) -> None:
+        """The actors' state (slots, the waiting line, jobs, the store), set at each scrape."""
         self.slots = Gauge("mlxcel_slots", "Generation slots.", registry=r)
         self.slots_busy = Gauge("mlxcel_slots_busy", "Slots running a response.", registry=r)
         self.queue_depth = Gauge(
@@ -92,6 +105,9 @@ class Metrics:
             ("table",),
             registry=r,
         )
+
+    def _generation_series(self, r: CollectorRegistry) -> None:
+        """The slots' and the model thread's series: tokens, their timing, engine steps."""
         self.prompt_tokens = Counter(
             "mlxcel_prompt_tokens", "Prompt tokens of ended generations.", registry=r
         )
@@ -128,10 +144,6 @@ class Metrics:
             buckets=_STEP_BUCKETS,
             registry=r,
         )
-        for status in JOB_STATES:
-            self.jobs.labels(status)
-        for status in JOB_ENDINGS:
-            self.jobs_ended.labels(status)
 
     def observe_request(
         self, route: str | None, method: str, status: int | None, secs: float

@@ -157,7 +157,7 @@ def render(loaded: LoadedModel, text: str) -> list[int]:
     return loaded.codec.render([{"role": "user", "content": text}], None)
 
 
-def main() -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", type=Path, default=None)
     parser.add_argument("--levels", default="1,16,64")
@@ -167,58 +167,55 @@ def main() -> int:
         "--step-cap", type=int, default=512, help="prompt tokens a step of ours reads at most"
     )
     parser.add_argument("--long-tokens", type=int, default=8000, help="0: no long-prompt row")
-    args = parser.parse_args()
-    path = args.model or default_model_dir()
-    if args.model is None and not is_ready(path):
-        raise SystemExit("run `mlxcel fetch-model` first, or pass --model")
+    return parser
 
-    blas = load_fast_blas()  # before anything imports mlx.core
-    print(describe(blas))
-    print(f"load average at start: {os.getloadavg()[0]:.2f} ({os.cpu_count()} cores)")
-    counter = TokenCounter(path)
-    cap = args.prefill_step_size
-    rows: list[dict[str, Any]] = []
-    warmed = False
-    for n in [int(level) for level in args.levels.split(",") if level]:
-        loaded = load_new(path, blas, n, args.step_cap)
-        engine: Any = loaded.engine
-        model, stop = engine.model, list(engine.tokenizer.eos_token_ids)
-        if not warmed:  # first forwards build kernels; time neither path's
-            warm = [render(loaded, make_prompt(f"w-{i}", counter)) for i in range(2)]
-            run_old(model, stop, warm, 4, cap)
-            run_new(loaded, warm, 4)
-            warmed = True
-        prompts = [render(loaded, make_prompt(f"e{n}-{i}", counter)) for i in range(n)]
-        old = run_old(model, stop, prompts, args.max_tokens, cap)
-        new = run_new(loaded, prompts, args.max_tokens)
-        loaded.engine.close()
-        same, notes = divergence(old.tokens, new.tokens)
-        # At full batch if both paths got there (ours may not: while it reads the last
-        # prompts the first sequences can finish), else the largest batch both decoded.
-        common = set(old.decode_steps) & set(new.decode_steps)
-        rows_compared = n if n in common else max(common, default=0)
-        rows.append(
-            {
-                "n": n,
-                "rows": rows_compared,
-                "old_step_ms": old.step_ms(rows_compared),
-                "new_step_ms": new.step_ms(rows_compared),
-                "steps": [
-                    len(old.decode_steps.get(rows_compared, [])),
-                    len(new.decode_steps.get(rows_compared, [])),
-                ],
-                "new_peak_rows": max(new.decode_steps, default=0),
-                "old_tps": old.output_tps,
-                "new_tps": new.output_tps,
-                "old_prompt_tps": old.prompt_tps,
-                "new_prompt_tps": new.prompt_tps,
-                "identical": same,
-                "diverging": notes,
-                "load": os.getloadavg()[0],
-            }
-        )
-        print(f"N={n} done, load average {rows[-1]['load']:.2f}", flush=True)
 
+def warm_up(loaded: LoadedModel, counter: TokenCounter, cap: int) -> None:
+    """The first forwards build kernels: run both paths once, untimed."""
+    engine: Any = loaded.engine
+    model, stop = engine.model, list(engine.tokenizer.eos_token_ids)
+    warm = [render(loaded, make_prompt(f"w-{i}", counter)) for i in range(2)]
+    run_old(model, stop, warm, 4, cap)
+    run_new(loaded, warm, 4)
+
+
+def bench_batch(
+    loaded: LoadedModel, counter: TokenCounter, n: int, max_tokens: int, cap: int
+) -> dict[str, Any]:
+    """N prompts through both paths on one loaded model (closed after): one table row."""
+    engine: Any = loaded.engine
+    model, stop = engine.model, list(engine.tokenizer.eos_token_ids)
+    prompts = [render(loaded, make_prompt(f"e{n}-{i}", counter)) for i in range(n)]
+    old = run_old(model, stop, prompts, max_tokens, cap)
+    new = run_new(loaded, prompts, max_tokens)
+    loaded.engine.close()
+    same, notes = divergence(old.tokens, new.tokens)
+    # At full batch if both paths got there (ours may not: while it reads the last
+    # prompts the first sequences can finish), else the largest batch both decoded.
+    common = set(old.decode_steps) & set(new.decode_steps)
+    rows_compared = n if n in common else max(common, default=0)
+    return {
+        "n": n,
+        "rows": rows_compared,
+        "old_step_ms": old.step_ms(rows_compared),
+        "new_step_ms": new.step_ms(rows_compared),
+        "steps": [
+            len(old.decode_steps.get(rows_compared, [])),
+            len(new.decode_steps.get(rows_compared, [])),
+        ],
+        "new_peak_rows": max(new.decode_steps, default=0),
+        "old_tps": old.output_tps,
+        "new_tps": new.output_tps,
+        "old_prompt_tps": old.prompt_tps,
+        "new_prompt_tps": new.prompt_tps,
+        "identical": same,
+        "diverging": notes,
+        "load": os.getloadavg()[0],
+    }
+
+
+def print_table(rows: list[dict[str, Any]]) -> None:
+    """The batch rows as a markdown table, then each divergence and the peak-batch note."""
     header = "|  N | rows | old step ms | new step ms | old/new | old tok/s | new tok/s "
     header += "| old prompt tok/s | new prompt tok/s | identical | load |"
     print(header)
@@ -237,32 +234,61 @@ def main() -> int:
         print("* the engine never decoded all N rows at once (peak: ", end="")
         print(", ".join(f"N={r['n']}: {r['new_peak_rows']}" for r in rows) + ")")
 
+
+def bench_long_prompt(
+    path: Path, blas: BlasInfo, counter: TokenCounter, long_tokens: int, step_cap: int, cap: int
+) -> dict[str, Any]:
+    """One long prompt from scratch on both paths, and 16 short ones on ours: what a long
+    context costs per prompt token."""
+    loaded = load_new(path, blas, 16, step_cap)
+    engine: Any = loaded.engine
+    model, stop = engine.model, list(engine.tokenizer.eos_token_ids)
+    long = [render(loaded, make_long_prompt("long-0", counter, long_tokens))]
+    short = [render(loaded, make_prompt(f"short-{i}", counter)) for i in range(16)]
+    old_long = run_old(model, stop, long, 1, cap)
+    new_long = run_new(loaded, long, 1)
+    new_short = run_new(loaded, short, 1)
+    loaded.engine.close()
+    ratio = new_long.prompt_tps / new_short.prompt_tps
+    print(
+        f"long prompt ({len(long[0])} tokens, no prefix cache): prompt tok/s old "
+        f"{old_long.prompt_tps:.1f}, new {new_long.prompt_tps:.1f}; new on 16 short prompts "
+        f"({sum(len(s) for s in short)} tokens) {new_short.prompt_tps:.1f}; "
+        f"long/short {ratio:.2f}; load average {os.getloadavg()[0]:.2f}"
+    )
+    return {
+        "long_tokens": len(long[0]),
+        "old_prompt_tps": old_long.prompt_tps,
+        "new_prompt_tps": new_long.prompt_tps,
+        "new_short_prompt_tps": new_short.prompt_tps,
+        "long_over_short": ratio,
+    }
+
+
+def main() -> int:
+    args = build_parser().parse_args()
+    path = args.model or default_model_dir()
+    if args.model is None and not is_ready(path):
+        raise SystemExit("run `mlxcel fetch-model` first, or pass --model")
+
+    blas = load_fast_blas()  # before anything imports mlx.core
+    print(describe(blas))
+    print(f"load average at start: {os.getloadavg()[0]:.2f} ({os.cpu_count()} cores)")
+    counter = TokenCounter(path)
+    cap = args.prefill_step_size
+    rows: list[dict[str, Any]] = []
+    warmed = False
+    for n in [int(level) for level in args.levels.split(",") if level]:
+        loaded = load_new(path, blas, n, args.step_cap)
+        if not warmed:  # first forwards build kernels; time neither path's
+            warm_up(loaded, counter, cap)
+            warmed = True
+        rows.append(bench_batch(loaded, counter, n, args.max_tokens, cap))
+        print(f"N={n} done, load average {rows[-1]['load']:.2f}", flush=True)
+
+    print_table(rows)
     if args.long_tokens > 0:
-        loaded = load_new(path, blas, 16, args.step_cap)
-        engine = loaded.engine
-        model, stop = engine.model, list(engine.tokenizer.eos_token_ids)
-        long = [render(loaded, make_long_prompt("long-0", counter, args.long_tokens))]
-        short = [render(loaded, make_prompt(f"short-{i}", counter)) for i in range(16)]
-        old_long = run_old(model, stop, long, 1, cap)
-        new_long = run_new(loaded, long, 1)
-        new_short = run_new(loaded, short, 1)
-        loaded.engine.close()
-        ratio = new_long.prompt_tps / new_short.prompt_tps
-        print(
-            f"long prompt ({len(long[0])} tokens, no prefix cache): prompt tok/s old "
-            f"{old_long.prompt_tps:.1f}, new {new_long.prompt_tps:.1f}; new on 16 short prompts "
-            f"({sum(len(s) for s in short)} tokens) {new_short.prompt_tps:.1f}; "
-            f"long/short {ratio:.2f}; load average {os.getloadavg()[0]:.2f}"
-        )
-        rows.append(
-            {
-                "long_tokens": len(long[0]),
-                "old_prompt_tps": old_long.prompt_tps,
-                "new_prompt_tps": new_long.prompt_tps,
-                "new_short_prompt_tps": new_short.prompt_tps,
-                "long_over_short": ratio,
-            }
-        )
+        rows.append(bench_long_prompt(path, blas, counter, args.long_tokens, args.step_cap, cap))
     print(json.dumps(rows))
     return 0
 

@@ -226,6 +226,30 @@ def _raw(r: RequestResult) -> dict[str, Any]:
     return asdict(r) | {"ttft": r.ttft, "tpot": r.tpot, "tokens_per_s": r.tokens_per_s}
 
 
+def print_long_attempt(
+    label: str, config: LongConfig, result: LongResult, s: dict[str, Any]
+) -> None:
+    """One run's headline, its failed requests, and a note when streams ended too soon."""
+    print(
+        f"[{label}] long prompts: {s['wall_s']:.1f}s, largest gap "
+        f"{fmt(s['window_gap_max_ms'], '{:.0f}')} ms, long TTFT max "
+        f"{fmt(s['long_ttft_max_ms'], '{:.0f}')} ms, {s['stream_errors']}+"
+        f"{s['long_errors']} errors; other processes "
+        f"{fmt(s['other_cpu_pct'], '{:.0f}')}% CPU",
+        flush=True,
+    )
+    for r in [*result.streams, *result.long]:
+        if r.error is not None:
+            print(f"[{label}]   request {r.index}: {json.dumps(r.error)[:600]}", flush=True)
+    if s["streams_through_window"] < config.streams - s["stream_errors"]:
+        print(
+            f"[{label}]   note: only {s['streams_through_window']} streams were still "
+            "decoding when the last long request's first token came; raise "
+            "--long-stream-tokens",
+            flush=True,
+        )
+
+
 def bench_long(
     server: Server,
     config: LongConfig,
@@ -262,24 +286,7 @@ def bench_long(
         result.attempt = attempt
         attempts.append(result)
         s = result.summary()
-        print(
-            f"[{label}] long prompts: {s['wall_s']:.1f}s, largest gap "
-            f"{fmt(s['window_gap_max_ms'], '{:.0f}')} ms, long TTFT max "
-            f"{fmt(s['long_ttft_max_ms'], '{:.0f}')} ms, {s['stream_errors']}+"
-            f"{s['long_errors']} errors; other processes "
-            f"{fmt(s['other_cpu_pct'], '{:.0f}')}% CPU",
-            flush=True,
-        )
-        for r in [*result.streams, *result.long]:
-            if r.error is not None:
-                print(f"[{label}]   request {r.index}: {json.dumps(r.error)[:600]}", flush=True)
-        if s["streams_through_window"] < config.streams - s["stream_errors"]:
-            print(
-                f"[{label}]   note: only {s['streams_through_window']} streams were still "
-                "decoding when the last long request's first token came; raise "
-                "--long-stream-tokens",
-                flush=True,
-            )
+        print_long_attempt(label, config, result, s)
         time.sleep(1.0)
         other = s["other_cpu_pct"]
         if other is None or other <= OTHER_CPU_WARN_PCT or attempt > busy_retries:

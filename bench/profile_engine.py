@@ -22,7 +22,7 @@ from typing import Any
 from prompts import TokenCounter, make_prompt
 
 from mlxcel.config import Settings
-from mlxcel.model.blas import describe, load_fast_blas
+from mlxcel.model.blas import BlasInfo, describe, load_fast_blas
 from mlxcel.model.provision.fetch import default_model_dir, is_ready
 
 
@@ -32,6 +32,53 @@ def cumulative(stats: pstats.Stats, name: str, file_part: str) -> float:
     table: dict[Any, Any] = stats.stats  # type: ignore[attr-defined]
     rows = [row[3] for (path, _, func), row in table.items() if func == name and file_part in path]
     return max(rows, default=0.0)
+
+
+def profile_level(
+    path: Path, blas: BlasInfo, n: int, max_tokens: int, counter: TokenCounter
+) -> None:
+    """Run N prompts to their end under cProfile and print the level's row."""
+    from mlxcel.generation import Sampling, SequenceSpec
+    from mlxcel.model.mlx_engine import load_mlx_model
+
+    loaded = load_mlx_model(
+        path,
+        name=path.name,
+        max_batch=n,
+        prefill_step_size=256,
+        blas=blas,
+        prompt_cache_bytes=Settings().prompt_cache_bytes,
+    )
+    engine = loaded.engine
+    sampling = Sampling(temperature=0.0, max_tokens=max_tokens)
+    for i in range(n):
+        text = make_prompt(f"p{n}-{i}", counter)
+        prompt = loaded.codec.render([{"role": "user", "content": text}], None)
+        engine.insert(SequenceSpec(i, tuple(prompt), sampling))
+    profile = cProfile.Profile()
+    steps, started = 0, time.perf_counter()
+    profile.enable()
+    while engine.has_work():
+        engine.step()
+        steps += 1
+    profile.disable()
+    wall = time.perf_counter() - started
+    stats = pstats.Stats(profile)
+    step = cumulative(stats, "decode", "mlx_engine") + cumulative(stats, "prefill", "mlx_engine")
+    model = sum(
+        cumulative(stats, name, part)
+        for name, part in (
+            ("decode_logits", "forward.py"),
+            ("read_chunk", "forward.py"),
+            ("sample", "sampling.py"),
+        )
+    )
+    ours = step - model
+    print(
+        f"| {n:>2} | {steps:5d} | {wall:6.1f} | {model:25.1f} s "
+        f"| {1000 * ours / steps:16.2f} ms | {100 * ours / step:4.1f}% |"
+    )
+    engine.close()
 
 
 def main() -> int:
@@ -45,55 +92,13 @@ def main() -> int:
         raise SystemExit("run `mlxcel fetch-model` first, or pass --model")
 
     blas = load_fast_blas()  # before anything imports mlx.core
-    from mlxcel.generation import Sampling, SequenceSpec
-    from mlxcel.model.mlx_engine import load_mlx_model
-
     print(describe(blas))
     levels = [int(n) for n in args.levels.split(",")]
     counter = TokenCounter(path)
     print("|  N | steps | wall s | in MLX (forwards, sampling) | our Python per step | share |")
     print("|---:|------:|-------:|----------------------------:|--------------------:|------:|")
     for n in levels:
-        loaded = load_mlx_model(
-            path,
-            name=path.name,
-            max_batch=n,
-            prefill_step_size=256,
-            blas=blas,
-            prompt_cache_bytes=Settings().prompt_cache_bytes,
-        )
-        engine = loaded.engine
-        sampling = Sampling(temperature=0.0, max_tokens=args.max_tokens)
-        for i in range(n):
-            text = make_prompt(f"p{n}-{i}", counter)
-            prompt = loaded.codec.render([{"role": "user", "content": text}], None)
-            engine.insert(SequenceSpec(i, tuple(prompt), sampling))
-        profile = cProfile.Profile()
-        steps, started = 0, time.perf_counter()
-        profile.enable()
-        while engine.has_work():
-            engine.step()
-            steps += 1
-        profile.disable()
-        wall = time.perf_counter() - started
-        stats = pstats.Stats(profile)
-        step = cumulative(stats, "decode", "mlx_engine") + cumulative(
-            stats, "prefill", "mlx_engine"
-        )
-        model = sum(
-            cumulative(stats, name, part)
-            for name, part in (
-                ("decode_logits", "forward.py"),
-                ("read_chunk", "forward.py"),
-                ("sample", "sampling.py"),
-            )
-        )
-        ours = step - model
-        print(
-            f"| {n:>2} | {steps:5d} | {wall:6.1f} | {model:25.1f} s "
-            f"| {1000 * ours / steps:16.2f} ms | {100 * ours / step:4.1f}% |"
-        )
-        engine.close()
+        profile_level(path, blas, n, args.max_tokens, counter)
     return 0
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -55,23 +56,16 @@ def make_caches(model: Any, batch: int, context: int, count: int = 0) -> list[An
     return caches
 
 
-def profile(model: Any, batch: int, length: int, context: int, repeats: int) -> dict[str, float]:
+def time_forward(
+    model: Any, batch: int, length: int, context: int, repeats: int, fast: bool
+) -> float:
+    """Milliseconds of the whole forward (plus sampling for decode), the best of `repeats`
+    after one untimed run."""
     import mlx.core as mx
-    from mlx_lm.models import qwen2
 
-    from mlxcel.model.cpu_forms import fast_log_softmax, fast_swiglu
+    from mlxcel.model.cpu_forms import fast_log_softmax
 
-    fast = vars(qwen2)["swiglu"] is fast_swiglu
-    args, layer = model.args, model.layers[0]
-    attn, mlp, n = layer.self_attn, layer.mlp, len(model.layers)
-    hidden, inter, heads, kv = (
-        args.hidden_size,
-        args.intermediate_size,
-        attn.n_heads,
-        attn.n_kv_heads,
-    )
-    head_dim, total = hidden // heads, context + length
-    tokens = mx.random.randint(0, args.vocab_size, (batch, length))
+    tokens = mx.random.randint(0, model.args.vocab_size, (batch, length))
 
     def forward() -> Any:
         caches = make_caches(model, batch, context)
@@ -85,8 +79,59 @@ def profile(model: Any, batch: int, length: int, context: int, repeats: int) -> 
         return time.perf_counter() - started
 
     forward()
-    whole = min(forward() for _ in range(repeats)) * 1e3
+    return min(forward() for _ in range(repeats)) * 1e3
 
+
+def uses_cpu_forms() -> bool:
+    """Whether mlx-lm's qwen2 currently runs the CPU forms (not the reference ops)."""
+    from mlx_lm.models import qwen2
+
+    from mlxcel.model.cpu_forms import fast_swiglu
+
+    return vars(qwen2)["swiglu"] is fast_swiglu
+
+
+@dataclass
+class Pieces:
+    """Random inputs of one layer's ops, at the case's real shapes."""
+
+    batch: int
+    length: int
+    context: int
+    x: Any
+    q4: Any
+    k4: Any
+    v4: Any
+    qg: Any
+    scores: Any
+    mask: Any
+    gate: Any
+    up: Any
+
+    @property
+    def total(self) -> int:
+        return self.context + self.length
+
+    @property
+    def kv(self) -> int:
+        return int(self.k4.shape[1])
+
+    @property
+    def rep(self) -> int:
+        return int(self.q4.shape[1]) // self.kv
+
+
+def make_pieces(model: Any, batch: int, length: int, context: int) -> Pieces:
+    import mlx.core as mx
+
+    args, attn = model.args, model.layers[0].self_attn
+    hidden, inter, heads, kv = (
+        args.hidden_size,
+        args.intermediate_size,
+        attn.n_heads,
+        attn.n_kv_heads,
+    )
+    head_dim, total = hidden // heads, context + length
     x = mx.random.normal((batch, length, hidden))
     q4 = mx.random.normal((batch, heads, length, head_dim))
     k4 = mx.random.normal((batch, kv, total, head_dim))
@@ -99,6 +144,38 @@ def profile(model: Any, batch: int, length: int, context: int, repeats: int) -> 
     )
     gate, up = mx.random.normal((batch, length, inter)), mx.random.normal((batch, length, inter))
     mx.eval(x, q4, k4, v4, qg, scores, gate, up)
+    return Pieces(batch, length, context, x, q4, k4, v4, qg, scores, mask, gate, up)
+
+
+def softmax_op(p: Pieces, fast: bool) -> Callable[[], Any]:
+    """The attention softmax with its mask applied: the CPU form's or mlx-lm's."""
+    import mlx.core as mx
+
+    def softmax() -> Any:
+        from mlxcel.model.cpu_forms import _additive_mask, _exp_shifted
+
+        if fast:
+            add = _additive_mask(p.mask, p.length, p.total)
+            s = p.scores if add is None else p.scores + (add[:, :, None] if add.ndim == 4 else add)
+            e = _exp_shifted(s, mx.max(s, -1, keepdims=True))
+            return [e, mx.sum(e, -1, keepdims=True)]
+        m = p.mask
+        if isinstance(m, str):
+            m = mx.arange(p.total - p.length, p.total)[:, None] >= mx.arange(p.total)[None]
+        m = m[:, :, None] if m.ndim == 4 else m
+        return mx.softmax(mx.where(m, p.scores, -3e38), -1, precise=True)
+
+    return softmax
+
+
+def layer_costs(model: Any, p: Pieces, repeats: int, fast: bool) -> dict[str, float]:
+    """Milliseconds of each op class over every layer, the lm head's GEMM included."""
+    import mlx.core as mx
+    from mlx_lm.models import qwen2
+
+    layer, n = model.layers[0], len(model.layers)
+    attn, mlp, norm = layer.self_attn, layer.mlp, layer.input_layernorm
+    x, batch, length, kv, rep = p.x, p.batch, p.length, p.kv, p.rep
 
     def gemms() -> Any:
         a = attn
@@ -111,49 +188,50 @@ def profile(model: Any, batch: int, length: int, context: int, repeats: int) -> 
             mlp.up_proj(x),
         ]
 
-    def softmax() -> Any:
-        from mlxcel.model.cpu_forms import _additive_mask, _exp_shifted
-
-        if fast:
-            add = _additive_mask(mask, length, total)
-            s = scores if add is None else scores + (add[:, :, None] if add.ndim == 4 else add)
-            p = _exp_shifted(s, mx.max(s, -1, keepdims=True))
-            return [p, mx.sum(p, -1, keepdims=True)]
-        m = mask
-        if isinstance(m, str):
-            m = mx.arange(total - length, total)[:, None] >= mx.arange(total)[None]
-        m = m[:, :, None] if m.ndim == 4 else m
-        return mx.softmax(mx.where(m, scores, -3e38), -1, precise=True)
-
     def kv_update() -> float:  # the update alone, not the cache's construction
-        cache = make_caches(model, batch, context, count=1)[0]
+        cache = make_caches(model, batch, p.context, count=1)[0]
         started = time.perf_counter()
-        mx.eval(cache.update_and_fetch(k4[:, :, :length], v4[:, :, :length]))
+        mx.eval(cache.update_and_fetch(p.k4[:, :, :length], p.v4[:, :, :length]))
         return (time.perf_counter() - started) * 1e3
 
-    def sampling() -> Any:
-        logits = mx.random.normal((batch, args.vocab_size))
-        lp = fast_log_softmax(logits) if fast else logits - mx.logsumexp(logits, -1, True)
-        return [mx.argmax(lp, -1), mx.random.categorical(lp)]
-
-    norm = layer.input_layernorm
     costs = {
-        "weight GEMMs": n * (clock(gemms, repeats) + clock(lambda: mlp.down_proj(gate), repeats)),
+        "weight GEMMs": n * (clock(gemms, repeats) + clock(lambda: mlp.down_proj(p.gate), repeats)),
         "attention matmuls": n
         * (
-            clock(lambda: qg @ k4.swapaxes(-1, -2), repeats)
-            + clock(lambda: scores.reshape(batch, kv, rep * length, total) @ v4, repeats)
+            clock(lambda: p.qg @ p.k4.swapaxes(-1, -2), repeats)
+            + clock(lambda: p.scores.reshape(batch, kv, rep * length, p.total) @ p.v4, repeats)
         ),
-        "softmax + mask": n * clock(softmax, repeats),
-        "activations": n * clock(lambda: qwen2.swiglu(gate, up), repeats),
+        "softmax + mask": n * clock(softmax_op(p, fast), repeats),
+        "activations": n * clock(lambda: qwen2.swiglu(p.gate, p.up), repeats),
         "norms/RoPE/elementwise": n
-        * clock(lambda: [norm(x), norm(x + x), attn.rope(q4, offset=context), x + x], repeats),
+        * clock(lambda: [norm(x), norm(x + x), attn.rope(p.q4, offset=p.context), x + x], repeats),
         "KV-cache updates": n * min(kv_update() for _ in range(repeats + 1)),
     }
     head = model.lm_head if hasattr(model, "lm_head") else model.model.embed_tokens.as_linear
     costs["weight GEMMs"] += clock(lambda: head(x[:, -1:]), repeats)
+    return costs
+
+
+def sampling_cost(model: Any, batch: int, repeats: int, fast: bool) -> float:
+    """Milliseconds of sampling one token per row from random logits."""
+    import mlx.core as mx
+
+    from mlxcel.model.cpu_forms import fast_log_softmax
+
+    def sampling() -> Any:
+        logits = mx.random.normal((batch, model.args.vocab_size))
+        lp = fast_log_softmax(logits) if fast else logits - mx.logsumexp(logits, -1, True)
+        return [mx.argmax(lp, -1), mx.random.categorical(lp)]
+
+    return clock(sampling, repeats)
+
+
+def profile(model: Any, batch: int, length: int, context: int, repeats: int) -> dict[str, float]:
+    fast = uses_cpu_forms()
+    whole = time_forward(model, batch, length, context, repeats, fast)
+    costs = layer_costs(model, make_pieces(model, batch, length, context), repeats, fast)
     if length == 1:
-        costs["sampling"] = clock(sampling, repeats)
+        costs["sampling"] = sampling_cost(model, batch, repeats, fast)
     costs["other"] = whole - sum(costs.values())
     return {"whole": whole, **costs}
 

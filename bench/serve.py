@@ -14,10 +14,10 @@ Run from the repository root:
 
 The two servers are started one after the other, never together, and always stopped.
 
-This file holds the command line and the sweep; the parts live next to it: servers.py
-(starting, checking and stopping the servers), clients.py (the streaming requests),
-prompts.py, load.py (CPU readings), report.py (statistics, tables, plots) and
-long_prompt.py (the long-prompt level).
+This file holds the command line and the run; the parts live next to it: sweep.py (the
+levels against one server), servers.py (starting, checking and stopping the servers),
+clients.py (the streaming requests), prompts.py, load.py (CPU readings), report.py
+(statistics, tables, plots) and long_prompt.py (the long-prompt level).
 """
 
 from __future__ import annotations
@@ -27,20 +27,20 @@ import importlib
 import json
 import re
 import sys
-import time
-from collections.abc import Callable, Sequence
-from dataclasses import asdict
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import httpx
-from clients import Kind, run_level
+from clients import Kind
 from load import OTHER_CPU_WARN_PCT, wait_for_idle
 from long_prompt import LongConfig, add_options, bench_long, config_from, long_ratios, print_long
 from prompts import PREFIX, PROMPT_TOKENS, TokenCounter, make_long_prompt, make_prompt
-from report import LevelResult, fmt, machine, plot, ratio_table, ratios, server_table
+from report import machine, plot, ratio_table, ratios, server_table
 from servers import Server, ServerStartError, handle_stop_signals, running, server_factory
+from sweep import bench_server
 
 BENCH_DIR = Path(__file__).resolve().parent
 RESULTS_DIR = BENCH_DIR / "results"
@@ -70,6 +70,14 @@ def build_parser() -> argparse.ArgumentParser:
         prog="bench/serve.py",
         description="Streaming latency/throughput benchmark: mlxcel-server vs mlx_lm.server.",
     )
+    add_target_options(p)
+    add_run_options(p)
+    add_options(p)
+    return p
+
+
+def add_target_options(p: argparse.ArgumentParser) -> None:
+    """What is benched: the model, the servers, the concurrency levels and the slots."""
     p.add_argument(
         "--model",
         type=Path,
@@ -105,6 +113,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="the peer's --prompt-concurrency (default: min(parallel, 8), "
         "matching our prefill batch)",
     )
+
+
+def add_run_options(p: argparse.ArgumentParser) -> None:
+    """How a run goes: its time limits, waiting out busy CPUs, and where results go."""
     p.add_argument(
         "--timeout", type=float, default=600.0, help="seconds allowed for each level (default: 600)"
     )
@@ -134,96 +146,6 @@ def build_parser() -> argparse.ArgumentParser:
         default=RESULTS_DIR,
         help="directory for the JSON, plots and server logs (default: bench/results)",
     )
-    add_options(p)
-    return p
-
-
-def bench_server(
-    server: Server,
-    levels: Sequence[int],
-    max_tokens: int,
-    timeout: float,
-    prompts: Callable[[int, int], list[str]],
-    wait_idle: float = 0.0,
-    busy_retries: int = 0,
-) -> dict[str, Any]:
-    """Run every level against one server; a level disturbed by other processes is re-run
-    (with fresh prompts, so no prompt cache helps) up to `busy_retries` times."""
-    label = "mlxcel" if server.kind == "ours" else "mlx_lm.server"
-    pid = server.proc.pid if server.proc is not None else None
-    level_results = []
-    tried: list[dict[str, Any]] = []
-    for n in levels:
-        attempts: list[LevelResult] = []
-        for attempt in range(1, busy_retries + 2):
-            if wait_idle > 0:
-                wait_for_idle(wait_idle)
-            print(f"[{label}] N={n}: {n} streams x {max_tokens} tokens ...", flush=True)
-            result = run_level(
-                server.kind,
-                server.base_url,
-                server.model,
-                prompts(n, attempt),
-                max_tokens,
-                timeout,
-                pid,
-            )
-            result.attempt = attempt
-            attempts.append(result)
-            summary = result.summary()
-            tried.append(summary)
-            print(
-                f"[{label}] N={n}: {summary['wall_s']:.1f}s, {summary['agg_tok_s'] or 0:.1f} "
-                f"tok/s, {summary['errors']} errors; CPU: server "
-                f"{fmt(summary['server_cpu_pct'], '{:.0f}')}%, bench "
-                f"{fmt(summary['bench_cpu_pct'], '{:.0f}')}%, other processes "
-                f"{fmt(summary['other_cpu_pct'], '{:.0f}')}%",
-                flush=True,
-            )
-            for r in result.requests:
-                if r.error is not None:
-                    print(f"[{label}]   request {r.index}: {json.dumps(r.error)[:600]}", flush=True)
-            time.sleep(1.0)
-            other = summary["other_cpu_pct"]
-            if other is None or other <= OTHER_CPU_WARN_PCT:
-                break
-            if attempt <= busy_retries:
-                print(
-                    f"[{label}]   other processes used {other:.0f}% of the CPU; "
-                    "re-running this level",
-                    flush=True,
-                )
-            else:
-                print(
-                    f"[{label}]   warning: other processes used {other:.0f}% of the CPU during "
-                    "this level; the least disturbed attempt is kept, its numbers are skewed",
-                    flush=True,
-                )
-        # The least disturbed attempt stands for the level.
-        level_results.append(min(attempts, key=lambda r: r.cpu.get("other_cpu_pct") or 0.0))
-    return {
-        "label": label,
-        "base_url": server.base_url,
-        "model": server.model,
-        "command": server.command,
-        "blas": server.blas_line(),
-        "summary": [r.summary() for r in level_results],
-        "all_attempts": tried,
-        "levels": [
-            {
-                "n": r.n,
-                "wall_s": r.wall_s,
-                "requests": [
-                    asdict(q) | {"ttft": q.ttft, "tpot": q.tpot, "tokens_per_s": q.tokens_per_s}
-                    for q in r.requests
-                ],
-            }
-            for r in level_results
-        ],
-        "log_tail": server.log_tail()
-        if any(s["errors"] for s in (r.summary() for r in level_results))
-        else None,
-    }
 
 
 def stopped(kind: Kind, server: Server) -> dict[str, Any] | None:
@@ -233,139 +155,177 @@ def stopped(kind: Kind, server: Server) -> dict[str, Any] | None:
     return server.stopped
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+class UsageError(Exception):
+    """A command line that cannot run: its message is printed and the exit status is 2."""
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What a run benches, worked out from the command line."""
+
+    levels: list[int]
+    long: LongConfig | None
+    parallel: int
+    prompt_concurrency: int
+    long_prompt_concurrency: int
+    kinds: list[Kind]
+    model_dir: Path | None
+
+
+def plan_from(args: argparse.Namespace) -> Plan:
+    """The run's plan; a UsageError when there is nothing to run or no model folder."""
     levels: list[int] = args.levels
     try:
         long: LongConfig | None = config_from(args)
     except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        raise UsageError(str(exc)) from exc
     if not levels and long is None:
-        print(
-            "error: --levels is empty and --long-level not given: nothing to run", file=sys.stderr
-        )
-        return 2
+        raise UsageError("--levels is empty and --long-level not given: nothing to run")
     parallel: int = args.parallel or max(levels, default=1)
-    prompt_concurrency: int = args.prompt_concurrency or min(parallel, 8)
-    long_prompt_concurrency: int = args.prompt_concurrency or min(long.parallel if long else 0, 8)
     kinds: list[Kind] = [args.only] if args.only else ["ours", "peer"]
+    return Plan(
+        levels=levels,
+        long=long,
+        parallel=parallel,
+        prompt_concurrency=args.prompt_concurrency or min(parallel, 8),
+        long_prompt_concurrency=args.prompt_concurrency or min(long.parallel if long else 0, 8),
+        kinds=kinds,
+        model_dir=model_dir_from(args, kinds),
+    )
 
+
+def model_dir_from(args: argparse.Namespace, kinds: list[Kind]) -> Path | None:
+    """The model folder: --model or the default one; it must be an MLX model folder when
+    this run starts a server."""
     model_dir: Path | None = args.model.expanduser().resolve() if args.model else None
     needs_folder = ("ours" in kinds and not args.our_url) or ("peer" in kinds and not args.peer_url)
     if model_dir is None:
         model_dir = default_model_dir()
         if needs_folder and model_dir is None:
-            print(
-                "error: no --model given and the default model location is unknown", file=sys.stderr
-            )
-            return 2
+            raise UsageError("no --model given and the default model location is unknown")
     if needs_folder:
         assert model_dir is not None
         if not (model_dir / "config.json").is_file():
-            print(
-                f"error: {model_dir} is not an MLX model folder (no config.json); run "
-                "`mlxcel fetch-model` or pass --model",
-                file=sys.stderr,
+            raise UsageError(
+                f"{model_dir} is not an MLX model folder (no config.json); run "
+                "`mlxcel fetch-model` or pass --model"
             )
-            return 2
+    return model_dir
 
-    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-    out_dir: Path = args.out
-    out_dir.mkdir(parents=True, exist_ok=True)
-    counter = TokenCounter(model_dir)
 
-    def prompts(n: int, attempt: int) -> list[str]:
+@dataclass(frozen=True)
+class Prompts:
+    """Fresh prompts for every attempt (its tag in them), so no prompt cache helps."""
+
+    counter: TokenCounter
+    long: LongConfig | None
+
+    def streams(self, n: int, attempt: int) -> list[str]:
         tag = f"{n}" if attempt == 1 else f"{n}.{attempt}"
-        return [make_prompt(f"{tag}-{i}", counter) for i in range(n)]
+        return [make_prompt(f"{tag}-{i}", self.counter) for i in range(n)]
 
-    def long_prompts(attempt: int) -> tuple[list[str], list[str]]:
+    def long_level(self, attempt: int) -> tuple[list[str], list[str]]:
+        long = self.long
         assert long is not None
-        streams = [make_prompt(f"L{attempt}-{i}", counter) for i in range(long.streams)]
+        streams = [make_prompt(f"L{attempt}-{i}", self.counter) for i in range(long.streams)]
         uids = (f"{attempt}-{i}" for i in range(long.requests))
-        return streams, [make_long_prompt(u, counter, long.prompt_tokens) for u in uids]
+        return streams, [make_long_prompt(u, self.counter, long.prompt_tokens) for u in uids]
 
-    report: dict[str, Any] = {
+
+def new_report(
+    args: argparse.Namespace, plan: Plan, stamp: str, prompts: Prompts
+) -> dict[str, Any]:
+    """The report's header: the machine, the model, the settings and the prompts used."""
+    counter, long = prompts.counter, plan.long
+    return {
         "timestamp": stamp,
         "machine": machine(),
-        "model": str(model_dir) if model_dir else None,
-        "levels": levels,
+        "model": str(plan.model_dir) if plan.model_dir else None,
+        "levels": plan.levels,
         "max_tokens": args.max_tokens,
-        "parallel": parallel,
-        "peer_prompt_concurrency": prompt_concurrency,
+        "parallel": plan.parallel,
+        "peer_prompt_concurrency": plan.prompt_concurrency,
         "prompt": {
             "target_tokens": PROMPT_TOKENS,
             "prefix_tokens": counter.count(PREFIX),
             "counted_with": "model tokenizer" if counter.exact else "word estimate",
-            "example": prompts(1, 1)[0],
+            "example": prompts.streams(1, 1)[0],
         },
         "long_level": None
         if long is None
         else asdict(long)
         | {
-            "peer_prompt_concurrency": long_prompt_concurrency,
-            "prompt_tokens_counted": counter.count(long_prompts(1)[1][0]),
+            "peer_prompt_concurrency": plan.long_prompt_concurrency,
+            "prompt_tokens_counted": counter.count(prompts.long_level(1)[1][0]),
         },
         "servers": {},
     }
 
-    handle_stop_signals()
-    failures: list[str] = []
-    for kind in kinds:
-        url = args.our_url if kind == "ours" else args.peer_url
-        startup = args.startup_timeout
-        label = "mlxcel" if kind == "ours" else "mlx_lm.server"
-        entry: dict[str, Any] = {"label": label, "summary": []}
-        report["servers"][kind] = entry
-        try:
-            if levels:
-                wait_for_idle(args.wait_idle)
-                log = out_dir / f"{stamp}-{kind}.log"
-                factory = server_factory(
-                    kind, url, model_dir, parallel, prompt_concurrency, log, startup
-                )
-                with running(factory) as server:
-                    entry |= bench_server(
-                        server,
-                        levels,
-                        args.max_tokens,
-                        args.timeout,
-                        prompts,
-                        args.wait_idle,
-                        args.busy_retries,
-                    )
-                entry["stopped"] = stopped(kind, server)
-            if long is not None:
-                # Its own server: one slot for every stream and every long request.
-                wait_for_idle(args.wait_idle)
-                log = out_dir / f"{stamp}-{kind}-long.log"
-                factory = server_factory(
-                    kind, url, model_dir, long.parallel, long_prompt_concurrency, log, startup
-                )
-                with running(factory) as server:
-                    entry["long"] = bench_long(
-                        server,
-                        long,
-                        args.timeout,
-                        long_prompts,
-                        args.wait_idle,
-                        args.busy_retries,
-                    )
-                entry["long"]["stopped"] = stopped(kind, server)
-        except (ServerStartError, httpx.HTTPError, OSError) as exc:
-            failures.append(f"{kind}: {exc}")
-            print(f"error: {kind} server: {exc}", file=sys.stderr, flush=True)
 
+def bench_kind(
+    kind: Kind,
+    args: argparse.Namespace,
+    plan: Plan,
+    prompts: Prompts,
+    entry: dict[str, Any],
+    stamp: str,
+) -> None:
+    """Bench one kind of server: the sweep on one server, then the long-prompt level on
+    another; the results go into `entry`."""
+    url = args.our_url if kind == "ours" else args.peer_url
+    startup = args.startup_timeout
+    out_dir: Path = args.out
+    if plan.levels:
+        wait_for_idle(args.wait_idle)
+        log = out_dir / f"{stamp}-{kind}.log"
+        factory = server_factory(
+            kind, url, plan.model_dir, plan.parallel, plan.prompt_concurrency, log, startup
+        )
+        with running(factory) as server:
+            entry |= bench_server(
+                server,
+                plan.levels,
+                args.max_tokens,
+                args.timeout,
+                prompts.streams,
+                args.wait_idle,
+                args.busy_retries,
+            )
+        entry["stopped"] = stopped(kind, server)
+    if (long := plan.long) is not None:
+        # Its own server: one slot for every stream and every long request.
+        wait_for_idle(args.wait_idle)
+        log = out_dir / f"{stamp}-{kind}-long.log"
+        factory = server_factory(
+            kind, url, plan.model_dir, long.parallel, plan.long_prompt_concurrency, log, startup
+        )
+        with running(factory) as server:
+            entry["long"] = bench_long(
+                server,
+                long,
+                args.timeout,
+                prompts.long_level,
+                args.wait_idle,
+                args.busy_retries,
+            )
+        entry["long"]["stopped"] = stopped(kind, server)
+
+
+def add_ratios(report: dict[str, Any]) -> None:
+    """Ours against the peer, for the sweep and the long-prompt level, when both ran."""
     servers = report["servers"]
     if "ours" in servers and "peer" in servers:
         report["ratios"] = ratios(servers["ours"]["summary"], servers["peer"]["summary"])
         if "long" in servers["ours"] and "long" in servers["peer"]:
             ours, peer = (servers[k]["long"]["summary"] for k in ("ours", "peer"))
             report["long_ratios"] = long_ratios(ours, peer)
-    report["failures"] = failures
-    json_path = out_dir / f"{stamp}.json"
-    json_path.write_text(json.dumps(report, indent=2))
 
+
+def print_report(
+    args: argparse.Namespace, plan: Plan, report: dict[str, Any], json_path: Path
+) -> None:
+    """The tables of every server and the ratios, then where the numbers and plots are."""
+    levels, long, servers = plan.levels, plan.long, report["servers"]
     print()
     print(
         f"model: {report['model']}, {args.max_tokens if levels else long and long.stream_tokens} "
@@ -386,6 +346,38 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"\nraw numbers: {json_path}")
     for path in plots:
         print(f"plot: {path}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        plan = plan_from(args)
+    except UsageError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    out_dir: Path = args.out
+    out_dir.mkdir(parents=True, exist_ok=True)
+    prompts = Prompts(TokenCounter(plan.model_dir), plan.long)
+    report = new_report(args, plan, stamp, prompts)
+
+    handle_stop_signals()
+    failures: list[str] = []
+    for kind in plan.kinds:
+        label = "mlxcel" if kind == "ours" else "mlx_lm.server"
+        entry: dict[str, Any] = {"label": label, "summary": []}
+        report["servers"][kind] = entry
+        try:
+            bench_kind(kind, args, plan, prompts, entry, stamp)
+        except (ServerStartError, httpx.HTTPError, OSError) as exc:
+            failures.append(f"{kind}: {exc}")
+            print(f"error: {kind} server: {exc}", file=sys.stderr, flush=True)
+
+    add_ratios(report)
+    report["failures"] = failures
+    json_path = out_dir / f"{stamp}.json"
+    json_path.write_text(json.dumps(report, indent=2))
+    print_report(args, plan, report, json_path)
     return 1 if failures else 0
 
 

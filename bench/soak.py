@@ -177,7 +177,7 @@ def table(s: Soak) -> str:
     return "\n".join(lines)
 
 
-def main() -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--minutes", type=float, default=5.0)
     parser.add_argument("--jobs", type=int, default=64, help="background job clients")
@@ -193,8 +193,27 @@ def main() -> int:
         help="seconds after the soak for every response to end",
     )
     parser.add_argument("--seed", type=int, default=1)
-    args = parser.parse_args()
+    return parser
 
+
+@dataclass
+class Ending:
+    """What a soak ended with: its clients' tally, the slots, the server's memory and exit."""
+
+    soak: Soak
+    samples: Samples
+    slots: tuple[int, int, float]
+    """Slots free, slots in all, and the seconds waited for them to free up."""
+    elapsed: float
+    rss_before: float
+    rss_after: float
+    code: int | None
+    drain: float
+    log: Path
+
+
+def run(args: argparse.Namespace) -> Ending:
+    """Start the server, soak it, wait for its slots, then SIGTERM it; it is always stopped."""
     log = Path(__file__).with_name("results") / f"soak-{time.strftime('%Y%m%d-%H%M%S')}.log"
     handle_stop_signals()
     port = free_port()
@@ -207,21 +226,28 @@ def main() -> int:
         pid = server.proc.pid
         before = rss_mib(pid) or 0.0
         samples = Samples(rss_peak=before)
-        s, (free, total, waited), elapsed = asyncio.run(soak(server, args, pid, samples))
+        s, slots, elapsed = asyncio.run(soak(server, args, pid, samples))
         time.sleep(2)
         after = rss_mib(pid) or 0.0
         code, drain = terminate(server, args.shutdown_timeout + 30)
     finally:
         stop_server(server)
+    return Ending(s, samples, slots, elapsed, before, after, code, drain, log)
+
+
+def report(args: argparse.Namespace, e: Ending) -> bool:
+    """Print the figures; true when nothing was lost, stuck or failed, every slot was free
+    and the server exited 0."""
     log_errors = sum(
         " ERROR " in line or "Traceback" in line
-        for line in log.read_text(errors="replace").splitlines()
+        for line in e.log.read_text(errors="replace").splitlines()
     )
+    s, samples, (free, total, waited) = e.soak, e.samples, e.slots
     tally = s.tally
     lost, stuck = tally.total("lost"), tally.total("stuck")
     failures = tally.total("5xx") + tally.total("failed") + tally.total("error")
     print(
-        f"\nsoak: {args.minutes:g} min of load, {elapsed:.0f} s until every client ended; "
+        f"\nsoak: {args.minutes:g} min of load, {e.elapsed:.0f} s until every client ended; "
         f"{args.jobs} job clients, {args.streams} stream clients, --parallel {args.parallel}, "
         f"send timeout {args.send_timeout:g} s\n"
     )
@@ -237,21 +263,25 @@ def main() -> int:
     print(f"slots free at end:      {free}/{total} (after {waited:.1f} s)")
     print(f"peak busy / queued:     {samples.busy_peak} / {samples.queued_peak}")
     print(
-        f"server RSS (MiB):       before {before:.0f}, peak {samples.rss_peak:.0f}, "
-        f"after {after:.0f} ({after - before:+.0f})"
+        f"server RSS (MiB):       before {e.rss_before:.0f}, peak {samples.rss_peak:.0f}, "
+        f"after {e.rss_after:.0f} ({e.rss_after - e.rss_before:+.0f})"
     )
     names = {"server_cpu_pct": "server", "bench_cpu_pct": "clients", "other_cpu_pct": "other"}
     shares = {names[k]: v for k, v in (samples.cpu or {}).items()}
     print("CPU (% of all cores):   " + ", ".join(f"{k} {v or 0:.0f}" for k, v in shares.items()))
-    print(f"server log errors:      {log_errors} (log: {log})")
-    hung = "did not exit" if code is None else f"exit code {code}"
-    print(f"SIGTERM:                {hung} after {drain:.1f} s")
+    print(f"server log errors:      {log_errors} (log: {e.log})")
+    hung = "did not exit" if e.code is None else f"exit code {e.code}"
+    print(f"SIGTERM:                {hung} after {e.drain:.1f} s")
     for problem in tally.problems[:30]:
         print(f"  {problem}")
     if len(tally.problems) > 30:
         print(f"  ... and {len(tally.problems) - 30} more")
-    ok = lost == stuck == failures == 0 and free == total and code == 0
-    return 0 if ok else 1
+    return lost == stuck == failures == 0 and free == total and e.code == 0
+
+
+def main() -> int:
+    args = build_parser().parse_args()
+    return 0 if report(args, run(args)) else 1
 
 
 if __name__ == "__main__":

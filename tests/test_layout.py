@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import json
 import subprocess
 import sys
@@ -51,3 +52,43 @@ def test_settings_load_no_layer() -> None:
     )
     loaded = {name for name in json.loads(out.stdout) if name.startswith("mlxcel.")}
     assert loaded == {"mlxcel.store", "mlxcel.store.limits", "mlxcel.config", "mlxcel.errors"}
+
+
+MODULE_LINES = 400
+TEST_MODULE_LINES = 450
+FUNCTION_LINES = 60
+
+
+def _tracked_python() -> list[str]:
+    out = subprocess.run(
+        ["git", "ls-files", "*.py"], cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    return out.stdout.split()
+
+
+def _body_lines(node: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
+    """Lines from the first statement after the docstring to the last one."""
+    body = node.body[1:] if ast.get_docstring(node) is not None else node.body
+    if not body:
+        return 0
+    return (body[-1].end_lineno or body[-1].lineno) - body[0].lineno + 1
+
+
+def test_modules_and_functions_stay_small() -> None:
+    """A module over 400 lines (450 for tests) or a function body over 60 is split by role."""
+    offenders = []
+    for name in _tracked_python():
+        source = (ROOT / name).read_text()
+        lines = len(source.splitlines())
+        is_test = name.startswith("tests/")
+        limit = TEST_MODULE_LINES if is_test else MODULE_LINES
+        if lines > limit:
+            offenders.append(f"{name}: {lines} lines (limit {limit})")
+        if is_test:
+            continue
+        for node in ast.walk(ast.parse(source, filename=name)):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                size = _body_lines(node)
+                if size > FUNCTION_LINES:
+                    offenders.append(f"{name}:{node.lineno} {node.name}: body of {size} lines")
+    assert not offenders, "split these by role:\n" + "\n".join(offenders)
