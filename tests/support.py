@@ -2,24 +2,18 @@
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import json
 import socket
-import subprocess
-import sys
-import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import httpx
 import trio
 from openai import OpenAI
 
-from mlxcel.cli.serve import DEFAULT_ALIAS
 from mlxcel.config import Settings
 from mlxcel.model.fake import FakeEngine
 
@@ -58,20 +52,6 @@ async def wait_until(predicate: Callable[[], bool]) -> None:
         await trio.sleep(0.01)
 
 
-@dataclass
-class RealServer:
-    url: str
-    alias: str
-    log: Path
-    _clients: list[OpenAI] = field(default_factory=list)
-
-    def client(self) -> OpenAI:
-        """An SDK client for this server, closed when the server stops."""
-        client = OpenAI(base_url=f"{self.url}/v1", api_key="sk-no-auth", max_retries=0, timeout=600)
-        self._clients.append(client)
-        return client
-
-
 def key_prefix() -> str:
     """A Redis key prefix no other test or server uses (the session's Redis is shared)."""
     return f"t-{uuid.uuid4().hex[:12]}"
@@ -81,60 +61,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def start_server(log: Path, *flags: str) -> Iterator[RealServer]:
-    """The real server (`mlxcel-server`) with `flags`, once it answers `/health`; stopped
-    (SIGTERM) when the generator closes."""
-    with contextlib.ExitStack() as stack:
-        (server,) = stack.enter_context(_real_servers([log], flags))
-        yield server
-
-
-def start_replicas(logs: Sequence[Path], *flags: str) -> Iterator[list[RealServer]]:
-    """One real server per log file, all with `flags`, started together (each loads the
-    model at the same time as the others) and yielded once every one answers `/health`."""
-    with _real_servers(logs, flags) as servers:
-        yield servers
-
-
-@contextlib.contextmanager
-def _real_servers(logs: Sequence[Path], flags: Sequence[str]) -> Iterator[list[RealServer]]:
-    exe = Path(sys.executable).with_name("mlxcel-server")
-    procs: list[tuple[subprocess.Popen[bytes], RealServer]] = []
-    try:
-        for log in logs:
-            port = free_port()
-            with log.open("w") as out:
-                proc = subprocess.Popen(
-                    [str(exe), "--port", str(port), *flags], stdout=out, stderr=subprocess.STDOUT
-                )
-            procs.append((proc, RealServer(f"http://127.0.0.1:{port}", DEFAULT_ALIAS, log)))
-        deadline = time.monotonic() + 300
-        for proc, server in procs:
-            while True:
-                assert proc.poll() is None, f"server exited:\n{server.log.read_text()}"
-                assert time.monotonic() < deadline, f"server not ready:\n{server.log.read_text()}"
-                try:
-                    if httpx.get(f"{server.url}/health", timeout=2).status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                time.sleep(0.5)
-        servers = [server for _, server in procs]
-        yield servers
-        for server in servers:
-            for client in server._clients:
-                client.close()
-    finally:
-        for proc, _ in procs:
-            proc.terminate()
-        for proc, _ in procs:
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
 
 
 def pieces(tokenizer: Any, text: str) -> list[str]:

@@ -13,7 +13,7 @@ from collections.abc import Callable
 import httpx
 import openai
 import pytest
-from cluster import (
+from replica_cluster import (
     LEASE_SECS,
     LONG,
     REAP_SECS,

@@ -7,7 +7,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from cluster import STEP_DELAY, Cluster, start_cluster
+from replica_cluster import STEP_DELAY, Cluster, start_cluster
 
 from redis_server import RedisServer
 from server_process import ServerProcess, ServerProcesses
