@@ -20,6 +20,9 @@ AUTH = {"Authorization": f"Bearer {KEY}"}
 LONG = "echo: " + " ".join(f"w{i}" for i in range(300))
 
 
+pytestmark = pytest.mark.slow  # on the session's redis-server
+
+
 @pytest.fixture
 def fake_store() -> str:
     return "redis"
