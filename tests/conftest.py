@@ -27,7 +27,7 @@ from mlxcel.respond.tool_parsers import PARSERS
 from builder_stream import Script, ScriptedParser
 from redis_server import RedisServer
 from server_process import ServerProcesses
-from support import FakeServer, StartServer, key_prefix
+from support import FakeServer, KeysFile, StartServer, key_prefix
 
 TESTS = Path(__file__).resolve().parent
 
@@ -180,6 +180,19 @@ def own_redis() -> Iterator[RedisServer]:
         yield server
     finally:
         server.close()
+
+
+@pytest.fixture
+def keys_file(tmp_path: Path) -> KeysFile:
+    """Writes this test's keys file (`--api-key-file`), again on each call (a rotation),
+    and returns its path."""
+    path = tmp_path / "keys"
+
+    def write(text: str) -> Path:
+        path.write_text(text)
+        return path
+
+    return write
 
 
 @pytest.fixture

@@ -8,6 +8,7 @@ import socket
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -16,6 +17,11 @@ from openai import OpenAI
 
 from mlxcel.config import Settings
 from mlxcel.model.fake import FakeEngine
+
+LONG_WORDS = 400
+LONG = "echo: " + " ".join(f"w{i}" for i in range(LONG_WORDS))
+"""A prompt the fake engine answers with `LONG_WORDS` words, `w0 w1 ...`: a response that
+stays in flight while the engine is held (`FakeEngine.hold`), or runs long at a step delay."""
 
 
 @dataclass
@@ -37,6 +43,8 @@ class FakeServer:
 
 
 StartServer = Callable[..., Awaitable[FakeServer]]
+KeysFile = Callable[[str], Path]
+"""The `keys_file` fixture: writes the test's keys file with a text and returns its path."""
 
 
 async def in_thread(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:

@@ -13,9 +13,8 @@ from openai.types.responses import Response
 from mlxcel.config import StoreLimits
 from mlxcel.model.fake import FakeEngine
 
-from support import FakeServer, StartServer, in_thread, wait_until
+from support import LONG, FakeServer, StartServer, in_thread, wait_until
 
-LONG = "echo: " + " ".join(f"w{i}" for i in range(300))
 TERMINAL = ("completed", "incomplete", "failed", "cancelled")
 
 

@@ -15,6 +15,7 @@ from pydantic import BaseModel
 from mlxcel.model.fake import FakeEngine
 
 from support import (
+    LONG,
     FakeServer,
     StartServer,
     an_ordinary_request_completes,
@@ -320,7 +321,7 @@ async def test_the_root_route_answers_too(fake_server: FakeServer) -> None:
 
 async def test_hanging_up_mid_stream_frees_the_slot(start_fake_server: StartServer) -> None:
     server = await start_fake_server(FakeEngine(step_delay=0.01), parallel=1, max_queue_depth=0)
-    words = "echo: " + " ".join(f"w{i}" for i in range(400))
+    words = LONG
     body = {"model": "fake-model", "messages": user(words), "stream": True}
     stream = await raw_request(server.url, body, path="/v1/chat/completions")
     await read_until(stream, b"w3")

@@ -10,14 +10,13 @@ import trio
 from mlxcel.model.fake import FakeEngine
 
 from support import (
+    LONG,
     StartServer,
     an_ordinary_request_completes,
     in_thread,
     raw_request,
     read_until,
 )
-
-LONG = "echo: " + " ".join(f"w{i}" for i in range(400))
 
 
 @pytest.fixture(params=["memory", "sqlite", "redis"])

@@ -9,9 +9,7 @@ import trio
 
 from mlxcel.model.fake import FakeEngine
 
-from support import StartServer, in_thread, wait_until
-
-LONG = "echo: " + " ".join(f"w{i}" for i in range(400))
+from support import LONG, StartServer, in_thread, wait_until
 
 
 class OpenStream:

@@ -13,6 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from mlxcel.model.fake import FakeEngine
 
 from support import (
+    LONG,
     FakeServer,
     StartServer,
     an_ordinary_request_completes,
@@ -22,7 +23,6 @@ from support import (
     wait_until,
 )
 
-LONG = "echo: " + " ".join(f"w{i}" for i in range(300))
 RESPONSES = "/v1/responses"
 
 

@@ -19,8 +19,8 @@ from mlxcel.store.backend import RESTART_MESSAGE
 from mlxcel.store.codec import decode, encoded_size
 
 from server_process import MODEL, ServerProcesses
+from support import LONG
 
-LONG = "echo: " + " ".join(f"w{i}" for i in range(400))  # 20 s at 50 ms a step
 TOOL = {
     "type": "function",
     "name": "lookup",

@@ -12,9 +12,7 @@ import trio
 from mlxcel.config import StoreLimits
 from mlxcel.model.fake import FakeEngine
 
-from support import FakeServer, StartServer, count, in_thread, post, wait_until
-
-LONG = "echo: " + " ".join(f"w{i}" for i in range(400))
+from support import LONG, FakeServer, StartServer, count, in_thread, post, wait_until
 
 
 @pytest.fixture(params=["memory", "sqlite", "redis"])

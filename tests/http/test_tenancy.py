@@ -15,10 +15,9 @@ from openai.types.responses import Response
 
 from mlxcel.model.fake import FakeEngine
 
-from support import FakeServer, StartServer, in_thread, wait_until
+from support import LONG, FakeServer, StartServer, in_thread, wait_until
 
 KEYS = ("key-a", "key-b")
-LONG = "echo: " + " ".join(f"w{i}" for i in range(300))
 TERMINAL = ("completed", "incomplete", "failed", "cancelled")
 Call = tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]
 
