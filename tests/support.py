@@ -126,6 +126,24 @@ async def read_until(stream: trio.SocketStream, marker: bytes) -> bytes:
     return seen
 
 
+async def read_releasing(
+    http: httpx.AsyncClient,
+    path: str,
+    body: dict[str, Any],
+    engine: FakeEngine,
+    when: Callable[[str], bool],
+) -> str:
+    """The whole body of a streamed POST; the held `engine` is released once the text
+    read so far satisfies `when` (a response queued behind a held one sees the wait)."""
+    text = ""
+    async with http.stream("POST", path, json=body) as r:
+        async for chunk in r.aiter_text():
+            text += chunk
+            if not engine.gate.is_set() and when(text):
+                engine.release()
+    return text
+
+
 async def an_ordinary_request_completes(server: FakeServer, within: float = 10) -> None:
     """`/health` answers and a short request completes (retrying 503s while a slot frees)."""
     async with httpx.AsyncClient(base_url=server.url, timeout=30) as http:

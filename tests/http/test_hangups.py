@@ -69,7 +69,9 @@ async def test_a_reader_that_stops_reading_is_dropped_after_the_send_deadline(
 async def test_a_queued_requester_that_leaves_leaves_the_line(
     start_fake_server: StartServer,
 ) -> None:
-    server = await start_fake_server(FakeEngine(step_delay=0.01), parallel=1, max_queue_depth=1)
+    engine = FakeEngine()
+    engine.hold(on="w0")  # the long response holds the one slot; the others run
+    server = await start_fake_server(engine, parallel=1, max_queue_depth=1)
     running = await raw_request(server.url, {"model": "fake-model", "input": LONG, "stream": True})
     await read_until(running, b"response.output_text.delta")
     # A synchronous request takes the one queue place, then its client gives up.
@@ -93,7 +95,9 @@ async def test_a_queued_stream_that_hangs_up_is_stored_cancelled(
 ) -> None:
     """The client saw the id in `response.created`: the response is kept, as a running
     one that loses its client is."""
-    server = await start_fake_server(FakeEngine(step_delay=0.01), parallel=1)
+    engine = FakeEngine()
+    engine.hold(on="w0")  # the long response holds the one slot; the others run
+    server = await start_fake_server(engine, parallel=1)
     running = await raw_request(server.url, {"model": "fake-model", "input": LONG, "stream": True})
     await read_until(running, b"response.output_text.delta")
     queued = await raw_request(server.url, {"model": "fake-model", "input": "hi", "stream": True})

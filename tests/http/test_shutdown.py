@@ -19,9 +19,8 @@ from mlxcel.model.fake import FakeEngine, fake_factory
 from mlxcel.prepare.intake import ModelNames
 
 from server_process import ServerProcesses
+from support import LONG
 from tiny_model import ensure_tiny_model
-
-LONG = "echo: " + " ".join(["w"] * 1500)  # 15 s at 10 ms a step
 
 
 async def _stream_events(url: str, body: dict[str, object], started: trio.Event) -> list[str]:
@@ -44,7 +43,9 @@ async def test_a_drain_finishes_short_responses_and_ends_the_rest(nursery: trio.
     shutdown = trio.Event()
     stopped = trio.Event()
     settings = Settings(port=0, shutdown_timeout_secs=0.5)
-    factory = functools.partial(fake_factory, FakeEngine(step_delay=0.01))
+    engine = FakeEngine(step_delay=0.01)
+    engine.hold(on="w0")  # the long response (w0 w1 ...) runs until the drain ends it
+    factory = functools.partial(fake_factory, engine)
     names = ModelNames("fake-model", "/models/fake")
 
     async def run(*, task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED) -> None:

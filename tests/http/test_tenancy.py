@@ -190,7 +190,8 @@ async def test_chains_and_item_references_do_not_cross_tenants(
 async def test_cancelling_another_tenants_job_is_not_found_and_it_runs_on(
     start_fake_server: StartServer,
 ) -> None:
-    engine = FakeEngine(step_delay=0.01)
+    engine = FakeEngine()
+    engine.hold()  # one job runs and one waits until released
     _, a, b = await two_tenants(start_fake_server, engine, parallel=1)
     jobs = [
         await in_thread(
@@ -203,11 +204,12 @@ async def test_cancelling_another_tenants_job_is_not_found_and_it_runs_on(
         for _ in range(2)
     ]
     with trio.fail_after(5):
-        await wait_until(lambda: engine.active == 1 and engine.steps > 2)
+        await wait_until(lambda: engine.active == 1 and engine.held > 2)
     assert (await in_thread(a.responses.retrieve, jobs[1].id)).status == "queued"
     for job in jobs:  # one running, one queued
         await not_found(b.responses.cancel, job.id)
         await not_found(b.responses.retrieve, job.id)
+    engine.release()
     for job in jobs:
         final = await poll(a, job.id)
         assert final.status == "incomplete"  # it ran to its max_output_tokens
