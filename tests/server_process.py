@@ -123,6 +123,11 @@ class ServerProcess:
         assert self.proc.poll() is None, f"server exited:\n{self.log.read_text()}"
         self.proc.send_signal(signal.SIGHUP)
 
+    def release(self) -> None:
+        """SIGUSR1: a fake engine started with `hold` lets its held replies run on."""
+        assert self.proc.poll() is None, f"server exited:\n{self.log.read_text()}"
+        self.proc.send_signal(signal.SIGUSR1)
+
     def resume(self) -> None:
         """SIGCONT: the process carries on where `pause` froze it."""
         assert self.proc.poll() is None, f"server exited:\n{self.log.read_text()}"
@@ -174,11 +179,17 @@ class ServerProcesses:
         self._started.append(server)
         return server
 
-    def launch(self, *flags: str, step_delay: float = 0.0) -> ServerProcess:
-        """A fake-engine server process, not waited for (its output goes to its own log)."""
+    def launch(
+        self, *flags: str, step_delay: float = 0.0, hold: str | None = None
+    ) -> ServerProcess:
+        """A fake-engine server process, not waited for (its output goes to its own log);
+        with `hold`, its replies that have that word are held in flight after their first
+        word until `ServerProcess.release`."""
         port = free_port()
         argv = [sys.executable, str(LAUNCHER), "--port", str(port)]
-        argv += ["--fake-step-delay", str(step_delay), *flags]
+        argv += ["--fake-step-delay", str(step_delay)]
+        argv += [] if hold is None else ["--fake-hold", hold]
+        argv += flags
         return self._spawn(argv, port, "server")
 
     def launch_real(self, *flags: str) -> ServerProcess:
@@ -196,9 +207,9 @@ class ServerProcesses:
             client_timeout=600,
         )
 
-    def start(self, *flags: str, step_delay: float = 0.0) -> ServerProcess:
-        """A fake-engine server process answering `/health`."""
-        server = self.launch(*flags, step_delay=step_delay)
+    def start(self, *flags: str, step_delay: float = 0.0, hold: str | None = None) -> ServerProcess:
+        """A fake-engine server process answering `/health` (`launch` says what `hold` does)."""
+        server = self.launch(*flags, step_delay=step_delay, hold=hold)
         server.wait_ready()
         return server
 
