@@ -273,7 +273,9 @@ async def test_failed_job_and_conversation_turns(start_fake_server: StartServer)
 async def test_dropping_the_create_connection_does_not_cancel(
     start_fake_server: StartServer,
 ) -> None:
-    server = await start_fake_server(FakeEngine(step_delay=0.005))
+    engine = FakeEngine()
+    engine.hold()  # the job is still running when its connection closes
+    server = await start_fake_server(engine)
     async with httpx.AsyncClient(base_url=server.url, timeout=30) as http:
         r = await http.post(
             "/v1/responses",
@@ -286,6 +288,7 @@ async def test_dropping_the_create_connection_does_not_cancel(
         )
         job_id = r.json()["id"]
     # The connection is closed; the job carries on to its end.
+    engine.release()
     final = await poll(server, job_id)
     assert final.status == "incomplete"
     assert final.usage is not None
