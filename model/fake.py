@@ -9,8 +9,8 @@ the prompt's end, the others from decode phases. Asked for log-probabilities, ea
 has -0.5 and its alternatives `alt1`, `alt2`, … one less each. `hold` and `release` (the
 `gate`) let tests hold sequences in flight after their first word for as long as they
 need; `step_delay` (seconds of real time per step) paces the steps; `prefill_chunk` makes
-prefill take several steps, as the MLX engine's chunked prefill does. `phases` records what each
-phase reported, in order, for tests of the model actor's delivery.
+prefill take several steps, as the MLX engine's chunked prefill does. `phases` records
+what each phase reported, in order, for tests of the model actor's delivery.
 """
 
 from __future__ import annotations
@@ -181,9 +181,9 @@ class FakeEngine:
         if self.step_delay:
             time.sleep(self.step_delay)
         decoding = [s for s in self._seqs.values() if s.prefill_left <= 0 and s.emitted > 0]
-        held = [s for s in decoding if closed and self._holds(s)]
+        held = {s.spec.seq_id for s in decoding if closed and self._holds(s)}
         self.held += bool(held)
-        out = [self._next_word(seq) for seq in decoding if seq not in held]
+        out = [self._next_word(s) for s in decoding if s.spec.seq_id not in held]
         self.phases.append(("decode", tuple(s.seq_id for s in out)))
         return out
 
