@@ -144,6 +144,14 @@ async def read_releasing(
     return text
 
 
+async def queued_becomes(url: str, count: int, within: float = 5) -> None:
+    """Poll `/health` until `count` requests wait in the queue."""
+    async with httpx.AsyncClient(base_url=url, timeout=30) as http:
+        with trio.fail_after(within):
+            while (await http.get("/health")).json()["slots"]["queued"] != count:  # noqa: ASYNC110 - polled over HTTP
+                await trio.sleep(0.01)
+
+
 async def an_ordinary_request_completes(server: FakeServer, within: float = 10) -> None:
     """`/health` answers and a short request completes (retrying 503s while a slot frees)."""
     async with httpx.AsyncClient(base_url=server.url, timeout=30) as http:

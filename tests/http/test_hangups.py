@@ -14,6 +14,7 @@ from support import (
     StartServer,
     an_ordinary_request_completes,
     in_thread,
+    queued_becomes,
     raw_request,
     read_until,
 )
@@ -76,9 +77,9 @@ async def test_a_queued_requester_that_leaves_leaves_the_line(
     await read_until(running, b"response.output_text.delta")
     # A synchronous request takes the one queue place, then its client gives up.
     queued = await raw_request(server.url, {"model": "fake-model", "input": "echo: q"})
-    await trio.sleep(0.2)
+    await queued_becomes(server.url, 1)
     await queued.aclose()
-    await trio.sleep(0.2)
+    await queued_becomes(server.url, 0)
     # Its place is free at once: a newcomer is queued, not refused.
     body = {"model": "fake-model", "input": "echo: next", "stream": True}
     async with (

@@ -9,7 +9,7 @@ import trio
 
 from mlxcel.model.fake import FakeEngine
 
-from support import LONG, StartServer, in_thread, wait_until
+from support import LONG, StartServer, in_thread, queued_becomes, wait_until
 
 
 class OpenStream:
@@ -56,7 +56,7 @@ async def test_full_queue_answers_503(start_fake_server: StartServer) -> None:
 
             nursery.start_soon(queued)
             await waiting.wait()
-            await trio.sleep(0.05)  # let the queued request reach the queue
+            await queued_becomes(server.url, 1)  # the queued request reached the queue
             r = await http.post("/v1/responses", json={"model": "fake-model", "input": "hi"})
             assert r.status_code == 503
             error = r.json()["error"]
