@@ -6,15 +6,17 @@ answers TEXT, anything else answers a fixed pangram. The engine keeps the last p
 was given (`prompts`), so tests can check what the model saw.
 Each step yields one word per sequence: the first from the prefill phase that reads
 the prompt's end, the others from decode phases. Asked for log-probabilities, each word
-has -0.5 and its alternatives `alt1`, `alt2`, … one less each. `step_delay` (seconds of
-real time per step) lets tests hold sequences in flight; `prefill_chunk` makes prefill
-take several steps, as the MLX engine's chunked prefill does. `phases` records what each
-phase reported, in order, for tests of the model actor's delivery.
+has -0.5 and its alternatives `alt1`, `alt2`, … one less each. `hold` and `release` (the
+`gate`) let tests hold sequences in flight after their first word for as long as they
+need; `step_delay` (seconds of real time per step) paces the steps; `prefill_chunk` makes
+prefill take several steps, as the MLX engine's chunked prefill does. `phases` records
+what each phase reported, in order, for tests of the model actor's delivery.
 """
 
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections import deque
 from collections.abc import Mapping, Sequence
@@ -34,6 +36,8 @@ from mlxcel.model.constrained import compile_schema
 from mlxcel.model.engine import LoadedModel
 
 DEFAULT_REPLY = "The quick brown fox jumps over the lazy dog."
+HELD_STEP_SECS = 0.005
+"""How long a decode phase waits for a closed gate before it returns with nothing."""
 _MARK = "\x00ASSISTANT\x00"
 
 
@@ -91,6 +95,12 @@ class _Seq:
     emitted: int = 0
 
 
+def _open_gate() -> threading.Event:
+    gate = threading.Event()
+    gate.set()
+    return gate
+
+
 @dataclass
 class FakeEngine:
     step_delay: float = 0.0
@@ -107,6 +117,26 @@ class FakeEngine:
     """The last prompts inserted, as text."""
     phases: deque[tuple[str, tuple[int, ...]]] = field(default_factory=lambda: deque(maxlen=64))
     """The last phases run: ("decode" or "prefill", the sequences that got a token)."""
+    gate: threading.Event = field(default_factory=_open_gate)
+    """Decode phases run freely while it is set (at first). Cleared (`hold`), the held
+    sequences stop after their first word (the prefill phase's) until it is set again
+    (`release`): a decode phase waits up to `HELD_STEP_SECS` on it and advances only the
+    others, so the model thread still admits, cancels and stops sequences between steps.
+    An event, as the engine steps on the model thread and tests run on another."""
+    hold_on: str | None = None
+    """With the gate closed, only replies that have this word are held (all when None)."""
+    held: int = 0
+    """Decode phases that held a sequence back (the gate closed)."""
+
+    def hold(self, on: str | None = None) -> None:
+        """Hold sequences in flight after their first word until `release`: every one, or
+        those whose reply has the word `on`."""
+        self.hold_on = on
+        self.gate.clear()
+
+    def release(self) -> None:
+        """Let the held sequences (and all later ones) run on."""
+        self.gate.set()
 
     @property
     def last_prompt(self) -> str:
@@ -147,13 +177,13 @@ class FakeEngine:
 
     def decode(self) -> list[TokenStep]:
         self.steps += 1
+        closed = not self.gate.wait(HELD_STEP_SECS)
         if self.step_delay:
             time.sleep(self.step_delay)
-        out = [
-            self._next_word(seq)
-            for seq in list(self._seqs.values())
-            if seq.prefill_left <= 0 and seq.emitted > 0
-        ]
+        decoding = [s for s in self._seqs.values() if s.prefill_left <= 0 and s.emitted > 0]
+        held = {s.spec.seq_id for s in decoding if closed and self._holds(s)}
+        self.held += bool(held)
+        out = [self._next_word(s) for s in decoding if s.spec.seq_id not in held]
         self.phases.append(("decode", tuple(s.seq_id for s in out)))
         return out
 
@@ -170,6 +200,9 @@ class FakeEngine:
     def step(self) -> list[TokenStep]:
         """Both phases at once."""
         return [*self.decode(), *self.prefill()]
+
+    def _holds(self, seq: _Seq) -> bool:
+        return self.hold_on is None or self.hold_on in (w.strip() for w in seq.words)
 
     def _next_word(self, seq: _Seq) -> TokenStep:
         word = seq.words[seq.emitted]

@@ -1,5 +1,7 @@
 """Shared fixtures: an in-process server on the fake engine, real Redis servers, the store
-kinds a store test runs on, the scripted tool-call parser and the default model's tokenizer."""
+kinds a store test runs on, the scripted tool-call parser and the default model's tokenizer;
+and the `slow` mark of every test that needs more than this process (see
+`pytest_collection_modifyitems`)."""
 
 from __future__ import annotations
 
@@ -25,7 +27,49 @@ from mlxcel.respond.tool_parsers import PARSERS
 from builder_stream import Script, ScriptedParser
 from redis_server import RedisServer
 from server_process import ServerProcesses
-from support import FakeServer, StartServer, key_prefix
+from support import FakeServer, KeysFile, StartServer, key_prefix
+
+TESTS = Path(__file__).resolve().parent
+
+SLOW_FOLDERS = frozenset({"e2e", "cluster"})
+"""Folders of tests on the real model, the Codex CLI, or replicas in their own processes."""
+SLOW_FIXTURES = frozenset(
+    {
+        "redis_server",  # a redis-server process
+        "own_redis",
+        "redis_store",
+        "servers",  # server processes (`server_process.py`)
+        "tokenizer",  # the default model's files
+        "tls_redis",  # openssl and a redis-server process
+    }
+)
+SLOW_MARKS = frozenset({"e2e", "mlx"})
+"""Real model weights: the default model, or the tiny one run on MLX."""
+SLOW_PARAMS = ("store_spec", "fake_store")
+"""Store parameters whose `redis` case starts on the session's redis-server."""
+
+
+def _is_slow(item: pytest.Item) -> bool:
+    """Whether `item` needs model weights, Redis, HAProxy, openssl, npm or server
+    processes: by its folder, its fixtures, its marks or its store parameter."""
+    if item.path.resolve().relative_to(TESTS).parts[0] in SLOW_FOLDERS:
+        return True
+    if SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
+        return True
+    if any(item.get_closest_marker(name) for name in SLOW_MARKS):
+        return True
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    return any(params.get(name) == "redis" for name in SLOW_PARAMS)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark `slow` every test that needs more than this process, so that
+    `pytest -m "not slow"` runs the unit and in-process (fake engine) tests alone; tests
+    that start such things in their own body carry the mark themselves."""
+    for item in items:
+        if _is_slow(item):
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture
@@ -136,6 +180,19 @@ def own_redis() -> Iterator[RedisServer]:
         yield server
     finally:
         server.close()
+
+
+@pytest.fixture
+def keys_file(tmp_path: Path) -> KeysFile:
+    """Writes this test's keys file (`--api-key-file`), again on each call (a rotation),
+    and returns its path."""
+    path = tmp_path / "keys"
+
+    def write(text: str) -> Path:
+        path.write_text(text)
+        return path
+
+    return write
 
 
 @pytest.fixture

@@ -1,18 +1,22 @@
 """A server process on the fake engine, started with the real command line's flags.
 
-    python tests/fake_server_main.py [--fake-step-delay SECONDS] [mlxcel-server flags]
+    python tests/fake_server_main.py [--fake-step-delay SECONDS] [--fake-hold WORD]
+        [mlxcel-server flags]
 
 Every server flag (`--store`, the store limits, `--parallel`, ...) goes through the
 command line's own parsing and error handling (`mlxcel.cli.main`), and the server runs as
 `mlxcel-server` runs it, signals included; only the model is the deterministic fake
-engine (`mlxcel.model.fake`), whose steps last `--fake-step-delay` seconds each, so tests
-can hold a job in flight.
+engine (`mlxcel.model.fake`), whose steps last `--fake-step-delay` seconds each. With
+`--fake-hold WORD`, replies that have WORD are held after their first word (the engine's
+gate) until the process gets SIGUSR1, so tests can hold a job in flight for as long as
+they need.
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
+import signal
 import sys
 
 from mlxcel.cli.main import _serve
@@ -26,9 +30,14 @@ MODEL = "fake-model"
 CONTEXT_LENGTH = 65536
 
 
-def serve_fake(settings: Settings, step_delay: float) -> None:
-    """Serve `settings` on a fake engine until SIGINT or SIGTERM."""
-    factory = functools.partial(fake_factory, FakeEngine(step_delay=step_delay), CONTEXT_LENGTH)
+def serve_fake(settings: Settings, step_delay: float, hold: str | None) -> None:
+    """Serve `settings` on a fake engine until SIGINT or SIGTERM (SIGUSR1 releases a
+    held engine)."""
+    engine = FakeEngine(step_delay=step_delay)
+    if hold is not None:
+        engine.hold(on=hold)
+        signal.signal(signal.SIGUSR1, lambda signum, frame: engine.release())
+    factory = functools.partial(fake_factory, engine, CONTEXT_LENGTH)
     names = ModelNames(MODEL, "/models/fake")
     serve_until_signalled(settings, factory, names)
 
@@ -36,8 +45,10 @@ def serve_fake(settings: Settings, step_delay: float) -> None:
 def main(argv: list[str]) -> int:
     own = argparse.ArgumentParser(add_help=False)
     own.add_argument("--fake-step-delay", type=float, default=0.0)
+    own.add_argument("--fake-hold", default=None)
     mine, rest = own.parse_known_args(argv)
-    return _serve(PROG, rest, functools.partial(serve_fake, step_delay=mine.fake_step_delay))
+    serve = functools.partial(serve_fake, step_delay=mine.fake_step_delay, hold=mine.fake_hold)
+    return _serve(PROG, rest, serve)
 
 
 if __name__ == "__main__":

@@ -14,12 +14,12 @@ import signal
 import socket
 import subprocess
 import tempfile
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 from urllib.parse import urlsplit
 
+from server_process import wait_ready
 from support import free_port
 
 BINARY = Path("/usr/sbin/haproxy")
@@ -86,15 +86,13 @@ class Haproxy:
         return f"http://127.0.0.1:{self.port}"
 
     def _wait_ready(self) -> None:
-        deadline = time.monotonic() + READY_SECS
-        while True:
-            assert self._proc.poll() is None, f"haproxy exited:\n{self.log.read_text()}"
-            assert time.monotonic() < deadline, f"haproxy not ready:\n{self.log.read_text()}"
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=2).close()
-                return
-            except OSError:
-                time.sleep(0.02)
+        def accepts() -> bool:
+            socket.create_connection(("127.0.0.1", self.port), timeout=2).close()
+            return True
+
+        wait_ready(
+            "haproxy", self._proc, self.log.read_text, accepts, secs=READY_SECS, interval=0.02
+        )
 
     def close(self) -> None:
         """Stop HAProxy (SIGTERM: it closes every connection at once) and remove its folder."""

@@ -14,11 +14,11 @@ import signal
 import socket
 import subprocess
 import tempfile
-import time
 from pathlib import Path
 from types import TracebackType
 from typing import TypeAlias
 
+from server_process import wait_ready
 from support import free_port
 
 READY_SECS = 30
@@ -131,18 +131,17 @@ class RedisServer:
         self._wait_ready()
 
     def _wait_ready(self) -> None:
-        deadline = time.monotonic() + READY_SECS
-        while True:
-            assert self._proc is not None
-            assert self._proc.poll() is None, f"redis-server exited:\n{self.logs()}"
-            assert time.monotonic() < deadline, f"redis-server not ready:\n{self.logs()}"
-            try:
-                # `-LOADING` while the append-only file is read back: keep waiting.
-                if self.call("PING", timeout=2) == b"PONG":
-                    return
-            except (OSError, RedisReplyError):
-                pass
-            time.sleep(0.02)
+        assert self._proc is not None
+        wait_ready(
+            "redis-server",
+            self._proc,
+            self.logs,
+            lambda: self.call("PING", timeout=2) == b"PONG",
+            secs=READY_SECS,
+            interval=0.02,
+            # `-LOADING` while the append-only file is read back: keep waiting.
+            errors=(OSError, RedisReplyError),
+        )
 
     def logs(self) -> str:
         return "\n".join(p.read_text() for p in (self._output, self.log) if p.exists())

@@ -2,15 +2,11 @@
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import json
 import socket
-import subprocess
-import sys
-import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,9 +15,13 @@ import httpx
 import trio
 from openai import OpenAI
 
-from mlxcel.cli.serve import DEFAULT_ALIAS
 from mlxcel.config import Settings
 from mlxcel.model.fake import FakeEngine
+
+LONG_WORDS = 400
+LONG = "echo: " + " ".join(f"w{i}" for i in range(LONG_WORDS))
+"""A prompt the fake engine answers with `LONG_WORDS` words, `w0 w1 ...`: a response that
+stays in flight while the engine is held (`FakeEngine.hold`), or runs long at a step delay."""
 
 
 @dataclass
@@ -43,6 +43,8 @@ class FakeServer:
 
 
 StartServer = Callable[..., Awaitable[FakeServer]]
+KeysFile = Callable[[str], Path]
+"""The `keys_file` fixture: writes the test's keys file with a text and returns its path."""
 
 
 async def in_thread(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -58,20 +60,6 @@ async def wait_until(predicate: Callable[[], bool]) -> None:
         await trio.sleep(0.01)
 
 
-@dataclass
-class RealServer:
-    url: str
-    alias: str
-    log: Path
-    _clients: list[OpenAI] = field(default_factory=list)
-
-    def client(self) -> OpenAI:
-        """An SDK client for this server, closed when the server stops."""
-        client = OpenAI(base_url=f"{self.url}/v1", api_key="sk-no-auth", max_retries=0, timeout=600)
-        self._clients.append(client)
-        return client
-
-
 def key_prefix() -> str:
     """A Redis key prefix no other test or server uses (the session's Redis is shared)."""
     return f"t-{uuid.uuid4().hex[:12]}"
@@ -81,60 +69,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def start_server(log: Path, *flags: str) -> Iterator[RealServer]:
-    """The real server (`mlxcel-server`) with `flags`, once it answers `/health`; stopped
-    (SIGTERM) when the generator closes."""
-    with contextlib.ExitStack() as stack:
-        (server,) = stack.enter_context(_real_servers([log], flags))
-        yield server
-
-
-def start_replicas(logs: Sequence[Path], *flags: str) -> Iterator[list[RealServer]]:
-    """One real server per log file, all with `flags`, started together (each loads the
-    model at the same time as the others) and yielded once every one answers `/health`."""
-    with _real_servers(logs, flags) as servers:
-        yield servers
-
-
-@contextlib.contextmanager
-def _real_servers(logs: Sequence[Path], flags: Sequence[str]) -> Iterator[list[RealServer]]:
-    exe = Path(sys.executable).with_name("mlxcel-server")
-    procs: list[tuple[subprocess.Popen[bytes], RealServer]] = []
-    try:
-        for log in logs:
-            port = free_port()
-            with log.open("w") as out:
-                proc = subprocess.Popen(
-                    [str(exe), "--port", str(port), *flags], stdout=out, stderr=subprocess.STDOUT
-                )
-            procs.append((proc, RealServer(f"http://127.0.0.1:{port}", DEFAULT_ALIAS, log)))
-        deadline = time.monotonic() + 300
-        for proc, server in procs:
-            while True:
-                assert proc.poll() is None, f"server exited:\n{server.log.read_text()}"
-                assert time.monotonic() < deadline, f"server not ready:\n{server.log.read_text()}"
-                try:
-                    if httpx.get(f"{server.url}/health", timeout=2).status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                time.sleep(0.5)
-        servers = [server for _, server in procs]
-        yield servers
-        for server in servers:
-            for client in server._clients:
-                client.close()
-    finally:
-        for proc, _ in procs:
-            proc.terminate()
-        for proc, _ in procs:
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
 
 
 def pieces(tokenizer: Any, text: str) -> list[str]:
@@ -190,6 +124,32 @@ async def read_until(stream: trio.SocketStream, marker: bytes) -> bytes:
         assert chunk, f"the stream ended before {marker!r}: {seen[-500:]!r}"
         seen += chunk
     return seen
+
+
+async def read_releasing(
+    http: httpx.AsyncClient,
+    path: str,
+    body: dict[str, Any],
+    engine: FakeEngine,
+    when: Callable[[str], bool],
+) -> str:
+    """The whole body of a streamed POST; the held `engine` is released once the text
+    read so far satisfies `when` (a response queued behind a held one sees the wait)."""
+    text = ""
+    async with http.stream("POST", path, json=body) as r:
+        async for chunk in r.aiter_text():
+            text += chunk
+            if not engine.gate.is_set() and when(text):
+                engine.release()
+    return text
+
+
+async def queued_becomes(url: str, count: int, within: float = 5) -> None:
+    """Poll `/health` until `count` requests wait in the queue."""
+    async with httpx.AsyncClient(base_url=url, timeout=30) as http:
+        with trio.fail_after(within):
+            while (await http.get("/health")).json()["slots"]["queued"] != count:  # noqa: ASYNC110 - polled over HTTP
+                await trio.sleep(0.01)
 
 
 async def an_ordinary_request_completes(server: FakeServer, within: float = 10) -> None:

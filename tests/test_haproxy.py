@@ -43,6 +43,7 @@ async def _proxy(backends: list[str]) -> Haproxy:
     return await trio.to_thread.run_sync(Haproxy, backends)
 
 
+@pytest.mark.slow  # an haproxy process
 async def test_requests_go_round_robin(nursery: trio.Nursery) -> None:
     one = await _backend(nursery, functools.partial(_fixed, b"one"))
     two = await _backend(nursery, functools.partial(_fixed, b"two"))
@@ -53,6 +54,7 @@ async def test_requests_go_round_robin(nursery: trio.Nursery) -> None:
     assert bodies in ([b"one", b"two"] * 2, [b"two", b"one"] * 2)
 
 
+@pytest.mark.slow  # an haproxy process
 async def test_a_stream_passes_through_as_it_is_written(nursery: trio.Nursery) -> None:
     first_seen = trio.Event()
 
@@ -87,6 +89,7 @@ async def test_a_stream_passes_through_as_it_is_written(nursery: trio.Nursery) -
     assert received == b"data: first\n\ndata: second\n\n"
 
 
+@pytest.mark.slow  # an haproxy process
 async def test_a_backend_that_is_down_gets_a_503() -> None:
     with await _proxy([f"http://127.0.0.1:{free_port()}"]) as proxy:  # nothing listens
         async with httpx.AsyncClient(base_url=proxy.url, timeout=30) as http:

@@ -14,6 +14,8 @@ from mlxcel.errors import ConfigError
 from mlxcel.http.guards import key_name
 from mlxcel.keys import ApiKey, KeyLimits, Keyring, combine, parse_key_file
 
+from support import KeysFile
+
 FILE = """\
 # the team's keys
 
@@ -32,9 +34,8 @@ def test_the_file_names_keys_and_keeps_their_limits() -> None:
     assert (bob.name, bob.limits) == ("bob", KeyLimits(daily=1_000_000))
 
 
-def test_a_presented_key_matches_its_entry_and_nothing_else(tmp_path: Path) -> None:
-    path = tmp_path / "keys"
-    path.write_text(FILE)
+def test_a_presented_key_matches_its_entry_and_nothing_else(keys_file: KeysFile) -> None:
+    path = keys_file(FILE)
     ring = Keyring.load(["sk-flag-a,sk-flag-b", "sk-flag-c"], path)
     assert [e.name for e in ring.entries] == [
         key_name("sk-flag-a"),
@@ -83,9 +84,8 @@ def test_a_wrong_file_is_one_clear_error_without_the_key(text: str, message: str
     assert "sk-" not in caught.value.message
 
 
-def test_every_source_combines(tmp_path: Path) -> None:
-    path = tmp_path / "keys"
-    path.write_text("dana:sk-dana\n")
+def test_every_source_combines(keys_file: KeysFile) -> None:
+    path = keys_file("dana:sk-dana\n")
     env = {"LLAMA_API_KEY": "sk-env-1,sk-env-2", "MLXCEL_API_KEY_FILE": str(path)}
     argv = ["--api-key", "sk-flag-1", "--api-key", "sk-flag-2,sk-flag-3"]
     settings = settings_from_args(build_parser("t", env).parse_args(argv))
@@ -99,16 +99,15 @@ def test_every_source_combines(tmp_path: Path) -> None:
     assert flag.api_key_file == Path("/k")
 
 
-def test_reload_replaces_the_files_keys_and_keeps_the_flags(tmp_path: Path) -> None:
-    path = tmp_path / "keys"
-    path.write_text("old:sk-old\n")
+def test_reload_replaces_the_files_keys_and_keeps_the_flags(keys_file: KeysFile) -> None:
+    path = keys_file("old:sk-old\n")
     ring = Keyring.load(["sk-flag"], path)
-    path.write_text("new:sk-new\n")
+    keys_file("new:sk-new\n")
     assert [e.name for e in ring.reload()] == [key_name("sk-flag"), "new"]
     assert ring.match(b"sk-old") is None
     assert ring.match(b"sk-new") is not None
     for broken in ("new:sk-new\nnew:sk-other\n", "x:sk-new rpm=-1\n"):
-        path.write_text(broken)
+        keys_file(broken)
         with pytest.raises(ConfigError):
             ring.reload()
         assert ring.match(b"sk-new") is not None  # the old keys stay
@@ -118,9 +117,8 @@ def test_reload_replaces_the_files_keys_and_keeps_the_flags(tmp_path: Path) -> N
     assert ring.match(b"sk-new") is not None
 
 
-def test_an_empty_keys_file_still_requires_a_key(tmp_path: Path) -> None:
-    path = tmp_path / "keys"
-    path.write_text("# nobody yet\n")
+def test_an_empty_keys_file_still_requires_a_key(keys_file: KeysFile) -> None:
+    path = keys_file("# nobody yet\n")
     ring = Keyring.load([], path)
     assert ring
     assert not ring.entries
@@ -138,10 +136,9 @@ def test_an_empty_keys_file_still_requires_a_key(tmp_path: Path) -> None:
     ],
 )
 def test_a_wrong_keys_file_stops_start_up_with_exit_2(
-    tmp_path: Path, text: str, capsys: pytest.CaptureFixture[str]
+    keys_file: KeysFile, text: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    path = tmp_path / "keys"
-    path.write_text(text)
+    path = keys_file(text)
     # The keys are read before the model is looked for (there is none at /none).
     assert server_main(["--api-key-file", str(path), "--model", "/none"]) == 2
     err = capsys.readouterr().err
@@ -150,13 +147,12 @@ def test_a_wrong_keys_file_stops_start_up_with_exit_2(
     assert "sk-dup" not in err
 
 
-def test_a_key_given_by_a_flag_and_the_file_is_refused(tmp_path: Path) -> None:
-    path = tmp_path / "keys"
-    path.write_text("erin:sk-twice\n")
+def test_a_key_given_by_a_flag_and_the_file_is_refused(keys_file: KeysFile) -> None:
+    path = keys_file("erin:sk-twice\n")
     with pytest.raises(ConfigError, match="is the same key as") as caught:
         Keyring.load(["sk-twice"], path)
     assert "sk-twice" not in caught.value.message
-    path.write_text(f"{key_name('sk-other')}:sk-third\n")
+    keys_file(f"{key_name('sk-other')}:sk-third\n")
     with pytest.raises(ConfigError, match="two API keys are named key-"):
         Keyring.load(["sk-other"], path)
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import httpx
 import openai
@@ -16,6 +15,7 @@ from openai import OpenAI
 from mlxcel.http.guards import key_name
 
 from server_process import MODEL, ServerProcess, ServerProcesses
+from support import KeysFile
 
 KEYS = ("sk-flag-7f3a", "sk-old-19c2", "sk-new-55d0", "sk-anon-e81b", "sk-bad-0000")
 
@@ -35,16 +35,15 @@ def wait_for(predicate: Callable[[], bool], server: ServerProcess) -> None:
 
 
 def test_sighup_reloads_the_keys_file_and_no_key_is_ever_logged(
-    servers: ServerProcesses, tmp_path: Path
+    servers: ServerProcesses, keys_file: KeysFile
 ) -> None:
-    keys_file = tmp_path / "keys"
-    keys_file.write_text("old:sk-old-19c2 rpm=5\n")
-    server = servers.start("--api-key", "sk-flag-7f3a", "--api-key-file", str(keys_file))
+    path = keys_file("old:sk-old-19c2 rpm=5\n")
+    server = servers.start("--api-key", "sk-flag-7f3a", "--api-key-file", str(path))
     assert status(server, "sk-old-19c2") == 200
     assert status(server, "sk-flag-7f3a") == 200
     assert status(server, "sk-new-55d0") == 401
 
-    keys_file.write_text("# rotated\nnew:sk-new-55d0\nsk-anon-e81b\n")
+    keys_file("# rotated\nnew:sk-new-55d0\nsk-anon-e81b\n")
     server.hangup()
     wait_for(lambda: status(server, "sk-new-55d0") == 200, server)
     assert status(server, "sk-old-19c2") == 401
@@ -59,13 +58,13 @@ def test_sighup_reloads_the_keys_file_and_no_key_is_ever_logged(
         with pytest.raises(openai.AuthenticationError):
             old.responses.create(model=MODEL, input="hi")
 
-    keys_file.write_text("new:sk-new-55d0\nnew:sk-bad-0000\n")  # a duplicate name
+    keys_file("new:sk-new-55d0\nnew:sk-bad-0000\n")  # a duplicate name
     server.hangup()
     wait_for(lambda: "line 2: the name new is taken" in server.log.read_text(), server)
     assert status(server, "sk-new-55d0") == 200  # the keys in use stay
     assert status(server, "sk-bad-0000") == 401
 
-    keys_file.unlink()
+    path.unlink()
     server.hangup()
     wait_for(lambda: "cannot be read" in server.log.read_text(), server)
     assert status(server, "sk-anon-e81b") == 200

@@ -85,6 +85,7 @@ def test_a_paused_server_can_be_stopped_and_started(own_redis: RedisServer) -> N
     assert own_redis.call("GET", "k") == b"v"
 
 
+@pytest.mark.slow  # a redis-server process of its own
 def test_close_ends_it_and_removes_its_folder() -> None:
     server = RedisServer()
     folder = server.dir

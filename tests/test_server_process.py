@@ -1,14 +1,17 @@
 """Fake-engine server processes as replicas: started together, each answers on its own
 port, and one frozen with SIGSTOP answers nothing until resumed while the others carry
-on; a frozen one can still be killed."""
+on; a frozen one can still be killed. A held fake engine keeps a reply in flight until
+released."""
 
 from __future__ import annotations
+
+import time
 
 import httpx
 import pytest
 
 from haproxy import Haproxy
-from server_process import ServerProcesses
+from server_process import MODEL, ServerProcesses
 
 
 def test_replicas_start_together_and_one_can_be_frozen(servers: ServerProcesses) -> None:
@@ -40,3 +43,18 @@ def test_replicas_behind_haproxy_share_the_requests(servers: ServerProcesses) ->
         for _ in range(4):
             assert http.get(f"{proxy.url}/health").status_code == 200
     assert [_health_count(r.url) - b for r, b in zip(replicas, before, strict=True)] == [2, 2]
+
+
+def test_a_held_reply_stays_in_flight_until_released(servers: ServerProcesses) -> None:
+    server = servers.start("--parallel", "2", hold="w0")
+    client = server.client()
+    held = client.responses.create(model=MODEL, input="echo: w0 w1 w2", background=True)
+    assert client.responses.create(model=MODEL, input="echo: free").output_text == "free"
+    time.sleep(0.5)  # no wait would end it: only the release does
+    assert client.responses.retrieve(held.id).status == "in_progress"
+    server.release()
+    deadline = time.monotonic() + 10
+    while (done := client.responses.retrieve(held.id)).status != "completed":
+        assert time.monotonic() < deadline, done.status
+        time.sleep(0.02)
+    assert done.output_text == "w0 w1 w2"

@@ -105,7 +105,8 @@ async def test_every_transition_is_written_to_the_store(
 
 
 async def test_cap_and_bytes(nursery: trio.Nursery, store_spec: str) -> None:
-    engine = FakeEngine(step_delay=0.01)
+    engine = FakeEngine()
+    engine.hold()  # the first job stays active
     one = job("echo: " + " ".join(["w"] * 100), max_tokens=100)
     size = encoded_size(dataclasses.replace(one.record, status="queued", usage=Usage()))
     budget = size + BYTES_PER_OUTPUT_TOKEN * 100
@@ -118,7 +119,8 @@ async def test_cap_and_bytes(nursery: trio.Nursery, store_spec: str) -> None:
 async def test_a_job_over_the_cap_is_refused_and_nothing_is_kept(
     nursery: trio.Nursery, store_spec: str
 ) -> None:
-    engine = FakeEngine(step_delay=0.01)
+    engine = FakeEngine()
+    engine.hold()  # the first job stays active
     jobs, store = await start(nursery, store_spec, engine, max_jobs=1)
     first = await jobs.submit(job("echo: " + " ".join(["w"] * 100), max_tokens=100))
     refused = job("echo: x")
@@ -161,12 +163,13 @@ async def test_ephemeral_result_expires_on_the_fake_clock(
 
 
 async def test_cancel_at_each_stage(nursery: trio.Nursery, store_spec: str) -> None:
-    engine = FakeEngine(step_delay=0.01)
+    engine = FakeEngine()
+    engine.hold(on="w")  # the running job runs until cancelled; the others run
     jobs, store = await start(nursery, store_spec, engine)
     running = await jobs.submit(job("echo: " + " ".join(["w"] * 200), max_tokens=200))
     queued = await jobs.submit(job("echo: queued"))
     with trio.fail_after(5):
-        await wait_until(lambda: engine.steps > 2)
+        await wait_until(lambda: engine.held > 2)
     for target in (queued, running):
         final = await jobs.cancel(target.id)
         assert final is not None
@@ -201,7 +204,8 @@ async def test_a_prelude_that_raises_fails_that_job_alone(
 async def test_ending_all_jobs_fails_running_and_queued_ones(
     nursery: trio.Nursery, store_spec: str
 ) -> None:
-    engine = FakeEngine(step_delay=0.01)
+    engine = FakeEngine()
+    engine.hold()  # the running job runs until the end
     jobs, store = await start(nursery, store_spec, engine)
     running = await jobs.submit(job("echo: " + " ".join(["w"] * 40)))
     queued = await jobs.submit(job("echo: queued"))

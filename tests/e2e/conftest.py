@@ -8,14 +8,15 @@ from pathlib import Path
 import pytest
 
 from codex_cli import codex_executable
-from support import RealServer, start_server
+from server_process import RealServer, start_server
 
 
 @pytest.fixture(scope="session")
 def real_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealServer]:
     """The default model with 16 generation slots."""
-    log = tmp_path_factory.mktemp("server") / "server.log"
-    yield from start_server(log, "--parallel", "16", "--max-queue-depth", "32")
+    yield from start_server(
+        tmp_path_factory.mktemp("server"), "--parallel", "16", "--max-queue-depth", "32"
+    )
 
 
 @pytest.fixture(scope="session")
@@ -23,22 +24,25 @@ def one_slot_server(
     tmp_path_factory: pytest.TempPathFactory, real_server: RealServer
 ) -> Iterator[RealServer]:
     """The default model with one slot and no waiting queue."""
-    log = tmp_path_factory.mktemp("server") / "one-slot.log"
-    yield from start_server(log, "--parallel", "1", "--max-queue-depth", "0")
+    yield from start_server(
+        tmp_path_factory.mktemp("server"), "--parallel", "1", "--max-queue-depth", "0"
+    )
 
 
 @pytest.fixture(scope="session")
 def lenient_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealServer]:
     """The default model as a Codex-style client needs it: hosted tools ignored."""
-    log = tmp_path_factory.mktemp("server") / "lenient.log"
-    yield from start_server(log, "--parallel", "2", "--hosted-tools", "ignore")
+    yield from start_server(
+        tmp_path_factory.mktemp("server"), "--parallel", "2", "--hosted-tools", "ignore"
+    )
 
 
 @pytest.fixture(scope="session")
 def progress_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealServer]:
     """The default model with one slot and a progress event every quiet second."""
-    log = tmp_path_factory.mktemp("server") / "progress.log"
-    yield from start_server(log, "--parallel", "1", "--sse-keepalive-secs", "1")
+    yield from start_server(
+        tmp_path_factory.mktemp("server"), "--parallel", "1", "--sse-keepalive-secs", "1"
+    )
 
 
 @pytest.fixture(scope="session")

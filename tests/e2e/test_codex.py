@@ -11,7 +11,8 @@ import trio
 from mlxcel.model.fake import FakeEngine
 
 from codex_cli import codex_home, run_codex
-from support import RealServer, StartServer
+from server_process import RealServer
+from support import StartServer
 
 pytestmark = pytest.mark.e2e
 

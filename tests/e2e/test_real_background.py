@@ -8,7 +8,7 @@ import openai
 import pytest
 from openai.types.responses import Response
 
-from support import RealServer
+from server_process import RealServer
 
 pytestmark = pytest.mark.e2e
 

@@ -7,7 +7,7 @@ import base64
 
 import pytest
 
-from support import RealServer
+from server_process import RealServer
 
 pytestmark = pytest.mark.e2e
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from support import RealServer
+from server_process import RealServer
 
 pytestmark = pytest.mark.e2e
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from openai.types.responses import ResponseCustomToolCall
 
-from support import RealServer
+from server_process import RealServer
 
 pytestmark = pytest.mark.e2e
 

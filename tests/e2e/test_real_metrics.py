@@ -7,7 +7,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from support import RealServer
+from server_process import RealServer
 
 pytestmark = pytest.mark.e2e
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 from openai.types.responses import Response
 
-from support import RealServer, free_port
+from server_process import RealServer, ServerProcesses
 
 pytestmark = __import__("pytest").mark.e2e
 
@@ -187,34 +187,17 @@ def test_full_queue_is_503_and_a_disconnect_frees_the_slot(
 
 def test_sigterm_and_sigint_stop_the_server_cleanly(tmp_path: Path) -> None:
     import signal
-    import subprocess
-    import sys
 
     for signum in (signal.SIGTERM, signal.SIGINT):
-        port = free_port()
-        exe = Path(sys.executable).with_name("mlxcel-server")
-        log = tmp_path / f"server-{signum}.log"
-        with log.open("w") as out:
-            proc = subprocess.Popen(
-                [str(exe), "--port", str(port)], stdout=out, stderr=subprocess.STDOUT
-            )
+        started = ServerProcesses(tmp_path / f"server-{signum}")
         try:
-            deadline = time.monotonic() + 300
-            while True:
-                assert proc.poll() is None, log.read_text()
-                assert time.monotonic() < deadline
-                try:
-                    if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).is_success:
-                        break
-                except httpx.TransportError:
-                    pass
-                time.sleep(0.5)
-            proc.send_signal(signum)
-            assert proc.wait(timeout=60) == 0, log.read_text()
-            assert "Traceback" not in log.read_text()
+            server = started.launch_real()
+            server.wait_ready()
+            server.proc.send_signal(signum)
+            assert server.proc.wait(timeout=60) == 0, server.log.read_text()
+            assert "Traceback" not in server.log.read_text()
         finally:
-            if proc.poll() is None:
-                proc.kill()
+            started.close()
 
 
 def test_logprobs_with_top_alternatives(real_server: RealServer) -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from support import start_server
+from server_process import start_server
 
 pytestmark = pytest.mark.e2e
 
@@ -16,7 +16,7 @@ server = contextlib.contextmanager(start_server)
 
 def test_a_conversation_goes_on_after_a_restart(tmp_path: Path) -> None:
     store = ("--store", f"sqlite:{tmp_path / 'store.sqlite3'}", "--parallel", "1")
-    with server(tmp_path / "first.log", *store) as first, first.client() as client:
+    with server(tmp_path / "first", *store) as first, first.client() as client:
         conv = client.conversations.create()
         for text in ("My name is Zorblax. Reply OK.", "I live in Lisbon. Reply OK."):
             client.responses.create(
@@ -26,7 +26,7 @@ def test_a_conversation_goes_on_after_a_restart(tmp_path: Path) -> None:
                 max_output_tokens=8,
                 temperature=0,
             )
-    with server(tmp_path / "second.log", *store) as second, second.client() as client:
+    with server(tmp_path / "second", *store) as second, second.client() as client:
         items = client.conversations.items.list(conv.id, order="asc")
         assert len(items.data) == 4
         third = client.responses.create(

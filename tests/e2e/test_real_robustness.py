@@ -10,7 +10,7 @@ import pytest
 
 from mlxcel.http.objects import LOGPROB_FLOOR
 
-from support import RealServer
+from server_process import RealServer
 
 pytestmark = pytest.mark.e2e
 

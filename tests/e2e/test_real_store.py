@@ -6,7 +6,7 @@ import httpx
 import openai
 import pytest
 
-from support import RealServer
+from server_process import RealServer
 
 pytestmark = pytest.mark.e2e
 

@@ -7,7 +7,7 @@ import json
 import pytest
 from pydantic import BaseModel
 
-from support import RealServer
+from server_process import RealServer
 
 pytestmark = pytest.mark.e2e
 

@@ -9,7 +9,7 @@ import openai
 import pytest
 from openai.types.responses import ResponseFunctionToolCall
 
-from support import RealServer
+from server_process import RealServer
 
 pytestmark = pytest.mark.e2e
 

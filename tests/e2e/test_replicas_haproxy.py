@@ -17,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from haproxy import Haproxy
 from redis_server import RedisServer
-from support import RealServer, start_replicas
+from server_process import RealServer, start_replicas
 
 pytestmark = pytest.mark.e2e
 
@@ -47,8 +47,7 @@ def test_two_replicas_behind_haproxy_stream_store_and_chain(
 ) -> None:
     flags = ("--store", redis_server.url, "--redis-key-prefix", redis_prefix)
     flags += ("--parallel", "1")
-    logs = [tmp_path / "replica-a.log", tmp_path / "replica-b.log"]
-    with replicas(logs, *flags) as servers, Haproxy([s.url for s in servers]) as proxy:
+    with replicas(tmp_path, 2, *flags) as servers, Haproxy([s.url for s in servers]) as proxy:
         client = OpenAI(
             base_url=f"{proxy.url}/v1", api_key="sk-no-auth", max_retries=0, timeout=600
         )

@@ -13,9 +13,8 @@ from openai.types.responses import Response
 from mlxcel.config import StoreLimits
 from mlxcel.model.fake import FakeEngine
 
-from support import FakeServer, StartServer, in_thread, wait_until
+from support import LONG, FakeServer, StartServer, in_thread, wait_until
 
-LONG = "echo: " + " ".join(f"w{i}" for i in range(300))
 TERMINAL = ("completed", "incomplete", "failed", "cancelled")
 
 
@@ -82,7 +81,8 @@ async def test_background_refusals_are_400(
 
 
 async def test_job_cap_answers_429_until_a_job_ends(start_fake_server: StartServer) -> None:
-    engine = FakeEngine(step_delay=0.01)
+    engine = FakeEngine()
+    engine.hold()  # both jobs stay unfinished until released
     server = await start_fake_server(engine, parallel=1, background_max_jobs=2)
     client = server.client()
     first = await in_thread(
@@ -106,6 +106,7 @@ async def test_job_cap_answers_429_until_a_job_ends(start_fake_server: StartServ
     assert r.status_code == 429
     assert r.json()["error"]["code"] == "rate_limit_exceeded"
     assert r.headers["retry-after"] == "1"
+    engine.release()
     await poll(server, first.id)
     with trio.fail_after(20):
         while True:  # the second job may still hold the cap for a moment
@@ -123,7 +124,8 @@ async def test_job_cap_answers_429_until_a_job_ends(start_fake_server: StartServ
 
 
 async def test_byte_budget_of_active_jobs_answers_429(start_fake_server: StartServer) -> None:
-    engine = FakeEngine(step_delay=0.01)
+    engine = FakeEngine()
+    engine.hold()  # the first job stays active
     server = await start_fake_server(engine, parallel=1, responses=StoreLimits(100, 12_000, 0))
     client = server.client()
     await in_thread(
@@ -144,7 +146,8 @@ async def test_byte_budget_of_active_jobs_answers_429(start_fake_server: StartSe
 
 
 async def test_cancel_queued_and_running_jobs(start_fake_server: StartServer) -> None:
-    engine = FakeEngine(step_delay=0.01)
+    engine = FakeEngine()
+    engine.hold()  # the running job stays running, the queued one queued
     server = await start_fake_server(engine, parallel=1)
     client = server.client()
     running = await in_thread(
@@ -176,6 +179,7 @@ async def test_cancel_queued_and_running_jobs(start_fake_server: StartServer) ->
     for job in (queued, running):
         assert (await in_thread(client.responses.retrieve, job.id)).status == "cancelled"
     assert engine.steps == steps  # nothing generates any more
+    engine.release()
     again = await in_thread(client.responses.cancel, running.id)
     assert again.status == "cancelled"
     after = await in_thread(
@@ -185,7 +189,9 @@ async def test_cancel_queued_and_running_jobs(start_fake_server: StartServer) ->
 
 
 async def test_delete_and_chain_wait_for_the_end(start_fake_server: StartServer) -> None:
-    server = await start_fake_server(FakeEngine(step_delay=0.01), parallel=1)
+    engine = FakeEngine()
+    engine.hold()  # the job runs until released
+    server = await start_fake_server(engine, parallel=1)
     client = server.client()
     job = await in_thread(
         client.responses.create, model="fake-model", input="echo: a b c d e", background=True
@@ -201,6 +207,7 @@ async def test_delete_and_chain_wait_for_the_end(start_fake_server: StartServer)
         assert r.json()["error"]["message"].startswith(
             f"previous response '{job.id}' has not finished (status: "
         )
+    engine.release()
     await poll(server, job.id)
     chained = await in_thread(
         client.responses.create, model="fake-model", input="echo: next", previous_response_id=job.id
@@ -266,7 +273,9 @@ async def test_failed_job_and_conversation_turns(start_fake_server: StartServer)
 async def test_dropping_the_create_connection_does_not_cancel(
     start_fake_server: StartServer,
 ) -> None:
-    server = await start_fake_server(FakeEngine(step_delay=0.005))
+    engine = FakeEngine()
+    engine.hold()  # the job is still running when its connection closes
+    server = await start_fake_server(engine)
     async with httpx.AsyncClient(base_url=server.url, timeout=30) as http:
         r = await http.post(
             "/v1/responses",
@@ -279,6 +288,7 @@ async def test_dropping_the_create_connection_does_not_cancel(
         )
         job_id = r.json()["id"]
     # The connection is closed; the job carries on to its end.
+    engine.release()
     final = await poll(server, job_id)
     assert final.status == "incomplete"
     assert final.usage is not None

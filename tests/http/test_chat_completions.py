@@ -15,6 +15,7 @@ from pydantic import BaseModel
 from mlxcel.model.fake import FakeEngine
 
 from support import (
+    LONG,
     FakeServer,
     StartServer,
     an_ordinary_request_completes,
@@ -319,11 +320,12 @@ async def test_the_root_route_answers_too(fake_server: FakeServer) -> None:
 
 
 async def test_hanging_up_mid_stream_frees_the_slot(start_fake_server: StartServer) -> None:
-    server = await start_fake_server(FakeEngine(step_delay=0.01), parallel=1, max_queue_depth=0)
-    words = "echo: " + " ".join(f"w{i}" for i in range(400))
-    body = {"model": "fake-model", "messages": user(words), "stream": True}
+    engine = FakeEngine()
+    engine.hold(on="w0")  # the long stream runs until its client hangs up; the others run
+    server = await start_fake_server(engine, parallel=1, max_queue_depth=0)
+    body = {"model": "fake-model", "messages": user(LONG), "stream": True}
     stream = await raw_request(server.url, body, path="/v1/chat/completions")
-    await read_until(stream, b"w3")
+    await read_until(stream, b"w0")
     await stream.aclose()
     await an_ordinary_request_completes(server)
     async with httpx.AsyncClient(base_url=server.url, timeout=30) as http:

@@ -17,11 +17,13 @@ from mlxcel.items import IMAGE_PLACEHOLDER
 from mlxcel.model.fake import FakeEngine
 
 from support import (
+    LONG,
     FakeServer,
     StartServer,
     an_ordinary_request_completes,
     in_thread,
     raw_request,
+    read_releasing,
     read_until,
     wait_until,
 )
@@ -139,18 +141,26 @@ async def test_markup_that_looks_like_a_call_in_the_input_is_only_text(
 async def test_a_queued_stream_is_kept_alive_with_comments(start_fake_server: StartServer) -> None:
     """Chat clients know no progress event: a stream waiting for the one slot gets SSE
     comments, then its chunks."""
-    engine = FakeEngine(step_delay=0.05)
+    engine = FakeEngine()
+    engine.hold(on="w0")  # the busy response holds the slot until released
     server = await start_fake_server(engine, parallel=1, sse_keepalive_secs=0.05)
-    busy = {"model": "fake-model", "input": "echo: " + " ".join(f"w{i}" for i in range(20))}
+    busy = {"model": "fake-model", "input": LONG}
     body = body_for("/v1/chat/completions", "echo: next", stream=True)
     async with httpx.AsyncClient(base_url=server.url, timeout=30) as http, trio.open_nursery() as n:
         n.start_soon(functools.partial(http.post, "/v1/responses", json=busy))
         with trio.fail_after(10):
             await wait_until(lambda: engine.active == 1)
-        text = (await http.post("/v1/chat/completions", json=body)).text
+        with trio.fail_after(10):
+            text = await read_releasing(
+                http,
+                "/v1/chat/completions",
+                body,
+                engine,
+                lambda text: text.count(": keep-alive\n\n") >= 8,
+            )
     before_reply = text.split('"content": "next"')[0]
-    # About one a quiet interval over the second the slot stays busy, not just the one
-    # or two a running response sends while it reads its prompt.
+    # About one a quiet interval while the slot stays busy, not just the one or two a
+    # running response sends while it reads its prompt.
     assert before_reply.count(": keep-alive\n\n") >= 8
     assert "mlx.progress" not in text
     assert text.endswith("data: [DONE]\n\n")

@@ -225,7 +225,8 @@ async def test_the_summary_runs_in_the_slot_after_the_response_is_created(
     """Compaction is a phase of generation: `mlx.compaction.started` reaches the client
     before the summary is generated, keep-alives flow while it is, and the response's one
     admission covers it (a newcomer is refused, the compacting response is not)."""
-    engine = FakeEngine(step_delay=0.05)
+    engine = FakeEngine()
+    engine.hold()  # the summary runs until a progress event shows it live
     server = await start_fake_server(engine, parallel=1, max_queue_depth=0, sse_keepalive_secs=0.02)
     body = {"model": "fake-model", "input": history(), "context_management": MANAGED}
     seen: list[str] = []
@@ -243,6 +244,8 @@ async def test_the_summary_runs_in_the_slot_after_the_response_is_created(
                     "/v1/responses", json={"model": "fake-model", "input": "hi"}
                 )
                 assert newcomer.status_code == 503
+            if "mlx.compaction.started" in seen and seen[-1] == "mlx.progress":
+                engine.release()
     started = seen.index("mlx.compaction.started")
     completed = seen.index("mlx.compaction.completed")
     assert seen[:started] == ["response.created", "response.in_progress"]
@@ -256,7 +259,8 @@ async def test_leaving_during_the_summary_frees_the_slot_and_keeps_the_response(
 ) -> None:
     """A client that hangs up, or cancels, while its response's summary is generated:
     the summary stops, the slot is free, and the response is stored `cancelled`."""
-    engine = FakeEngine(step_delay=0.05)
+    engine = FakeEngine()
+    engine.hold()  # the summary runs until the client leaves
     server = await start_fake_server(engine, parallel=1, max_queue_depth=0)
     body = {"model": "fake-model", "input": history(), "context_management": MANAGED}
     stream = await raw_request(server.url, {**body, "stream": True})
@@ -275,6 +279,7 @@ async def test_leaving_during_the_summary_frees_the_slot_and_keeps_the_response(
                 await trio.sleep(0.01)
         assert r.json()["status"] == "cancelled"
         assert (await http.get("/health")).json()["slots"]["busy"] == 0
+        engine.release()
         ordinary = await http.post("/v1/responses", json={"model": "fake-model", "input": "hi"})
         assert ordinary.status_code == 200
         assert ordinary.json()["status"] == "completed"

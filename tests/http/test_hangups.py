@@ -10,14 +10,14 @@ import trio
 from mlxcel.model.fake import FakeEngine
 
 from support import (
+    LONG,
     StartServer,
     an_ordinary_request_completes,
     in_thread,
+    queued_becomes,
     raw_request,
     read_until,
 )
-
-LONG = "echo: " + " ".join(f"w{i}" for i in range(400))
 
 
 @pytest.fixture(params=["memory", "sqlite", "redis"])
@@ -76,14 +76,16 @@ async def test_a_reader_that_stops_reading_frees_its_slot_once_its_sequence_ends
 async def test_a_queued_requester_that_leaves_leaves_the_line(
     start_fake_server: StartServer,
 ) -> None:
-    server = await start_fake_server(FakeEngine(step_delay=0.01), parallel=1, max_queue_depth=1)
+    engine = FakeEngine()
+    engine.hold(on="w0")  # the long response holds the one slot; the others run
+    server = await start_fake_server(engine, parallel=1, max_queue_depth=1)
     running = await raw_request(server.url, {"model": "fake-model", "input": LONG, "stream": True})
     await read_until(running, b"response.output_text.delta")
     # A synchronous request takes the one queue place, then its client gives up.
     queued = await raw_request(server.url, {"model": "fake-model", "input": "echo: q"})
-    await trio.sleep(0.2)
+    await queued_becomes(server.url, 1)
     await queued.aclose()
-    await trio.sleep(0.2)
+    await queued_becomes(server.url, 0)
     # Its place is free at once: a newcomer is queued, not refused.
     body = {"model": "fake-model", "input": "echo: next", "stream": True}
     async with (
@@ -100,7 +102,9 @@ async def test_a_queued_stream_that_hangs_up_is_stored_cancelled(
 ) -> None:
     """The client saw the id in `response.created`: the response is kept, as a running
     one that loses its client is."""
-    server = await start_fake_server(FakeEngine(step_delay=0.01), parallel=1)
+    engine = FakeEngine()
+    engine.hold(on="w0")  # the long response holds the one slot; the others run
+    server = await start_fake_server(engine, parallel=1)
     running = await raw_request(server.url, {"model": "fake-model", "input": LONG, "stream": True})
     await read_until(running, b"response.output_text.delta")
     queued = await raw_request(server.url, {"model": "fake-model", "input": "hi", "stream": True})

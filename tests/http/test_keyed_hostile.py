@@ -13,11 +13,13 @@ import trio
 
 from mlxcel.model.fake import FakeEngine
 
-from support import FakeServer, StartServer
+from support import LONG, FakeServer, StartServer
 
 KEY, OTHER = "sk-hostile-a", "sk-hostile-b"
 AUTH = {"Authorization": f"Bearer {KEY}"}
-LONG = "echo: " + " ".join(f"w{i}" for i in range(300))
+
+
+pytestmark = pytest.mark.slow  # on the session's redis-server
 
 
 @pytest.fixture

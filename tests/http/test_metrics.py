@@ -13,6 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from mlxcel.model.fake import FakeEngine
 
 from support import (
+    LONG,
     FakeServer,
     StartServer,
     an_ordinary_request_completes,
@@ -22,7 +23,6 @@ from support import (
     wait_until,
 )
 
-LONG = "echo: " + " ".join(f"w{i}" for i in range(300))
 RESPONSES = "/v1/responses"
 
 
@@ -173,7 +173,8 @@ async def test_refusals_are_counted_by_route_rule_and_status(fake_server: FakeSe
 async def test_background_jobs_by_status_and_the_waiting_line(
     start_fake_server: StartServer,
 ) -> None:
-    engine = FakeEngine(step_delay=0.01)
+    engine = FakeEngine()
+    engine.hold()  # one job runs and one waits until released
     server = await start_fake_server(engine, parallel=1)
     client = server.client()
     running = await in_thread(
@@ -187,7 +188,7 @@ async def test_background_jobs_by_status_and_the_waiting_line(
         client.responses.create, model="fake-model", input=LONG, background=True
     )
     with trio.fail_after(5):
-        await wait_until(lambda: engine.active == 1 and engine.steps > 2)
+        await wait_until(lambda: engine.active == 1 and engine.held > 2)
     s = await scrape(server)
     assert s("mlxcel_background_jobs", status="in_progress") == 1
     assert s("mlxcel_background_jobs", status="queued") == 1
@@ -195,6 +196,7 @@ async def test_background_jobs_by_status_and_the_waiting_line(
     assert s("mlxcel_store_entries", table="active") == 2
     assert s("mlxcel_store_bytes", table="active") > 0
     assert (await in_thread(client.responses.cancel, queued.id)).status == "cancelled"
+    engine.release()
 
     def both_ended(s: Scrape) -> bool:
         ended = "mlxcel_background_jobs_ended_total"
@@ -267,7 +269,9 @@ async def test_metrics_need_the_api_key_unless_public(start_fake_server: StartSe
 async def test_a_client_that_hangs_up_mid_stream_is_counted_and_frees_its_slot(
     start_fake_server: StartServer,
 ) -> None:
-    server = await start_fake_server(FakeEngine(step_delay=0.01), parallel=1)
+    engine = FakeEngine()
+    engine.hold()  # the stream runs until its client hangs up
+    server = await start_fake_server(engine, parallel=1)
     stream = await raw_request(server.url, {"model": "fake-model", "input": LONG, "stream": True})
     await read_until(stream, b"response.output_text.delta")
     await stream.aclose()

@@ -16,7 +16,16 @@ import trio
 
 from mlxcel.model.fake import FakeEngine
 
-from support import FakeServer, StartServer, in_thread, raw_request, read_until, wait_until
+from support import (
+    LONG,
+    FakeServer,
+    StartServer,
+    in_thread,
+    raw_request,
+    read_releasing,
+    read_until,
+    wait_until,
+)
 
 LONG_INPUT = "echo: done " + "x" * 200
 """A prompt the fake reads two tokens a step: many quiet intervals of prefill."""
@@ -35,6 +44,12 @@ async def occupy(http: httpx.AsyncClient, text: str) -> None:
 
 def frames(text: str) -> list[dict[str, Any]]:
     return [json.loads(line[6:]) for line in text.splitlines() if line.startswith("data: ")]
+
+
+def _queued_progress(text: str) -> bool:
+    """Whether a queued place was reported (in the whole lines read so far)."""
+    whole = text.rsplit("\n", 1)[0]
+    return any(e["type"] == "mlx.progress" and e["queue_position"] for e in frames(whole))
 
 
 async def test_a_long_prefill_reports_the_prompt_read(start_fake_server: StartServer) -> None:
@@ -60,15 +75,16 @@ async def test_a_long_prefill_reports_the_prompt_read(start_fake_server: StartSe
 
 
 async def test_a_queued_response_reports_its_place(start_fake_server: StartServer) -> None:
-    engine = FakeEngine(step_delay=0.05)
+    engine = FakeEngine()
+    engine.hold(on="w0")  # the long response holds the slot until released
     server = await start_fake_server(engine, parallel=1, sse_keepalive_secs=0.05)
-    long_reply = "echo: " + " ".join(f"w{i}" for i in range(20))
     async with httpx.AsyncClient(base_url=server.url, timeout=30) as http, trio.open_nursery() as n:
-        n.start_soon(occupy, http, long_reply)
+        n.start_soon(occupy, http, LONG)
         with trio.fail_after(10):
             await wait_until(lambda: engine.active == 1)
         body = {"model": "fake-model", "input": "echo: next", "stream": True}
-        text = (await http.post("/v1/responses", json=body)).text
+        with trio.fail_after(10):
+            text = await read_releasing(http, "/v1/responses", body, engine, _queued_progress)
     events = frames(text)
     assert [e["sequence_number"] for e in events] == list(range(len(events)))
     queued = [e for e in events if e["type"] == "mlx.progress" and e["queue_position"]]
@@ -82,17 +98,20 @@ async def test_a_queued_response_reports_its_place(start_fake_server: StartServe
 async def test_with_progress_events_off_a_queued_response_gets_comments(
     start_fake_server: StartServer,
 ) -> None:
-    engine = FakeEngine(step_delay=0.05)
+    engine = FakeEngine()
+    engine.hold(on="w0")  # the long response holds the slot until released
     server = await start_fake_server(
         engine, parallel=1, sse_keepalive_secs=0.05, progress_events=False
     )
-    long_reply = "echo: " + " ".join(f"w{i}" for i in range(20))
     async with httpx.AsyncClient(base_url=server.url, timeout=30) as http, trio.open_nursery() as n:
-        n.start_soon(occupy, http, long_reply)
+        n.start_soon(occupy, http, LONG)
         with trio.fail_after(10):
             await wait_until(lambda: engine.active == 1)
         body = {"model": "fake-model", "input": "echo: next", "stream": True}
-        text = (await http.post("/v1/responses", json=body)).text
+        with trio.fail_after(10):
+            text = await read_releasing(
+                http, "/v1/responses", body, engine, lambda text: ": keep-alive\n\n" in text
+            )
     assert ": keep-alive\n\n" in text
     assert "mlx.progress" not in text
     events = frames(text)
@@ -102,11 +121,11 @@ async def test_with_progress_events_off_a_queued_response_gets_comments(
 async def test_a_client_that_leaves_while_queued_frees_its_place(
     start_fake_server: StartServer,
 ) -> None:
-    engine = FakeEngine(step_delay=0.05)
+    engine = FakeEngine()
+    engine.hold(on="w0")  # the long response holds the slot until released
     server = await start_fake_server(engine, parallel=1, max_queue_depth=1, sse_keepalive_secs=0.05)
-    long_reply = "echo: " + " ".join(f"w{i}" for i in range(20))
     async with httpx.AsyncClient(base_url=server.url, timeout=30) as http, trio.open_nursery() as n:
-        n.start_soon(occupy, http, long_reply)
+        n.start_soon(occupy, http, LONG)
         with trio.fail_after(10):
             await wait_until(lambda: engine.active == 1)
         body = {"model": "fake-model", "input": "echo: gone", "stream": True}
@@ -119,9 +138,21 @@ async def test_a_client_that_leaves_while_queued_frees_its_place(
                 await trio.sleep(0.01)
         assert engine.active == 1  # the first is still running
         # The place is free again: the next request waits instead of a 503.
-        r = await http.post("/v1/responses", json={"model": "fake-model", "input": "echo: ok"})
-        assert r.status_code == 200, r.text
-        assert r.json()["output"][0]["content"][0]["text"] == "ok"
+        answers: list[httpx.Response] = []
+
+        async def next_one() -> None:
+            answers.append(
+                await http.post("/v1/responses", json={"model": "fake-model", "input": "echo: ok"})
+            )
+
+        n.start_soon(next_one)
+        with trio.fail_after(5):
+            while not (await http.get("/health")).json()["slots"]["queued"]:  # noqa: ASYNC110 - polled over HTTP
+                await trio.sleep(0.01)
+        engine.release()
+    (r,) = answers
+    assert r.status_code == 200, r.text
+    assert r.json()["output"][0]["content"][0]["text"] == "ok"
 
 
 async def test_the_sdk_stream_helper_takes_progress_in_its_stride(

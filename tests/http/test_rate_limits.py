@@ -7,7 +7,6 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -20,7 +19,7 @@ from mlxcel.http.rate_limits import duration
 
 from redis_server import RedisServer
 from server_process import ServerProcesses
-from support import FakeServer, StartServer, in_thread
+from support import FakeServer, KeysFile, StartServer, in_thread
 
 KEYS = ("key-a", "key-b")
 MODEL = "fake-model"
@@ -245,10 +244,9 @@ async def test_without_keys_every_request_shares_the_one_limit(
 
 
 async def test_a_key_files_own_limits_override_the_flags(
-    start_fake_server: StartServer, mock_clock: trio.testing.MockClock, tmp_path: Path
+    start_fake_server: StartServer, mock_clock: trio.testing.MockClock, keys_file: KeysFile
 ) -> None:
-    keys = tmp_path / "keys"
-    keys.write_text("vip:sk-vip rpm=3\nfree:sk-free\nnone:sk-none rpm=0\n")
+    keys = keys_file("vip:sk-vip rpm=3\nfree:sk-free\nnone:sk-none rpm=0\n")
     server = await start_fake_server(api_key_file=keys, rate_limit_rpm=1)
     async with httpx.AsyncClient(base_url=server.url, timeout=30) as http:
         vip = [(await post(http, "sk-vip")).status_code for _ in range(4)]

@@ -6,10 +6,8 @@ import functools
 import json
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pytest
@@ -20,10 +18,9 @@ from mlxcel.config import Settings
 from mlxcel.generation import ModelNames
 from mlxcel.model.fake import FakeEngine, fake_factory
 
-from support import free_port
+from server_process import ServerProcesses
+from support import LONG
 from tiny_model import ensure_tiny_model
-
-LONG = "echo: " + " ".join(["w"] * 1500)  # 15 s at 10 ms a step
 
 
 async def _stream_events(url: str, body: dict[str, object], started: trio.Event) -> list[str]:
@@ -46,7 +43,9 @@ async def test_a_drain_finishes_short_responses_and_ends_the_rest(nursery: trio.
     shutdown = trio.Event()
     stopped = trio.Event()
     settings = Settings(port=0, shutdown_timeout_secs=0.5)
-    factory = functools.partial(fake_factory, FakeEngine(step_delay=0.01))
+    engine = FakeEngine(step_delay=0.01)
+    engine.hold(on="w0")  # the long response (w0 w1 ...) runs until the drain ends it
+    factory = functools.partial(fake_factory, engine)
     names = ModelNames("fake-model", "/models/fake")
 
     async def run(*, task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED) -> None:
@@ -83,27 +82,12 @@ async def test_a_drain_finishes_short_responses_and_ends_the_rest(nursery: trio.
     ]
 
 
-def _start(log: Path, *flags: str) -> tuple[subprocess.Popen[bytes], str]:
-    port = free_port()
-    exe = Path(sys.executable).with_name("mlxcel-server")
-    model = ensure_tiny_model()
-    with log.open("w") as out:
-        proc = subprocess.Popen(
-            [str(exe), "--model", str(model), "--port", str(port), *flags],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while True:
-        assert proc.poll() is None, log.read_text()
-        assert time.monotonic() < deadline, log.read_text()
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return proc, url
-        except httpx.TransportError:
-            pass
-        time.sleep(0.2)
+def _start(servers: ServerProcesses, *flags: str) -> tuple[subprocess.Popen[bytes], str]:
+    """`mlxcel-server` on the tiny model, answering `/health` (the `servers` fixture kills
+    it at the end)."""
+    server = servers.launch_real("--model", str(ensure_tiny_model()), *flags)
+    server.wait_ready()
+    return server.proc, server.url
 
 
 def _open_stream(client: httpx.Client) -> Iterator[str]:
@@ -118,9 +102,9 @@ def _open_stream(client: httpx.Client) -> Iterator[str]:
 
 
 @pytest.mark.mlx
-def test_sigterm_drains_and_exits_zero(tmp_path: Path) -> None:
+def test_sigterm_drains_and_exits_zero(servers: ServerProcesses) -> None:
     flags = ("--shutdown-timeout-secs", "1", "--ctx-size", "200000")
-    proc, url = _start(tmp_path / "server.log", *flags)
+    proc, url = _start(servers, *flags)
     try:
         with httpx.Client(base_url=url, timeout=60) as client:
             stream = _open_stream(client)
@@ -138,9 +122,9 @@ def test_sigterm_drains_and_exits_zero(tmp_path: Path) -> None:
 
 
 @pytest.mark.mlx
-def test_a_second_signal_stops_at_once(tmp_path: Path) -> None:
+def test_a_second_signal_stops_at_once(servers: ServerProcesses) -> None:
     flags = ("--shutdown-timeout-secs", "600", "--ctx-size", "200000")
-    proc, url = _start(tmp_path / "server.log", *flags)
+    proc, url = _start(servers, *flags)
     try:
         with httpx.Client(base_url=url, timeout=60) as client:
             stream = _open_stream(client)  # held open (not read) while the server drains

@@ -19,8 +19,8 @@ from mlxcel.store.backend import RESTART_MESSAGE
 from mlxcel.store.codec import decode, encoded_size
 
 from server_process import MODEL, ServerProcesses
+from support import LONG
 
-LONG = "echo: " + " ".join(f"w{i}" for i in range(400))  # 20 s at 50 ms a step
 TOOL = {
     "type": "function",
     "name": "lookup",
@@ -50,7 +50,7 @@ def test_a_killed_server_comes_back_with_everything_it_stored(
 ) -> None:
     path = tmp_path / "store.sqlite3"
     store = ("--store", f"sqlite:{path}", "--parallel", "1")
-    first = servers.start(*store, step_delay=0.05)
+    first = servers.start(*store, hold="w0")  # the long job stays in flight until killed
     client = first.client()
     one = client.responses.create(
         model=MODEL,
@@ -92,7 +92,7 @@ def test_a_killed_server_comes_back_with_everything_it_stored(
         before = {url: _get(http, url) for url in paths}
         first.kill()
 
-    second = servers.start(*store, step_delay=0.05)
+    second = servers.start(*store)
     with second.http() as http:
         for job in (running, queued, unstored):  # the first look already finds each ended
             r = http.get(f"/v1/responses/{job.id}")

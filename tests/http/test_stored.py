@@ -12,9 +12,7 @@ import trio
 from mlxcel.config import StoreLimits
 from mlxcel.model.fake import FakeEngine
 
-from support import FakeServer, StartServer, count, in_thread, post, wait_until
-
-LONG = "echo: " + " ".join(f"w{i}" for i in range(400))
+from support import LONG, FakeServer, StartServer, count, in_thread, post, wait_until
 
 
 @pytest.fixture(params=["memory", "sqlite", "redis"])
@@ -236,7 +234,8 @@ async def test_input_items_pages(fake_server: FakeServer) -> None:
 async def test_cancel_stops_a_stream_and_stores_cancelled(
     start_fake_server: StartServer,
 ) -> None:
-    engine = FakeEngine(step_delay=0.01)
+    engine = FakeEngine()
+    engine.hold()  # the stream runs until cancelled
     server = await start_fake_server(engine, parallel=1)
     client = server.client()
     seen: dict[str, Any] = {}
@@ -251,16 +250,17 @@ async def test_cancel_stops_a_stream_and_stores_cancelled(
     async with trio.open_nursery() as nursery:
         nursery.start_soon(in_thread, stream)
         with trio.fail_after(5):
-            await wait_until(lambda: engine.steps > 3 and "id" in seen)
+            await wait_until(lambda: engine.held > 3 and "id" in seen)
         cancelled = await in_thread(client.responses.cancel, seen["id"])
         assert cancelled.status == "cancelled"
     assert seen["last"].type == "response.failed"
     assert seen["last"].response.status == "cancelled"
     stored = await in_thread(client.responses.retrieve, seen["id"])
     assert stored.status == "cancelled"
+    engine.release()  # were it still there, it would now run to its end
     with trio.fail_after(5):  # the model thread drops it at its next step
         await wait_until(lambda: engine.active == 0)
-    assert engine.steps < 400
+    assert engine.steps - engine.held < 10  # no step ran it after the release
     again = await in_thread(client.responses.cancel, seen["id"])
     assert again.model_dump() == stored.model_dump()
 
@@ -277,7 +277,8 @@ async def test_cancel_finished_returns_it_unchanged_and_unknown_is_404(
 
 
 async def test_cancel_a_queued_request(start_fake_server: StartServer) -> None:
-    engine = FakeEngine(step_delay=0.01)
+    engine = FakeEngine()
+    engine.hold()  # the running request runs until released
     server = await start_fake_server(engine, parallel=1, max_queue_depth=2)
     client = server.client()
     queued_ids: list[str] = []
@@ -305,6 +306,7 @@ async def test_cancel_a_queued_request(start_fake_server: StartServer) -> None:
         cancelled = await in_thread(client.responses.cancel, queued_ids[0])
         assert cancelled.status == "cancelled"
         assert "running" not in results  # it is still generating
+        engine.release()
     assert results["queued"].type == "response.failed"
     assert results["queued"].response.status == "cancelled"
     assert results["running"].output_text.startswith("w0 w1")

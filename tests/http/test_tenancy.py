@@ -15,10 +15,9 @@ from openai.types.responses import Response
 
 from mlxcel.model.fake import FakeEngine
 
-from support import FakeServer, StartServer, in_thread, wait_until
+from support import LONG, FakeServer, StartServer, in_thread, wait_until
 
 KEYS = ("key-a", "key-b")
-LONG = "echo: " + " ".join(f"w{i}" for i in range(300))
 TERMINAL = ("completed", "incomplete", "failed", "cancelled")
 Call = tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]
 
@@ -191,7 +190,8 @@ async def test_chains_and_item_references_do_not_cross_tenants(
 async def test_cancelling_another_tenants_job_is_not_found_and_it_runs_on(
     start_fake_server: StartServer,
 ) -> None:
-    engine = FakeEngine(step_delay=0.01)
+    engine = FakeEngine()
+    engine.hold()  # one job runs and one waits until released
     _, a, b = await two_tenants(start_fake_server, engine, parallel=1)
     jobs = [
         await in_thread(
@@ -204,11 +204,12 @@ async def test_cancelling_another_tenants_job_is_not_found_and_it_runs_on(
         for _ in range(2)
     ]
     with trio.fail_after(5):
-        await wait_until(lambda: engine.active == 1 and engine.steps > 2)
+        await wait_until(lambda: engine.active == 1 and engine.held > 2)
     assert (await in_thread(a.responses.retrieve, jobs[1].id)).status == "queued"
     for job in jobs:  # one running, one queued
         await not_found(b.responses.cancel, job.id)
         await not_found(b.responses.retrieve, job.id)
+    engine.release()
     for job in jobs:
         final = await poll(a, job.id)
         assert final.status == "incomplete"  # it ran to its max_output_tokens

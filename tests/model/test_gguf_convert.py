@@ -268,6 +268,7 @@ def test_converted_folder_loads_and_generates_in_mlx_lm(tmp_path: Path) -> None:
     assert isinstance(out, str)
 
 
+@pytest.mark.slow  # the default model's files
 @pytest.mark.skipif(not is_ready(default_model_dir()), reason="default model not fetched")
 def test_real_default_model_tokenizer() -> None:
     folder = default_model_dir()

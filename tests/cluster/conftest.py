@@ -7,7 +7,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from cluster import STEP_DELAY, Cluster, start_cluster
+from replica_cluster import Cluster, start_cluster
 
 from redis_server import RedisServer
 from server_process import ServerProcess, ServerProcesses
@@ -30,5 +30,6 @@ def cluster(module_servers: ServerProcesses, redis_server: RedisServer) -> Clust
 
 @pytest.fixture
 def owner(servers: ServerProcesses, cluster: Cluster) -> ServerProcess:
-    """A fourth replica on the cluster's store with one slot, for a test to kill or freeze."""
-    return servers.start(*cluster.flags, "--parallel", "1", step_delay=STEP_DELAY)
+    """A fourth replica on the cluster's store with one slot, for a test to kill or freeze;
+    it holds the long reply (`support.LONG`, w0 w1 ...) in flight and runs the others."""
+    return servers.start(*cluster.flags, "--parallel", "1", hold="w0")

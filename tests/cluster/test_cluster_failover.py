@@ -13,9 +13,8 @@ from collections.abc import Callable
 import httpx
 import openai
 import pytest
-from cluster import (
+from replica_cluster import (
     LEASE_SECS,
-    LONG,
     REAP_SECS,
     UNFINISHED,
     Cluster,
@@ -28,6 +27,7 @@ from mlxcel.store.backend import RESTART_MESSAGE
 
 from redis_server import RedisServer
 from server_process import MODEL, ServerProcess, ServerProcesses
+from support import LONG
 
 # --- 5. a cancel routed to the owner -------------------------------------------------
 

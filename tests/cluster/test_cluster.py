@@ -12,7 +12,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import openai
 import pytest
-from cluster import (
+from openai.types.responses import Response
+from replica_cluster import (
     GENERATIONS,
     UNFINISHED,
     Cluster,
@@ -21,7 +22,6 @@ from cluster import (
     start_cluster,
     texts,
 )
-from openai.types.responses import Response
 
 from redis_server import RedisServer
 from server_process import MODEL, ServerProcesses

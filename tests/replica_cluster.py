@@ -23,7 +23,6 @@ LEASE_SECS = 2.0
 REAP_SECS = LEASE_SECS / 3
 """A replica renews its lease, and reaps, every third of the lease."""
 STEP_DELAY = 0.02
-LONG = "echo: " + " ".join(f"w{i}" for i in range(400))  # 8 s at 20 ms a step
 UNFINISHED = ("queued", "in_progress")
 
 

@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import socket
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from server_process import MODEL, ServerProcesses
+from server_process import MODEL, ServerProcesses, wait_ready
 from support import free_port
 
 
@@ -34,11 +33,9 @@ def tls_redis(tmp_path: Path) -> Iterator[tuple[int, Path]]:
     argv += ["--tls-ca-cert-file", str(cert), "--tls-auth-clients", "no", "--dir", str(tmp_path)]
     process = subprocess.Popen(argv, stdout=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 30
-        while not _pong(plain):
-            assert process.poll() is None, "redis-server exited"
-            assert time.monotonic() < deadline, "redis-server did not start"
-            time.sleep(0.02)
+        wait_ready(
+            "redis-server", process, lambda: "", lambda: _pong(plain), secs=30, interval=0.02
+        )
         yield tls, cert
     finally:
         process.terminate()
