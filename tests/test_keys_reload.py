@@ -78,16 +78,15 @@ def test_sighup_reloads_the_keys_file_and_no_key_is_ever_logged(
 
 
 def test_a_limit_in_unicode_digits_keeps_the_server_and_its_old_keys(
-    servers: ServerProcesses, tmp_path: Path
+    servers: ServerProcesses, keys_file: KeysFile
 ) -> None:
     """`rpm=²` passed `str.isdigit` and `int` refused it: the reload's ValueError ended
     the server. Now it is the file's error like any other, and the old keys stay."""
-    keys_file = tmp_path / "keys"
-    keys_file.write_text("old:sk-old-19c2 rpm=5\n")
-    server = servers.start("--api-key-file", str(keys_file))
+    path = keys_file("old:sk-old-19c2 rpm=5\n")
+    server = servers.start("--api-key-file", str(path))
     assert status(server, "sk-old-19c2") == 200
 
-    keys_file.write_text("old:sk-old-19c2 rpm=\u00b2\nnew:sk-new-55d0\n")
+    path.write_text("old:sk-old-19c2 rpm=\u00b2\nnew:sk-new-55d0\n")
     server.hangup()
     wait_for(lambda: "rpm must be a whole number" in server.log.read_text(), server)
     assert server.proc.poll() is None
