@@ -170,17 +170,23 @@ class ResponsePath:
         response_id = request.record.id
         started = CompactionStarted(response_id, len(request.prompt))
         await self._send(reply, [ResponseInProgress(request.record), started])
-        generate = functools.partial(self._generate_here, reply, response_id)
+        generate = functools.partial(self._generate_here, reply, command.request)
         return await request.prelude(generate)
 
     async def _generate_here(
-        self, reply: trio.MemorySendChannel[ResponseEvent], owner: str, request: GenerationRequest
+        self,
+        reply: trio.MemorySendChannel[ResponseEvent],
+        owner: GenerationRequest,
+        request: GenerationRequest,
     ) -> ResponseRecord:
         """`request` run in this slot for the response `owner` (its summary): only
-        keep-alives reach the requester."""
+        keep-alives reach the requester, and its tokens are charged to the owner's key
+        (it read the whole history on the key's behalf)."""
         builder = ResponseBuilder(request.record, len(request.prompt))
-        _, record = await self._drive(reply, request, builder, owner=owner, forward=False)
+        owner_id = owner.record.id
+        _, record = await self._drive(reply, request, builder, owner=owner_id, forward=False)
         self._count(record)
+        await _spend(owner, record)
         return record
 
     async def _drive(

@@ -314,3 +314,27 @@ def _secs(duration: str) -> float:
         else:
             number += char
     return total
+
+
+async def test_an_automatic_compaction_charges_its_summarys_tokens_to_the_key(
+    start_fake_server: StartServer, mock_clock: trio.testing.MockClock
+) -> None:
+    """`context_management` reads the whole history in the key's slot: the summary's
+    tokens count, not only the final answer's (158 charged where /responses/compact
+    charged 48,718 for the same history)."""
+    server = await start_fake_server(api_keys=KEYS, rate_limit_tpm=100_000)
+    turns = [{"role": "user", "content": f"turn {n}: " + "lorem ipsum " * 15} for n in range(6)]
+    body = {
+        "model": MODEL,
+        "input": [*turns, {"role": "user", "content": "echo: And now?"}],
+        "context_management": [{"type": "compaction", "compact_threshold": 200}],
+    }
+    async with httpx.AsyncClient(base_url=server.url, timeout=30) as http:
+        managed = await post(http, "key-a", **body)
+        assert managed.status_code == 200, managed.text
+        assert managed.json()["output"][0]["type"] == "compaction"
+        answered = managed.json()["usage"]["total_tokens"]
+        after = await post(http, "key-a")
+    spent = 100_000 - int(after.headers["x-ratelimit-remaining-tokens"])
+    summary_read = 200  # the summary prompt holds the whole history, over the threshold
+    assert spent >= answered + summary_read, (spent, answered)
