@@ -218,9 +218,17 @@ class GenerationRequest:
     prelude: Prelude | None = None
     """Work the slot does first (compaction): it yields the request to generate, under
     the same id, once a slot has taken this one; `prompt` is then the uncompacted one."""
-    spend: Callable[[int], Awaitable[None]] | None = None
+    spend: SpendTokens | None = None
     """Charges the response's input and output tokens to the key that asked for it
     (its token limits), once the response has ended; None when no limit counts them."""
+
+
+class SpendTokens(Protocol):
+    """Charges tokens to the key a request came with. `final` once the request has ended:
+    what it reserved when it was admitted and did not spend is returned then. Not
+    `final`: tokens spent on its behalf before (a summary its slot ran first)."""
+
+    async def __call__(self, tokens: int, *, final: bool = True) -> None: ...
 
 
 GenerateText = Callable[[GenerationRequest], Awaitable[ResponseRecord]]

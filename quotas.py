@@ -6,18 +6,24 @@ held to the server's defaults (`--rate-limit-rpm`, `--rate-limit-tpm`,
 happens in the store (`StoreBackend.charge`), so replicas sharing a store share the
 limits. A request is admitted while its tenant has tokens left this minute and today, and
 while it is under its request rate, which counts it atomically: however many replicas
-admit at once, no more than the limit get in. Its input and output tokens are charged
-once its response has ended, so a request may overshoot the token limits by what it
-spent; the next one is refused.
+admit at once, no more than the limit get in. Once its input is known, and before it
+runs, it reserves its input tokens plus its `max_output_tokens` on the token limits,
+atomically and only while the tenant is under each: however many requests race, a key
+spends at most its limit plus one request. When its response ends, what it did not spend
+is returned (within the window it was reserved in).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Literal
 
+import trio
+
+from mlxcel.generation import SpendTokens
 from mlxcel.keys import KeyLimits
 from mlxcel.store.backend import Charge
 
@@ -70,9 +76,6 @@ class Admission:
     """The limit that refused the request; None when it was admitted."""
 
 
-SpendTokens = Callable[[int], Awaitable[None]]
-
-
 class Limiter:
     """Admits requests and charges their tokens, per tenant, on the store's counters."""
 
@@ -112,22 +115,32 @@ class Limiter:
             refused = "requests"
         return Admission(tenant, limits, requests, tokens, daily, refused)
 
-    def spender(self, admission: Admission) -> SpendTokens | None:
-        """What charges an admitted request's tokens once its response has ended; None
-        when no token limit applies to it."""
+    async def reserve(
+        self, admission: Admission, tokens: int
+    ) -> tuple[SpendTokens | None, Admission]:
+        """Hold `tokens` on the tenant's token limits for a request about to run. Answers
+        what charges it as it ends (None when no token limit counts it) and the admission
+        as it now stands: `refused` names the limit that let nothing more in (whatever was
+        held on the other is returned). StoreUnavailable when the store cannot count."""
         limits = admission.limits
-        if not (limits.tpm or limits.daily):
-            return None
-
-        async def spend(tokens: int) -> None:
-            if tokens <= 0:
-                return
-            if limits.tpm:
-                await self._charge(_counter("tokens", admission.tenant), tokens, 0, MINUTE_SECS)
-            if limits.daily:
-                await self._charge(_counter("daily", admission.tenant), tokens, 0, DAY_SECS)
-
-        return spend
+        holds: list[_Hold] = []
+        kinds: tuple[tuple[Kind, int | None, int], ...] = (
+            ("daily", limits.daily, DAY_SECS),
+            ("tokens", limits.tpm, MINUTE_SECS),
+        )
+        for kind, limit, window_secs in kinds:
+            if not limit:
+                continue
+            counter = _counter(kind, admission.tenant)
+            charged = await self._charge(counter, tokens, limit, window_secs)
+            if not charged.allowed:
+                await _Spender(self._charge, holds, tokens)(0)
+                meter = Meter(limit, charged.used, charged.resets_in)
+                if kind == "daily":
+                    return None, dataclasses.replace(admission, refused=kind, daily=meter)
+                return None, dataclasses.replace(admission, refused=kind, tokens=meter)
+            holds.append(_Hold(counter, window_secs, trio.current_time() + charged.resets_in))
+        return (_Spender(self._charge, holds, tokens) if holds else None), admission
 
     async def _meter(
         self, kind: Kind, tenant: str, amount: int, limit: int | None, window_secs: int
@@ -141,3 +154,37 @@ class Limiter:
 
 def _counter(kind: Kind, tenant: str) -> str:
     return f"{kind}:{tenant}"
+
+
+@dataclass(frozen=True, slots=True)
+class _Hold:
+    """Tokens held on one counter, in the window that ends at `ends` (Trio's clock)."""
+
+    counter: str
+    window_secs: int
+    ends: float
+
+
+Charger = Callable[[str, int, int, int], Awaitable[Charge]]
+
+
+class _Spender:
+    """A request's reservation, settled as it ends: tokens beyond it are charged, and
+    what is left of it is returned, unless its window has ended meanwhile (the tokens
+    then counted in a window that is over; returning them would lower the new one)."""
+
+    def __init__(self, charge: Charger, holds: list[_Hold], reserved: int) -> None:
+        self._charge = charge
+        self._holds = holds
+        self._left = reserved
+
+    async def __call__(self, tokens: int, *, final: bool = True) -> None:
+        prepaid = min(max(tokens, 0), self._left)
+        self._left -= prepaid
+        extra = max(tokens, 0) - prepaid
+        unused, self._left = (self._left, 0) if final else (0, self._left)
+        for hold in self._holds:
+            if extra:
+                await self._charge(hold.counter, extra, 0, hold.window_secs)
+            if unused and trio.current_time() < hold.ends:
+                await self._charge(hold.counter, -unused, 0, hold.window_secs)

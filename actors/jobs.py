@@ -28,6 +28,7 @@ from mlxcel.actors.messages import (
     SubmitJob,
 )
 from mlxcel.actors.replies import answer
+from mlxcel.actors.response_stream import release
 from mlxcel.actors.scheduler import SchedulerHandle
 from mlxcel.errors import RateLimited, ShuttingDown, StoreUnavailable
 from mlxcel.generation import GenerationRequest
@@ -140,7 +141,10 @@ class JobSupervisor:
                 async for command in recv:
                     match command:
                         case SubmitJob(request, reply):
-                            reply.send_nowait(await self._admit(request, nursery))
+                            admission = await self._admit(request, nursery)
+                            if isinstance(admission, JobRefused):
+                                await release(request)
+                            reply.send_nowait(admission)
                         case CancelJob(response_id, reply, tenant):
                             self._cancel(response_id, reply, tenant)
                         case EndJobs(reply):

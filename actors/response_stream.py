@@ -31,7 +31,7 @@ from mlxcel.actors.messages import (
     Submit,
     Withdraw,
 )
-from mlxcel.errors import GenerationFailed, QueueFull, ShuttingDown
+from mlxcel.errors import GenerationFailed, QueueFull, ShuttingDown, StoreUnavailable
 from mlxcel.generation import GenerationRequest
 from mlxcel.items import ResponseRecord
 from mlxcel.respond.events import ResponseEvent, ResponseFinished
@@ -99,6 +99,7 @@ class ResponseStream:
             return
         self._submitted = False
         await self.aclose()
+        await release(self._request)
         if admitted is Admission.CLOSED:
             raise ShuttingDown(
                 "The server is shutting down; retry on another server.",
@@ -203,3 +204,10 @@ class SchedulerHandle:
         send, recv = trio.open_memory_channel[T](1)
         await self._control.send(make(send))
         return await recv.receive()
+
+
+async def release(request: GenerationRequest) -> None:
+    """Return what a request refused before it ran reserved on its key's token limits."""
+    if request.spend is not None:
+        with trio.CancelScope(shield=True), contextlib.suppress(StoreUnavailable):
+            await request.spend(0)

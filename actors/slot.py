@@ -186,7 +186,7 @@ class ResponsePath:
         owner_id = owner.record.id
         _, record = await self._drive(reply, request, builder, owner=owner_id, forward=False)
         self._count(record)
-        await _spend(owner, record)
+        await _spend(owner, record, final=False)
         return record
 
     async def _drive(
@@ -213,7 +213,11 @@ class ResponsePath:
                     except trio.EndOfChannel:
                         break
                 if idle.cancelled_caught:
-                    await self._send(reply, [quiet.keepalive()])
+                    # A reader with events still unread needs no keep-alive (and a
+                    # stalled one must not have its room filled with them).
+                    keepalive = quiet.keepalive()
+                    if reply.statistics().current_buffer_used == 0:
+                        await self._send(reply, [keepalive])
                     continue
                 if isinstance(step, PrefillProgress):
                     quiet.read = step.read
@@ -291,12 +295,13 @@ class ResponsePath:
                 await self._echo.remember(turn_key(request.echo_prefix, message.text), trace)
 
 
-async def _spend(request: GenerationRequest, record: ResponseRecord) -> None:
-    """Charge the response's tokens to its key's token limits (when any counts them)."""
+async def _spend(request: GenerationRequest, record: ResponseRecord, *, final: bool = True) -> None:
+    """Charge the response's tokens to its key's token limits (when any counts them):
+    `final` settles its reservation; not final, tokens spent on its behalf before."""
     if request.spend is None or record.usage is None:
         return
     try:
-        await request.spend(record.usage.total_tokens)
+        await request.spend(record.usage.total_tokens, final=final)
     except (trio.BrokenResourceError, trio.ClosedResourceError, StoreUnavailable):
         log.warning("the store failed; the tokens of response %s were not counted", record.id)
 

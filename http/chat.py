@@ -83,7 +83,7 @@ async def _prepare(h: Handles, model: ServedModel, params: ResponseParams) -> Ge
     history; a 400 names the field as this wire format does."""
     params = dataclasses.replace(params, tenant=current_tenant())
     try:
-        return metered(await prepare_chat(params, model, policy=h.policy, echo=h.echo))
+        return await metered(await prepare_chat(params, model, policy=h.policy, echo=h.echo))
     except InvalidRequest as exc:  # named as this wire format names the field
         if exc.param is not None and exc.param.startswith("text.format"):
             exc.param = "response_format" + exc.param.removeprefix("text.format")

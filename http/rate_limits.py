@@ -6,8 +6,9 @@ A generating route is wrapped in `rate_limited`: before it reads its body, the l
 the end of the spent limit's window. Every answer of such a route, refusals and
 successes alike, carries OpenAI's headers (`x-ratelimit-limit-requests`,
 `-remaining-requests`, `-reset-requests`, and the same for `-tokens`) for the limits that
-are on. The route hands its generation to `metered`, so the slot that ends it charges
-its tokens to the key.
+are on. The route hands its prepared generation to `metered`, which reserves its input
+tokens and `max_output_tokens` on the key's token limits (a 429 when the key is already
+past one), so the slot that ends it settles the reservation with what it spent.
 """
 
 from __future__ import annotations
@@ -56,26 +57,28 @@ async def admit() -> None:
         raise refusal(admission)
 
 
-def metered(generation: GenerationRequest) -> GenerationRequest:
-    """`generation`, charging its tokens to the current request's key once it ends."""
+async def metered(generation: GenerationRequest) -> GenerationRequest:
+    """`generation`, its tokens reserved on the current request's key (a `LimitReached`
+    when the key is past a token limit) and settled once it ends."""
     admission = _admission()
     limiter = handles().limiter
     if admission is None or limiter is None:
         return generation
-    spend = limiter.spender(admission)
+    reserved = len(generation.prompt) + generation.sampling.max_tokens
+    spend, admission = await limiter.reserve(admission, reserved)
+    if admission.refused is not None:
+        raise refusal(admission)
     return generation if spend is None else dataclasses.replace(generation, spend=spend)
 
 
 def metered_generate(generate: GenerateText) -> GenerateText:
-    """`generate`, charging each generation it runs to the current request's key."""
-    admission = _admission()
-    limiter = handles().limiter
-    spend = limiter.spender(admission) if admission is not None and limiter else None
-    if spend is None:
+    """`generate`, each generation it runs reserved on and charged to the current
+    request's key."""
+    if _admission() is None or handles().limiter is None:
         return generate
 
     async def charged(generation: GenerationRequest) -> ResponseRecord:
-        return await generate(dataclasses.replace(generation, spend=spend))
+        return await generate(await metered(generation))
 
     return charged
 

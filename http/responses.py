@@ -38,7 +38,7 @@ async def create_response() -> Response:
         _check_background(h, body)
     params = await off_loop(response_params, body, tenant=current_tenant())
     prepared = await prepare_response(params, model, policy=h.policy, store=h.store, echo=h.echo)
-    generation = metered(prepared)
+    generation = await metered(prepared)
     if params.background:
         record = await h.jobs.submit(generation)
         note_record(record)

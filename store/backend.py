@@ -168,7 +168,9 @@ class StoreBackend(Protocol):
         UTC), in one step: when `limit` is 0, or fewer than `limit` were counted in this
         window, add `amount` and allow; else refuse and add nothing. So `amount` 1 with a
         limit admits at most `limit` calls a window, whatever the concurrency; `amount` 0
-        asks whether the limit is reached; `limit` 0 adds what was spent regardless."""
+        asks whether the limit is reached; `limit` 0 adds what was spent regardless; a
+        negative `amount` (with `limit` 0) returns part of a reservation, never taking
+        the count below 0."""
         ...
 
     async def maintain(self) -> None:

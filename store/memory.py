@@ -311,8 +311,8 @@ class MemoryBackend:
         held = self._counters.get((counter, window_secs))
         used = held[1] if held is not None and held[0] == start else 0
         allowed = limit == 0 or used < limit
-        if allowed and amount > 0:
-            used += amount
+        if allowed and (amount > 0 or (amount < 0 and used > 0)):
+            used = max(0, used + amount)
             self._counters[(counter, window_secs)] = (start, used)
         await trio.lowlevel.cancel_shielded_checkpoint()
         return Charge(allowed, used, resets_in)

@@ -117,14 +117,18 @@ return 1
 
 CHARGE = script(
     r"""
--- ARGV[3]: the window's key, ARGV[4]: amount, ARGV[5]: limit (0: none), ARGV[6]: the
--- key's life in ms. Returns {1 if allowed (and added) else 0, the count after}.
+-- ARGV[3]: the window's key, ARGV[4]: amount (below 0: returned, never under 0),
+-- ARGV[5]: limit (0: none), ARGV[6]: the key's life in ms. Returns {1 if allowed (and
+-- added) else 0, the count after}.
 local key, amount, limit = k(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
 local used = tonumber(redis.call('GET', key) or '0')
 if limit > 0 and used >= limit then return {0, used} end
 if amount > 0 then
   used = redis.call('INCRBY', key, amount)
   redis.call('PEXPIRE', key, ARGV[6])
+elseif amount < 0 and used > 0 then
+  used = math.max(0, used + amount)
+  redis.call('SET', key, used, 'KEEPTTL')
 end
 return {1, used}
 """

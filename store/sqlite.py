@@ -364,8 +364,8 @@ class SqliteBackend:
         ).fetchone()
         used = int(row[0]) if row is not None else 0
         allowed = limit == 0 or used < limit
-        if allowed and amount > 0:
-            used += amount
+        if allowed and (amount > 0 or (amount < 0 and used > 0)):
+            used = max(0, used + amount)
             self._db.execute(
                 "INSERT INTO counters (counter, window_secs, window_start, used) "
                 "VALUES (?, ?, ?, ?) ON CONFLICT (counter, window_secs) DO UPDATE SET "

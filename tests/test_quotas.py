@@ -63,7 +63,7 @@ async def test_tokens_are_charged_when_spent_and_refuse_once_the_limit_is_reache
     assert admitted.refused is None
     assert admitted.tokens is not None
     assert admitted.tokens.remaining == 100
-    spend = limiter.spender(admitted)
+    spend, _ = await limiter.reserve(admitted, 0)
     assert spend is not None
     await spend(120)  # one request may overshoot ...
     refused = await limiter.admit("a")  # ... and the next is refused
@@ -71,7 +71,7 @@ async def test_tokens_are_charged_when_spent_and_refuse_once_the_limit_is_reache
     assert refused.daily is not None
     assert refused.daily.remaining == 130
     await trio.sleep(MINUTE_SECS)
-    spend = limiter.spender(await limiter.admit("a"))
+    spend, _ = await limiter.reserve(await limiter.admit("a"), 0)
     assert spend is not None
     await spend(130)
     await trio.sleep(MINUTE_SECS)
@@ -79,6 +79,48 @@ async def test_tokens_are_charged_when_spent_and_refuse_once_the_limit_is_reache
     assert spent.refused == "daily"  # a new minute, but the day's tokens are gone
     assert spent.daily is not None
     assert spent.daily.resets_in == DAY_SECS - trio.current_time()
+
+
+async def test_reservations_let_a_key_spend_its_limit_plus_one_request_and_settle(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Tokens read at admission and charged at the end let a burst walk past the limit
+    (30 concurrent requests of a `daily=1000` key spent 90,780). Reserved before they run,
+    the third of three 600-token requests is refused, and what the first did not spend
+    comes back when it ends."""
+    store = memory()
+    limiter = Limiter(store.charge, KeyLimits(rpm=0, tpm=0, daily=1000))
+    admitted = [await limiter.admit("a") for _ in range(3)]
+    first, _ = await limiter.reserve(admitted[0], 600)
+    second, _ = await limiter.reserve(admitted[1], 600)
+    third, refused = await limiter.reserve(admitted[2], 600)
+    assert first is not None
+    assert second is not None
+    assert third is None
+    assert refused.refused == "daily"
+    assert refused.daily is not None
+    assert refused.daily.used == 1200
+    await first(100)  # 500 of its 600 come back
+    assert (await store.charge("daily:a", 0, 0, DAY_SECS)).used == 700
+    await second(650)  # 50 more than it reserved
+    assert (await store.charge("daily:a", 0, 0, DAY_SECS)).used == 750
+
+
+async def test_a_reservation_outliving_its_window_returns_nothing_to_the_next(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    store = memory()
+    limiter = Limiter(store.charge, KeyLimits(rpm=0, tpm=1000, daily=0))
+    spend, _ = await limiter.reserve(await limiter.admit("a"), 800)
+    assert spend is not None
+    await trio.sleep(MINUTE_SECS)  # its minute is over: the next one starts from 0
+    other, _ = await limiter.reserve(await limiter.admit("a"), 300)
+    assert other is not None
+    await spend(10)  # nothing comes off the new minute's 300
+    assert (await store.charge("tokens:a", 0, 0, MINUTE_SECS)).used == 300
+    await other(0, final=False)
+    await other(300)
+    assert (await store.charge("tokens:a", 0, 0, MINUTE_SECS)).used == 300
 
 
 async def test_a_keys_own_limits_override_the_defaults_one_by_one(
@@ -103,7 +145,9 @@ async def test_all_limits_off_counts_nothing() -> None:
     limiter = Limiter(charge, KeyLimits(0, 0, 0))
     admission = await limiter.admit("a")
     assert admission.refused is None
-    assert limiter.spender(admission) is None
+    spend, admission = await limiter.reserve(admission, 10)
+    assert spend is None
+    assert admission.refused is None
     assert calls == []
 
 

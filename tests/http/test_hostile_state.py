@@ -213,3 +213,53 @@ async def test_one_page_of_a_huge_responses_input_items_renders_one_item(
         retrieved = (await http.get(f"/v1/responses/{created['id']}")).json()
         assert len(retrieved["output"]) == 1
     assert rendered == ["rs_0", "rs_89997", "rs_89996"]
+
+
+async def burst(urls: list[str], requests: int) -> list[int]:
+    """`requests` concurrent responses of key-a spread over `urls`: each completed one's
+    tokens (refused ones count none)."""
+    spent: list[int] = []
+    body = {"model": "fake-model", "input": "echo: " + "w " * 60, "max_output_tokens": 80}
+
+    async def one(url: str) -> None:
+        async with httpx.AsyncClient(base_url=url, timeout=60) as http:
+            r = await http.post(
+                "/v1/responses", json=body, headers={"Authorization": "Bearer key-a"}
+            )
+        if r.status_code == 200:
+            spent.append(r.json()["usage"]["total_tokens"])
+        else:
+            assert r.status_code == 429, r.text
+
+    async with trio.open_nursery() as nursery:
+        for n in range(requests):
+            nursery.start_soon(one, urls[n % len(urls)])
+    return spent
+
+
+async def test_a_burst_spends_at_most_the_daily_quota_plus_one_request(
+    start_fake_server: StartServer,
+) -> None:
+    """Before: tokens were read at admission and charged at the end, so 30 concurrent
+    requests of a `daily=1000` key all ran (90,780 tokens spent)."""
+    engine = FakeEngine(step_delay=0.005)
+    server = await start_fake_server(engine, api_keys=KEYS, daily_token_quota=1000, parallel=4)
+    spent = await burst([server.url], 30)
+    assert spent
+    assert sum(spent) <= 1000 + max(spent), spent
+
+
+@pytest.mark.parametrize("fake_store", ["redis"])
+async def test_a_burst_over_two_replicas_spends_at_most_the_quota_plus_one_request(
+    start_fake_server: StartServer, redis_server: RedisServer
+) -> None:
+    shared = {"store": redis_server.url, "redis_key_prefix": f"burst-{time.time_ns()}"}
+    replicas = [
+        await start_fake_server(
+            FakeEngine(step_delay=0.005), api_keys=KEYS, daily_token_quota=1000, **shared
+        )
+        for _ in range(2)
+    ]
+    spent = await burst([replica.url for replica in replicas], 30)
+    assert spent
+    assert sum(spent) <= 1000 + max(spent), spent
