@@ -206,8 +206,17 @@ class SchedulerHandle:
         return await recv.receive()
 
 
+RELEASE_DEADLINE_SECS = 10.0
+"""Returning a reservation is shielded from cancellation, but never waits on a stopped
+store for ever."""
+
+
 async def release(request: GenerationRequest) -> None:
-    """Return what a request refused before it ran reserved on its key's token limits."""
-    if request.spend is not None:
-        with trio.CancelScope(shield=True), contextlib.suppress(StoreUnavailable):
-            await request.spend(0)
+    """Return what a request refused before it ran reserved on its key's token limits
+    (a store that cannot take it back only leaves the key's count high until its window
+    ends)."""
+    if request.spend is None:
+        return
+    failures = (StoreUnavailable, trio.BrokenResourceError, trio.ClosedResourceError)
+    with trio.move_on_after(RELEASE_DEADLINE_SECS, shield=True), contextlib.suppress(*failures):
+        await request.spend(0)
