@@ -142,8 +142,8 @@ FLAGS: tuple[Flag, ...] = (
         float,
         _DEFAULTS.send_timeout_secs,
         "MLXCEL_SEND_TIMEOUT_SECS",
-        "seconds a stream waits for a client that stops reading before treating it as gone "
-        "(its slot is freed)",
+        "seconds a slot waits on a client that has left a whole response's events unread "
+        "before treating it as gone (its slot is freed)",
     ),
     Flag(
         ("--shutdown-timeout-secs",),
