@@ -28,6 +28,7 @@ REPEATS = 20_000
 nothing, so they pass every precheck of a large enough context window."""
 
 KEYS = ("key-a", "key-b")
+SHORT = "echo: " + "w " * 50
 
 
 @pytest.fixture(params=["memory", "sqlite", "redis"])
@@ -263,3 +264,55 @@ async def test_a_burst_over_two_replicas_spends_at_most_the_quota_plus_one_reque
     spent = await burst([replica.url for replica in replicas], 30)
     assert spent
     assert sum(spent) <= 1000 + max(spent), spent
+
+
+async def test_requests_that_hang_up_at_once_return_their_reservations(
+    start_fake_server: StartServer,
+) -> None:
+    """Each request reserves its input plus `max_output_tokens` before it runs; one whose
+    client hangs up at once (running, or still waiting in the line) must give back what
+    it did not spend, or ten of them would hold the key's whole quota."""
+    server = await start_fake_server(
+        FakeEngine(step_delay=0.001),
+        api_keys=KEYS,
+        rate_limit_tpm=100_000,
+        parallel=1,
+        max_queue_depth=4,
+    )
+    host, port = server.url.removeprefix("http://").split(":")
+    for n in range(10):
+        body = json.dumps(
+            {
+                "model": "fake-model",
+                "input": SHORT,
+                "max_output_tokens": 5_000,
+                "stream": n % 2 == 0,
+            }
+        )
+        head = (
+            f"POST /v1/responses HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+            f"Authorization: Bearer {KEYS[0]}\r\nContent-Length: {len(body)}\r\n\r\n"
+        )
+        stream = await trio.open_tcp_stream(host, int(port))
+        await stream.send_all(head.encode() + body.encode())
+        await trio.sleep(n % 3 * 0.005)  # hang up at slightly different moments
+        await stream.aclose()
+    async with httpx.AsyncClient(base_url=server.url, timeout=30) as http:
+        with trio.fail_after(30):
+            while True:  # every abandoned response has ended and settled
+                ask = {"model": "fake-model", "input": "echo: hi", "max_output_tokens": 4}
+                r = await http.post(
+                    "/v1/responses", json=ask, headers={"Authorization": f"Bearer {KEYS[0]}"}
+                )
+                assert r.status_code in (200, 503), r.text
+                stats = (await http.get("/health")).json()["slots"]
+                if r.status_code == 200 and stats["busy"] == 0 and stats["queued"] == 0:
+                    break
+                await trio.sleep(0.05)
+            after = await http.post(
+                "/v1/responses", json=ask, headers={"Authorization": f"Bearer {KEYS[0]}"}
+            )
+    assert after.status_code == 200, after.text
+    remaining = int(after.headers["x-ratelimit-remaining-tokens"])
+    # Ten reservations of over 5,000 tokens each would leave under 50,000.
+    assert remaining > 100_000 - 10 * 1_000, remaining
