@@ -6,8 +6,16 @@ numpy, tensor names are mapped to the Hugging Face / mlx-lm names, and the
 tokenizer is rebuilt from the vocabulary stored in the GGUF
 (:mod:`mlxcel.model.provision.gguf_tokenizer`), so the folder is self-contained.
 
+Two precisions: ``keep_quantized`` writes an mlx-lm quantised folder in which
+every block-quantised matrix keeps the file's own precision, re-packed into
+MLX's affine groups of 32 (:mod:`mlxcel.model.provision.gguf_quant`), with
+the ``quantization`` blocks in ``config.json`` that make ``mlx_lm.load``
+build the matching ``QuantizedLinear`` / ``QuantizedEmbedding`` per module;
+float tensors stay float. Without it every tensor is dequantised to float
+(about four times the disk and memory, but MLX's CPU float matmul is fast).
+
 Weights are streamed into a single ``model.safetensors`` one tensor at a
-time, so peak memory is about one dequantised tensor, not the whole model.
+time, so peak memory is about one (dequantised) tensor, not the whole model.
 
 Supported: architectures ``qwen2`` and ``llama`` with a byte-level BPE
 tokenizer. llama.cpp stores llama's Q/K projections with rows interleaved
@@ -26,10 +34,17 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-from gguf import GGUFReader, ReaderTensor
+from gguf import GGMLQuantizationType, GGUFReader, ReaderTensor
 from gguf.quants import dequantize
 from tqdm import tqdm  # type: ignore[import-untyped, unused-ignore]
 
+from mlxcel.model.provision.gguf_quant import (
+    GROUP_SIZE,
+    Report,
+    mlx_bits,
+    quantization_config,
+    quantized_producer,
+)
 from mlxcel.model.provision.gguf_tokenizer import (
     TokenizerFacts,
     build_tokenizer,
@@ -42,6 +57,9 @@ log = logging.getLogger(__name__)
 SUPPORTED_ARCHITECTURES = ("qwen2", "llama")
 #: Output dtype -> (safetensors dtype tag, numpy storage dtype).
 DTYPES = {"float32": ("F32", "<f4"), "float16": ("F16", "<f2"), "bfloat16": ("BF16", "<u2")}
+#: Safetensors dtype tag -> numpy storage dtype (U32: MLX's packed quantised weights).
+_STORAGE = {"F32": "<f4", "F16": "<f2", "BF16": "<u2", "U32": "<u4"}
+_FLOAT_TYPES = (GGMLQuantizationType.F32, GGMLQuantizationType.F16, GGMLQuantizationType.BF16)
 
 _LAYER_MAP = {
     "attn_norm": "input_layernorm",
@@ -72,16 +90,26 @@ Transform = Callable[[Array], Array]
 Plan = list[tuple[str, ReaderTensor, Transform | None]]
 #: ``(name, shape, produce)``: a tensor to write and how to compute it when its turn comes.
 Entry = tuple[str, tuple[int, ...], Callable[[], Array]]
+#: ``(name, safetensors dtype tag, shape)`` of one stored tensor.
+Spec = tuple[str, str, tuple[int, ...]]
+#: Tensors computed together (a quantised weight with its scales and biases) and how.
+Group = tuple[tuple[Spec, ...], Callable[[], Sequence[Array]]]
 
 
 def convert_gguf(
-    gguf_path: Path, out_dir: Path, dtype: str = "float32", progress: bool = True
+    gguf_path: Path,
+    out_dir: Path,
+    dtype: str = "float32",
+    progress: bool = True,
+    *,
+    keep_quantized: bool = False,
 ) -> None:
     """Write weights, ``config.json`` and tokenizer files for ``gguf_path`` into ``out_dir``.
 
-    ``dtype`` is the storage type of the weights: ``float32`` (fastest on
+    ``dtype`` is the storage type of float weights: ``float32`` (fastest on
     x86 CPUs, where MLX's half-precision kernels are slow), ``float16`` or
-    ``bfloat16``.
+    ``bfloat16``. ``keep_quantized`` keeps block-quantised matrices quantised
+    (MLX affine, group 32) instead of dequantising them to ``dtype``.
     """
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {sorted(DTYPES)}, not {dtype!r}")
@@ -96,9 +124,20 @@ def convert_gguf(
     plan = _tensor_plan(reader, arch, config)
     config["tie_word_embeddings"] = all(name != "lm_head.weight" for name, _, _ in plan)
 
+    report: Report = []
+    groups, bits = _tensor_groups(plan, dtype, keep_quantized, report)
+    if bits:
+        config["quantization"] = quantization_config(bits)
+        config["quantization_config"] = quantization_config(bits)
+
     out_dir.mkdir(parents=True, exist_ok=True)
-    entries = [(name, _np_shape(t), _producer(t, fn)) for name, t, fn in plan]
-    write_safetensors(out_dir / "model.safetensors", entries, dtype, progress)
+    write_groups(out_dir / "model.safetensors", groups, progress)
+    if report:
+        name, qtype, error, largest = max(report, key=lambda r: r[2] / max(r[3], 1e-30))
+        log.info(
+            "%d tensors re-quantised to 8 bits; largest error %.3g in %s (%s, largest weight %.3g)",
+            len(report), error, name, qtype, largest,
+        )  # fmt: skip
     tokenizer.save(str(out_dir / "tokenizer.json"))
     write_json(out_dir / "config.json", config)
     max_length = int(config["max_position_embeddings"])
@@ -231,56 +270,102 @@ def _np_shape(tensor: ReaderTensor) -> tuple[int, ...]:
     return tuple(int(d) for d in reversed(tensor.shape.tolist()))
 
 
-def _producer(tensor: ReaderTensor, transform: Transform | None) -> Callable[[], Array]:
-    def produce() -> Array:
+def _tensor_groups(
+    plan: Plan, dtype: str, keep_quantized: bool, report: Report
+) -> tuple[list[Group], dict[str, int]]:
+    """What to write for each planned tensor, and the MLX bits of each quantised module.
+
+    A matrix whose GGUF type has an MLX re-packing becomes ``weight`` (U32),
+    ``scales`` and ``biases`` (F32) of its module when ``keep_quantized``;
+    everything else is stored as float ``dtype``.
+    """
+    tag = DTYPES[dtype][0]
+    groups: list[Group] = []
+    bits: dict[str, int] = {}
+    for name, tensor, transform in plan:
+        shape = _np_shape(tensor)
+        qtype = tensor.tensor_type
+        width = mlx_bits(qtype) if keep_quantized and len(shape) == 2 else None
+        if width is None:
+            if keep_quantized and qtype not in _FLOAT_TYPES:
+                log.info("%s: no MLX re-packing for %s; stored as %s", name, qtype.name, dtype)
+            groups.append((((name, tag, shape),), _producer(tensor, transform)))
+            continue
+        module = name.removesuffix(".weight")
+        rows, cols = shape
+        specs = (
+            (name, "U32", (rows, cols * width // 32)),
+            (f"{module}.scales", "F32", (rows, cols // GROUP_SIZE)),
+            (f"{module}.biases", "F32", (rows, cols // GROUP_SIZE)),
+        )
+        groups.append((specs, quantized_producer(name, tensor, transform, report)))
+        bits[module] = width
+    return groups, bits
+
+
+def _producer(tensor: ReaderTensor, transform: Transform | None) -> Callable[[], list[Array]]:
+    def produce() -> list[Array]:
         values = dequantize(tensor.data, tensor.tensor_type)
         values = np.asarray(values, dtype=np.float32).reshape(_np_shape(tensor))
-        return values if transform is None else transform(values)
+        return [values if transform is None else transform(values)]
 
     return produce
 
 
-def _encode(values: Array, dtype: str) -> bytes:
-    if dtype == "bfloat16":
+def _encode(values: Array, tag: str) -> bytes:
+    if tag == "BF16":
         bits = np.ascontiguousarray(values, dtype="<f4").view("<u4")
         # Round to nearest even on the 16 dropped mantissa bits.
         lsb = (bits >> np.uint32(16)) & np.uint32(1)
         return ((bits + np.uint32(0x7FFF) + lsb) >> np.uint32(16)).astype("<u2").tobytes()
-    return np.ascontiguousarray(values, dtype=DTYPES[dtype][1]).tobytes()
+    return np.ascontiguousarray(values, dtype=_STORAGE[tag]).tobytes()
 
 
 def write_safetensors(
     path: Path, entries: Sequence[Entry], dtype: str = "float32", progress: bool = False
 ) -> None:
-    """Stream tensors into a safetensors file, producing each only when it is written.
+    """Stream float tensors into a safetensors file, producing each only when it is written."""
+    tag = DTYPES[dtype][0]
+    groups: list[Group] = [
+        (((name, tag, shape),), _one(produce)) for name, shape, produce in entries
+    ]
+    write_groups(path, groups, progress)
+
+
+def _one(produce: Callable[[], Array]) -> Callable[[], list[Array]]:
+    return lambda: [produce()]
+
+
+def write_groups(path: Path, groups: Sequence[Group], progress: bool = False) -> None:
+    """Stream tensors into a safetensors file, producing each group only when it is written.
 
     The header needs every shape up front, which the GGUF tensor table (or
     the caller) already knows, so no tensor has to be held in memory
     before its turn.
     """
-    st_dtype, np_dtype = DTYPES[dtype]
-    itemsize = np.dtype(np_dtype).itemsize
     header: dict[str, Any] = {"__metadata__": {"format": "mlx"}}
     offset = 0
-    for name, shape, _ in entries:
-        size = int(np.prod(shape, dtype=np.int64)) * itemsize
-        header[name] = {
-            "dtype": st_dtype,
-            "shape": list(shape),
-            "data_offsets": [offset, offset + size],
-        }
-        offset += size
+    for specs, _ in groups:
+        for name, tag, shape in specs:
+            size = int(np.prod(shape, dtype=np.int64)) * np.dtype(_STORAGE[tag]).itemsize
+            header[name] = {
+                "dtype": tag,
+                "shape": list(shape),
+                "data_offsets": [offset, offset + size],
+            }
+            offset += size
     blob = json.dumps(header, separators=(",", ":")).encode()
     blob += b" " * (-len(blob) % 8)
-    bar = tqdm(total=len(entries), unit="tensor", desc="Converting", disable=not progress)
+    bar = tqdm(total=len(groups), unit="tensor", desc="Converting", disable=not progress)
     with path.open("wb") as out, bar:
         out.write(len(blob).to_bytes(8, "little"))
         out.write(blob)
-        for name, shape, produce in entries:
-            values = produce()
-            if tuple(values.shape) != tuple(shape):
-                raise ValueError(f"{name}: produced shape {values.shape}, expected {shape}")
-            out.write(_encode(values, dtype))
+        for specs, produce in groups:
+            arrays = produce()
+            for (name, tag, shape), values in zip(specs, arrays, strict=True):
+                if tuple(values.shape) != tuple(shape):
+                    raise ValueError(f"{name}: produced shape {values.shape}, expected {shape}")
+                out.write(_encode(values, tag))
             bar.update(1)
 
 
