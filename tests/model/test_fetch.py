@@ -43,7 +43,8 @@ def _wheel(directory: Path, package: str, member: str, payload: bytes) -> Path:
 def _spec(sha256: str) -> ModelSpec:
     return ModelSpec(
         name="Fake",
-        folder="fake-f32",
+        stem="fake",
+        quant="q4km",
         packages=("fake-model-part1", "fake-model-part2"),
         version="1.0.0",
         members=("fake_model_part1/data/part01.bin", "fake_model_part2/data/part02.bin"),
@@ -67,11 +68,18 @@ def private_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return tmp_path / "cache"
 
 
-def _fake_convert(calls: list[Path]) -> Callable[..., None]:
+def _fake_convert(calls: list[Path], kept: list[bool] | None = None) -> Callable[..., None]:
     def convert(
-        gguf_path: Path, out_dir: Path, dtype: str = "float32", progress: bool = True
+        gguf_path: Path,
+        out_dir: Path,
+        dtype: str = "float32",
+        progress: bool = True,
+        *,
+        keep_quantized: bool = False,
     ) -> None:
         calls.append(gguf_path)
+        if kept is not None:
+            kept.append(keep_quantized)
         assert gguf_path.read_bytes() == b"".join(PARTS)
         out_dir.mkdir(parents=True)
         (out_dir / "config.json").write_text("{}")
@@ -113,7 +121,7 @@ def test_ensure_model_is_idempotent_and_marker_guarded(
     calls: list[Path] = []
     monkeypatch.setattr("mlxcel.model.provision.gguf_convert.convert_gguf", _fake_convert(calls))
     target = ensure_model(spec, progress=False, wheel_dir=directory)
-    assert target == private_cache / "models" / "fake-f32"
+    assert target == private_cache / "models" / "fake-q4km"
     assert is_ready(target)
     assert json.loads((target / MARKER).read_text())["sha256"] == spec.sha256
     assert ensure_model(spec, progress=False, wheel_dir=directory) == target
@@ -121,21 +129,41 @@ def test_ensure_model_is_idempotent_and_marker_guarded(
     ensure_model(spec, progress=False, wheel_dir=directory, force=True)
     assert len(calls) == 2
     # only the finished folder and the lock remain: no GGUF, no work directories
-    assert sorted(p.name for p in target.parent.iterdir()) == [".fake-f32.lock", "fake-f32"]
+    assert sorted(p.name for p in target.parent.iterdir()) == [".fake-q4km.lock", "fake-q4km"]
     assert directory.exists()  # caller-provided wheels are left alone
+
+
+def test_each_precision_has_its_own_folder(
+    wheels: tuple[Path, ModelSpec], monkeypatch: pytest.MonkeyPatch, private_cache: Path
+) -> None:
+    directory, spec = wheels
+    calls: list[Path] = []
+    kept: list[bool] = []
+    monkeypatch.setattr(
+        "mlxcel.model.provision.gguf_convert.convert_gguf", _fake_convert(calls, kept)
+    )
+    source = ensure_model(spec, progress=False, wheel_dir=directory)
+    full = ensure_model(spec.at("float32"), progress=False, wheel_dir=directory)
+    assert (source.name, full.name) == ("fake-q4km", "fake-f32")
+    assert kept == [True, False]  # the source precision keeps the blocks quantised
+    assert json.loads((source / MARKER).read_text())["precision"] == "source"
+    assert json.loads((full / MARKER).read_text())["precision"] == "float32"
+    assert default_model_dir().name == "qwen2.5-coder-0.5b-instruct-q4km"
+    with pytest.raises(ValueError, match="precision"):
+        spec.at("int4")
 
 
 def test_unfinished_folder_is_not_ready_and_gets_replaced(
     wheels: tuple[Path, ModelSpec], monkeypatch: pytest.MonkeyPatch, private_cache: Path
 ) -> None:
     directory, spec = wheels
-    partial = private_cache / "models" / "fake-f32"
+    partial = private_cache / "models" / "fake-q4km"
     partial.mkdir(parents=True)
     (partial / "model.safetensors").write_bytes(b"half")
     assert not is_ready(partial)
     (partial / MARKER).write_text(json.dumps({"format": -1}))
     assert not is_ready(partial)  # a marker from another converter format
-    killed = private_cache / "models" / ".fake-f32.work-killed"
+    killed = private_cache / "models" / ".fake-q4km.work-killed"
     killed.mkdir()
     monkeypatch.setattr("mlxcel.model.provision.gguf_convert.convert_gguf", _fake_convert([]))
     target = ensure_model(spec, progress=False, wheel_dir=directory)
@@ -152,7 +180,7 @@ def test_bad_hash_leaves_nothing_behind(
     monkeypatch.setattr("mlxcel.model.provision.gguf_convert.convert_gguf", _fake_convert([]))
     with pytest.raises(ModelFetchError, match="checksum mismatch"):
         ensure_model(spec, progress=False, wheel_dir=directory)
-    assert [p.name for p in (private_cache / "models").iterdir()] == [".fake-f32.lock"]
+    assert [p.name for p in (private_cache / "models").iterdir()] == [".fake-q4km.lock"]
 
 
 def test_main_prints_the_folder_and_reports_errors(
@@ -165,7 +193,12 @@ def test_main_prints_the_folder_and_reports_errors(
 
     monkeypatch.setattr(fetch, "ensure_model", fake_ensure)
     assert fetch.main(["--quiet"]) == 0
+    assert capsys.readouterr().out.strip() == str(tmp_path / "qwen2.5-coder-0.5b-instruct-q4km")
+    assert fetch.main(["--quiet", "--precision", "float32"]) == 0
     assert capsys.readouterr().out.strip() == str(tmp_path / "qwen2.5-coder-0.5b-instruct-f32")
+    with pytest.raises(SystemExit):
+        fetch.main(["--precision", "float16"])
+    assert "invalid choice" in capsys.readouterr().err
     assert fetch.main(["--model", "smollm2"]) == 1
     captured = capsys.readouterr()
     assert captured.out == ""
