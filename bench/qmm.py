@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from qmm_harness import Kernel, build, cpu_supports
+from qmm_harness import Kernel, build, cpu_has_amx, cpu_supports
 
 from mlxcel.model.blas import describe, load_fast_blas
 
@@ -216,7 +216,9 @@ def main() -> None:
         kern = Kernel.load(build(isa, tmp))
         kern.set_threads(args.threads)
         threads = args.threads or len(os.sched_getaffinity(0))
-        print(f"kernel build {kern.isa}, {threads} threads; {describe(blas)}")
+        amx = isa == "avx512" and cpu_has_amx() and os.environ.get("MLXCEL_QMM_AMX") != "0"
+        print(f"kernel build {kern.isa}{' with AMX from M = 5' if amx else ''},"
+              f" {threads} threads; {describe(blas)}")  # fmt: skip
         ms = [1, 16] if args.quick else [1, 4, 16, 64, 600]
         if not args.skip_shapes:
             per_shape(kern, ms, SHAPES[::3] if args.quick else SHAPES, rng)

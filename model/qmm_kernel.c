@@ -3,31 +3,39 @@
  * qmm_kernel.h for the contract.
  *
  * Why a kernel of our own: MLX's CPU quantized_matmul dequantizes per output
- * element, so at decode (few rows of x) it re-reads and re-unpacks every
- * weight for every row and runs far below the memory bandwidth. Here every
- * weight block is unpacked and dequantized ONCE into a small float panel
- * that stays in L1, and that panel is then used for all M rows of x.
+ * element, so with a few rows of x it re-reads and re-unpacks every weight
+ * for every row and runs far below the memory bandwidth. Here each block of
+ * weights is unpacked and dequantized ONCE and then used for all M rows.
  *
  * Build: one source, the instruction set is chosen when compiling:
  *   AVX-512  -mavx512f -mavx512bw -mavx512vl -mfma -mbmi2 [-mavx512vbmi]
  *   AVX2     -mavx2 -mfma -mbmi2 -mf16c
  *   generic  neither (portable C, for tests and other CPUs)
- * The loader checks that the CPU supports the build it loads.
+ * The loader checks that the CPU supports the build it loads. The AVX-512
+ * build with VBMI also carries an AMX path (compiled with a function-level
+ * target, so no extra flags) that it uses only when the CPU has AMX and the
+ * OS grants the tile state at run time (MLXCEL_QMM_AMX=0 switches it off).
  *
- * Paths, by the number of rows M:
- *   M < QMM_BLAS_MIN_M  panel: for each tile of QMM_NT weight rows and each
- *                       block of K, unpack (BMI2 pdep, or AVX512-VBMI
- *                       multishift) and dequantize into an L1 float panel, then
- *                       a register-tiled QMM_MT x QMM_NT microkernel runs over
- *                       all M rows. Threads split N.
- *   otherwise           blas: dequantize tiles of rows into a float buffer
- *                       (threads split the rows), then cblas_sgemm. Used only
- *                       when a cblas_sgemm is bound in the process (weak
- *                       symbol or global lookup); the program is expected to
- *                       have bound a fast one (OpenBLAS) before loading this.
+ * Paths, by the number of rows M (thresholds measured on Sapphire Rapids):
+ *   direct  M <= QMM_DMT: per tile of QMM_NT weight rows, unpack (BMI2 pdep,
+ *           or AVX512-VBMI vpmultishiftqb) to bytes, then each vector of
+ *           weights is widened, converted and dequantized in registers and
+ *           used at once for all M rows (accumulators in registers).
+ *   amx     M >= QMM_AMX_MIN_M, AMX usable: bf16 tile products, exact (see
+ *           the AMX section), about twice the float kernels' speed.
+ *   panel   otherwise below QMM_BLAS_MIN_M: weights dequantized to an L1
+ *           float panel, then a QMM_MT x QMM_NT register-tiled microkernel
+ *           runs over all M rows.
+ *   blas    M >= QMM_BLAS_MIN_M without AMX: tiles of rows dequantized into
+ *           a float buffer (threads split the rows), then cblas_sgemm. Used
+ *           only when a cblas_sgemm is bound in the process (weak symbol or
+ *           global lookup); the program is expected to have bound a fast one
+ *           (OpenBLAS) before calling.
+ * Threads split N in every path (a persistent pool; see below).
  * Compile-time knobs (tests use them to reach every path): QMM_BLAS_MIN_M,
- * QMM_KB (K block of the panel), QMM_SPIN_US (how long idle workers spin
- * before sleeping), QMM_NO_VBMI.
+ * QMM_AMX_MIN_M, QMM_NO_AMX, QMM_NO_VBMI, QMM_KB (K block of the float
+ * paths), QMM_SPIN_US (how long idle workers spin before they sleep), and
+ * QMM_TESTING (exports mlxcel_qmm_last_path for the tests).
  */
 #define _GNU_SOURCE
 #include "qmm_kernel.h"
@@ -66,7 +74,7 @@
 #define QMM_KB 1024 /* K block of the float panel: QMM_NT * QMM_KB * 4 bytes in L1 */
 #endif
 #ifndef QMM_SPIN_US
-#define QMM_SPIN_US 300
+#define QMM_SPIN_US 100
 #endif
 #define QMM_MAX_THREADS 64
 #define INLINE static inline __attribute__((always_inline))
@@ -264,11 +272,24 @@ typedef struct {
   /* rows [r_begin, r_end) in chunks of rows_per_chunk */
   long r_begin, r_end, rows_per_chunk;
   float *wbuf; /* blas path: rows [r_begin, r_end) dequantized here */
+  const uint16_t *xt; /* amx path: x as bf16 tiles, see amx_prep_x */
+  const float *xg;    /* amx path: x summed per group */
+  long mtiles;
 } job_t;
+
+#if defined(QMM_VBMI) && !defined(QMM_NO_AMX) && (defined(__clang__) || __GNUC__ >= 11)
+#define QMM_AMX 1
+#define QMM_AKB 1024 /* K block of the amx path's bf16 weight tiles */
+#define QMM_ANT 4    /* tiles of 16 weight rows converted together, sharing x's tiles */
+#endif
 
 typedef struct {
   uint8_t ub[QMM_NT][QMM_KB] __attribute__((aligned(64)));
   float wf[QMM_NT][QMM_KB] __attribute__((aligned(64)));
+#if defined(QMM_AMX)
+  uint16_t ab[QMM_ANT][QMM_AKB / 32][16][32] __attribute__((aligned(64)));
+  float cbuf[2][16][16] __attribute__((aligned(64)));
+#endif
 } scratch_t;
 
 /* One byte per value for values [k0, k0 + kb) of weight row r: the weights
@@ -484,6 +505,276 @@ static void blas_rows(const job_t *J, long n0, long n1, scratch_t *S) {
 }
 
 /* ------------------------------------------------------------------------
+ * AMX path (Sapphire Rapids and later, when the OS grants the tile state):
+ * the tile multiplier computes bf16 products with float32 sums, so it is
+ * used only where that is exact. A quantized value q (at most 8 bits) is an
+ * exact bf16. x is cut into three bf16 parts x1 + x2 + x3 == x (exactly:
+ * each part keeps the next 8 significant bits), so every product q * xi is
+ * exact and the tiles sum them in float32, as the float kernels do:
+ *   P[n][m] = sum over a group of q[n][k] * x[m][k]      (3 tile products)
+ *   y[m][n] = sum over groups of s[n][g] * P[n][m] + b[n][g] * X[m][g]
+ * with X[m][g] the group sums of x. Tiles: 0 weights (16 rows n x 32 k),
+ * 1-3 the parts of x (16 pairs of k x 16 m, "VNNI" pairs), 4-5 two
+ * accumulators used in turn so one group's scaling overlaps the next one's
+ * products.
+ * ------------------------------------------------------------------------ */
+#if defined(QMM_AMX)
+#include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#define AMX_TARGET __attribute__((target("amx-tile,amx-bf16")))
+#ifndef QMM_AMX_MIN_M
+#define QMM_AMX_MIN_M 5
+#endif
+
+static int amx_state; /* 0: not yet checked, 1: usable, -1: not */
+
+/* CPU support, the OS's permission (Linux >= 5.16), and MLXCEL_QMM_AMX=0 unset. */
+static int amx_usable(void) {
+  if (amx_state == 0) {
+    const char *env = getenv("MLXCEL_QMM_AMX");
+    unsigned a, b, c, d;
+    int ok = !(env && env[0] == '0') && __get_cpuid_count(7, 0, &a, &b, &c, &d) &&
+             (d >> 24 & 1) && (d >> 22 & 1);
+    /* ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA: once for the whole process */
+    ok = ok && syscall(SYS_arch_prctl, 0x1023, 18) == 0;
+    amx_state = ok ? 1 : -1;
+  }
+  return amx_state > 0;
+}
+
+/* Word lane i of 32 gets the 16 bits at bit i*bits (vpermb + vpsrlvw); a
+ * table lookup (vpermw: low 5 bits; vpermt2w: low 6) maps it to bf16. */
+static uint8_t AMX_WIDX[9][64];
+static uint16_t AMX_WSHIFT[9][32], AMX_BF16[9][64];
+
+static uint16_t bf16_of(unsigned v) {
+  const float f = (float)v;
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  return (uint16_t)(u >> 16); /* exact: v < 256 has at most 8 significant bits */
+}
+
+static void amx_tables(void) {
+  for (int bits = 2; bits <= 8; bits++) {
+    for (int i = 0; i < 32; i++) {
+      const int byte = i * bits >> 3;
+      AMX_WIDX[bits][2 * i] = (uint8_t)byte;
+      AMX_WIDX[bits][2 * i + 1] = (uint8_t)(byte + 1);
+      AMX_WSHIFT[bits][i] = (uint16_t)(i * bits & 7);
+    }
+    for (int j = 0; j < 64; j++) AMX_BF16[bits][j] = bf16_of((unsigned)j & ((1u << bits) - 1u));
+  }
+}
+
+/* Word indices taking the high halves of 32 floats in a and b: their bf16
+ * truncations, in order. */
+INLINE __m512i hi_words(__m512i a, __m512i b) {
+  const __m512i idx = _mm512_set_epi16(63, 61, 59, 57, 55, 53, 51, 49, 47, 45, 43, 41, 39, 37, 35,
+                                       33, 31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
+  return _mm512_permutex2var_epi16(a, idx, b);
+}
+
+/* 32 values of a weight row (from the byte holding value 0) as bf16 words. */
+INLINE __m512i row32_bf16(const uint8_t *src, int bits, __m512i widx, __m512i wshift,
+                          __m512i t0, __m512i t1) {
+  if (bits == 8) {
+    const __m128i *p = (const __m128i *)src;
+    const __m512 a = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(p)));
+    const __m512 b = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(p + 1)));
+    return hi_words(_mm512_castps_si512(a), _mm512_castps_si512(b));
+  }
+  __m512i v = _mm512_maskz_loadu_epi8((1ULL << (4 * bits)) - 1, src);
+  v = _mm512_srlv_epi16(_mm512_permutexvar_epi8(widx, v), wshift);
+  return bits == 6 ? _mm512_permutex2var_epi16(t0, v, t1) : _mm512_permutexvar_epi16(v, t0);
+}
+
+/* Weight rows [r0, r0 + 16) (rows past nt repeat the last), `steps` steps
+ * of 32 values from k0, into bf16 tiles ab[step][16][32]. */
+static void amx_convert(const job_t *J, long r0, int nt, long k0, long steps,
+                        uint16_t (*ab)[16][32]) {
+  const int bits = J->bits;
+  const __m512i widx = _mm512_loadu_si512(AMX_WIDX[bits]);
+  const __m512i wshift = _mm512_loadu_si512(AMX_WSHIFT[bits]);
+  const __m512i t0 = _mm512_loadu_si512(AMX_BF16[bits]), t1 = _mm512_loadu_si512(AMX_BF16[bits] + 32);
+  for (int r = 0; r < 16; r++) {
+    const uint8_t *src = J->w + (r0 + (r < nt ? r : nt - 1)) * J->wrow + k0 * bits / 8;
+    for (long ks = 0; ks < steps; ks++)
+      _mm512_store_si512(ab[ks][r], row32_bf16(src + ks * 4 * bits, bits, widx, wshift, t0, t1));
+  }
+}
+
+INLINE void transpose16(__m512i r[16]) {
+  __m512i t[16];
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+    t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 16; i += 4) {
+    r[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+    r[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+    r[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+    r[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+  }
+  for (int i = 0; i < 4; i++) {
+    t[i] = _mm512_shuffle_i32x4(r[i], r[i + 4], 0x88);
+    t[i + 4] = _mm512_shuffle_i32x4(r[i], r[i + 4], 0xdd);
+    t[i + 8] = _mm512_shuffle_i32x4(r[i + 8], r[i + 12], 0x88);
+    t[i + 12] = _mm512_shuffle_i32x4(r[i + 8], r[i + 12], 0xdd);
+  }
+  for (int i = 0; i < 4; i++) {
+    r[i] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0x88);
+    r[i + 8] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0xdd);
+    r[i + 4] = _mm512_shuffle_i32x4(t[i + 4], t[i + 12], 0x88);
+    r[i + 12] = _mm512_shuffle_i32x4(t[i + 4], t[i + 12], 0xdd);
+  }
+}
+
+/* Chunk = m-tiles [t0, t1): x rows cut into bf16 parts, laid out as tiles
+ * xt[mtile][kstep][part][16 pairs][16 m][2], and group sums xg[mtile][g][16]. */
+static void amx_prep_x(const job_t *J, long t0, long t1, scratch_t *S) {
+  (void)S;
+  const long K = J->k, KS = K / 32, G = J->gpr;
+  const __m512i hi = _mm512_set1_epi32((int)0xFFFF0000u);
+  uint16_t *xt = (uint16_t *)J->xt;
+  float *xg = (float *)J->xg;
+  for (long mt = t0; mt < t1; mt++) {
+    for (long ks = 0; ks < KS; ks++) {
+      __m512i part[3][16];
+      for (int i = 0; i < 16; i++) {
+        const long m = mt * 16 + i;
+        __m512 a = _mm512_setzero_ps(), b = a;
+        if (m < J->m) {
+          a = _mm512_loadu_ps(J->x + m * K + ks * 32);
+          b = _mm512_loadu_ps(J->x + m * K + ks * 32 + 16);
+        }
+        for (int p = 0; p < 3; p++) {
+          const __m512 ah = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(a), hi));
+          const __m512 bh = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(b), hi));
+          part[p][i] = hi_words(_mm512_castps_si512(ah), _mm512_castps_si512(bh));
+          a = _mm512_sub_ps(a, ah); /* exact: the bits below the 8 kept */
+          b = _mm512_sub_ps(b, bh);
+        }
+      }
+      for (int p = 0; p < 3; p++) {
+        transpose16(part[p]);
+        uint16_t *tile = xt + ((mt * KS + ks) * 3 + p) * 512;
+        for (int r = 0; r < 16; r++) _mm512_store_si512(tile + r * 32, part[p][r]);
+      }
+    }
+    for (int i = 0; i < 16; i++) {
+      const long m = mt * 16 + i;
+      for (long g = 0; g < G; g++) {
+        float sum = 0.0f;
+        if (m < J->m) {
+          __m512 v = _mm512_setzero_ps();
+          for (int k = 0; k < J->group; k += 16)
+            v = _mm512_add_ps(v, _mm512_loadu_ps(J->x + m * K + g * J->group + k));
+          sum = _mm512_reduce_add_ps(v);
+        }
+        xg[(mt * G + g) * 16 + i] = sum;
+      }
+    }
+  }
+}
+
+typedef struct {
+  uint8_t palette, start_row, reserved[14];
+  uint16_t colsb[16];
+  uint8_t rows[16];
+} amx_cfg_t;
+
+AMX_TARGET static void amx_config(void) {
+  amx_cfg_t c;
+  memset(&c, 0, sizeof c);
+  c.palette = 1;
+  for (int t = 0; t < 6; t++) {
+    c.colsb[t] = 64;
+    c.rows[t] = 16;
+  }
+  _tile_loadconfig(&c);
+}
+
+/* Accumulator tile T holds one group's products; stored to cbuf. */
+#define AMX_GROUP(T, gi, cb)                                                                 \
+  do {                                                                                      \
+    _tile_zero(T);                                                                          \
+    for (long j = 0; j < g32; j++) {                                                        \
+      const long ks = (gi)*g32 + j;                                                         \
+      _tile_loadd(0, ab[ks], 64);                                                           \
+      _tile_loadd(1, xt + ks * 1536, 64);                                                   \
+      _tile_loadd(2, xt + ks * 1536 + 512, 64);                                             \
+      _tile_loadd(3, xt + ks * 1536 + 1024, 64);                                            \
+      _tile_dpbf16ps(T, 0, 1);                                                              \
+      _tile_dpbf16ps(T, 0, 2);                                                              \
+      _tile_dpbf16ps(T, 0, 3);                                                              \
+    }                                                                                       \
+    _tile_stored(T, cb, 64);                                                                \
+  } while (0)
+
+/* acc[r] += s[r][g] * P[r] + b[r][g] * X[g]: rows past nt repeat the last. */
+INLINE void amx_scale(__m512 acc[16], const float *cb, const float *s, const float *b,
+                      const float *xg, long G, int nt) {
+  const __m512 xv = _mm512_loadu_ps(xg);
+  for (int r = 0; r < 16; r++) {
+    const long rr = r < nt ? r : nt - 1;
+    acc[r] = _mm512_fmadd_ps(_mm512_load_ps(cb + r * 16), _mm512_set1_ps(s[rr * G]), acc[r]);
+    acc[r] = _mm512_fmadd_ps(xv, _mm512_set1_ps(b[rr * G]), acc[r]);
+  }
+}
+
+/* y[m-tile mt][rows r0..r0+nt) (+)= this K block's share. */
+AMX_TARGET static void amx_block(const job_t *J, long r0, int nt, long mt, long ks0, long nks,
+                                 uint16_t (*ab)[16][32], scratch_t *S, int add) {
+  const long G = J->gpr, g32 = J->group / 32, g0 = ks0 / g32, ng = nks / g32;
+  const uint16_t *xt = J->xt + (mt * (J->k / 32) + ks0) * 1536;
+  const float *xg = J->xg + (mt * G + g0) * 16;
+  const float *s = J->s + r0 * G + g0, *b = J->b + r0 * G + g0;
+  __m512 acc[16];
+  for (int r = 0; r < 16; r++) acc[r] = _mm512_setzero_ps();
+  for (long gi = 0; gi < ng; gi++) {
+    if (gi & 1)
+      AMX_GROUP(5, gi, S->cbuf[1]);
+    else
+      AMX_GROUP(4, gi, S->cbuf[0]);
+    if (gi > 0)
+      amx_scale(acc, S->cbuf[(gi - 1) & 1][0], s + gi - 1, b + gi - 1, xg + (gi - 1) * 16, G, nt);
+  }
+  amx_scale(acc, S->cbuf[(ng - 1) & 1][0], s + ng - 1, b + ng - 1, xg + (ng - 1) * 16, G, nt);
+  __m512i out[16];
+  for (int r = 0; r < 16; r++) out[r] = _mm512_castps_si512(acc[r]);
+  transpose16(out); /* out[i]: row m of y, lanes = the nt rows of w */
+  const __mmask16 cols = (__mmask16)((1u << nt) - 1u);
+  for (int i = 0; i < 16 && mt * 16 + i < J->m; i++) {
+    float *y = J->y + (mt * 16 + i) * J->n + r0;
+    __m512 v = _mm512_castsi512_ps(out[i]);
+    if (add) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(cols, y));
+    _mm512_mask_storeu_ps(y, cols, v);
+  }
+}
+
+/* Rows [n0, n1) of y (n0 a multiple of 16), all M rows: QMM_ANT tiles of
+ * weight rows at a time, so each tile of x is read from memory once for
+ * all of them. */
+AMX_TARGET static void amx_rows(const job_t *J, long n0, long n1, scratch_t *S) {
+  amx_config();
+  for (long base = n0; base < n1; base += 16 * QMM_ANT) {
+    for (long k0 = 0; k0 < J->k; k0 += QMM_AKB) {
+      const long kb = J->k - k0 < QMM_AKB ? J->k - k0 : QMM_AKB;
+      for (long r0 = base, t = 0; r0 < n1 && t < QMM_ANT; r0 += 16, t++)
+        amx_convert(J, r0, (int)(n1 - r0 < 16 ? n1 - r0 : 16), k0, kb / 32, S->ab[t]);
+      for (long mt = 0; mt < J->mtiles; mt++)
+        for (long r0 = base, t = 0; r0 < n1 && t < QMM_ANT; r0 += 16, t++)
+          amx_block(J, r0, (int)(n1 - r0 < 16 ? n1 - r0 : 16), mt, k0 / 32, kb / 32, S->ab[t], S,
+                    k0 > 0);
+    }
+  }
+  _tile_release();
+}
+#endif
+
+/* ------------------------------------------------------------------------
  * Thread pool: persistent workers, spin then sleep. One 64-bit ticket holds
  * generation (16 bits), chunk count (24) and next chunk (24), so claiming a
  * chunk is one CAS and a late worker can never claim a chunk of a job that
@@ -512,6 +803,8 @@ static struct {
   pthread_cond_t cv;
   float *wbuf;
   size_t wbuf_floats;
+  char *xbuf;
+  size_t xbuf_bytes;
 } P = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
 
 static double now_us(void) {
@@ -646,13 +939,13 @@ static sgemm_fn find_sgemm(void) {
   return fn;
 }
 
-/* Chunks of at least `min_rows` rows (a multiple of QMM_NT), about four per
+/* Chunks of at least `min_rows` rows (a multiple of `align`), about four per
  * thread so a busy core does not hold the call up. */
-static long split(job_t *J, long min_rows) {
+static long split(job_t *J, long min_rows, long align) {
   const long rows = J->r_end - J->r_begin, want = (long)P.nthreads * 4;
   long per = (rows + want - 1) / want;
   if (per < min_rows) per = min_rows;
-  per = (per + QMM_NT - 1) / QMM_NT * QMM_NT;
+  per = (per + align - 1) / align * align;
   if (per * T_MAXCHUNKS < rows) per = (rows + T_MAXCHUNKS - 1) / T_MAXCHUNKS;
   J->rows_per_chunk = per;
   return (rows + per - 1) / per;
@@ -673,13 +966,43 @@ static int blas_path(job_t *J, sgemm_fn gemm) {
   for (long base = 0; base < J->n; base += tile) {
     J->r_begin = base;
     J->r_end = base + tile < J->n ? base + tile : J->n;
-    pool_run(J, blas_rows, split(J, QMM_NT), 1);
+    pool_run(J, blas_rows, split(J, QMM_NT, QMM_NT), 1);
     /* CblasRowMajor, CblasNoTrans, CblasTrans: y[:, tile] = x . wbuf^T */
     gemm(101, 111, 112, (int)J->m, (int)(J->r_end - base), (int)J->k, 1.0f, J->x, (int)J->k,
          P.wbuf, (int)J->k, 0.0f, J->y + base, (int)J->n);
   }
   return 1;
 }
+
+#if defined(QMM_AMX)
+static int amx_path(job_t *J) {
+  const long mtiles = (J->m + 15) / 16, ks = J->k / 32;
+  const size_t xt_bytes = (size_t)(mtiles * ks * 3 * 1024), xg_bytes = (size_t)(mtiles * J->gpr * 64);
+  if (P.xbuf_bytes < xt_bytes + xg_bytes) {
+    free(P.xbuf);
+    P.xbuf = aligned_alloc(64, xt_bytes + xg_bytes);
+    P.xbuf_bytes = P.xbuf ? xt_bytes + xg_bytes : 0;
+    if (!P.xbuf) return 0;
+  }
+  J->xt = (const uint16_t *)P.xbuf;
+  J->xg = (const float *)(P.xbuf + xt_bytes);
+  J->mtiles = mtiles;
+  J->r_begin = 0;
+  J->r_end = mtiles;
+  J->rows_per_chunk = 1;
+  pool_run(J, amx_prep_x, mtiles, 0);
+  J->r_end = J->n;
+  pool_run(J, amx_rows, split(J, (32768 + J->k - 1) / J->k, 16), 0);
+  return 1;
+}
+#endif
+
+/* Which path the last call took: 1 direct, 2 panel, 3 blas, 4 amx. Exported
+ * only from test builds (-DQMM_TESTING), so tests can tell the paths apart. */
+static int last_path;
+#if defined(QMM_TESTING)
+__attribute__((visibility("default"))) int mlxcel_qmm_last_path(void) { return last_path; }
+#endif
 
 int mlxcel_qmm(const float *x, long m, long k, const uint32_t *w, const float *scales,
                const float *biases, long n, int bits, int group, float *y) {
@@ -694,14 +1017,23 @@ int mlxcel_qmm(const float *x, long m, long k, const uint32_t *w, const float *s
   job_t J = {.x = x, .s = scales, .b = biases, .w = (const uint8_t *)w, .y = y, .m = m, .k = k,
              .n = n, .wrow = k * bits / 8, .wbytes = n * (k * bits / 8), .gpr = k / group,
              .bits = bits, .group = group, .r_begin = 0, .r_end = n};
+#if defined(QMM_AMX)
+  if (m >= QMM_AMX_MIN_M && amx_usable()) {
+    if (AMX_WSHIFT[3][1] == 0) amx_tables();
+    last_path = 4;
+    if (amx_path(&J)) return 0;
+  }
+#endif
   sgemm_fn gemm = m >= QMM_BLAS_MIN_M && m <= 0x7FFFFFFF ? find_sgemm() : NULL;
+  last_path = 3;
   if (gemm && blas_path(&J, gemm)) return 0;
   J.wbuf = NULL;
   J.r_begin = 0;
   J.r_end = n;
   /* Below ~32K weights a second thread costs more than it saves. */
   const long min_rows = (32768 + k - 1) / k;
-  pool_run(&J, m <= QMM_DMT ? direct_rows : panel_rows, split(&J, min_rows), 0);
+  last_path = m <= QMM_DMT ? 1 : 2;
+  pool_run(&J, m <= QMM_DMT ? direct_rows : panel_rows, split(&J, min_rows, QMM_NT), 0);
   return 0;
 }
 

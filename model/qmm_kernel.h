@@ -17,12 +17,16 @@
  *   y       float32 [m][n]          written, never read
  *
  * Supported: bits in {2, 3, 4, 5, 6, 8}, group in {32, 64, 128}, m >= 1,
- * n >= 1, k >= group and a multiple of group. Results equal MLX's to float32
- * rounding (the summation order differs).
+ * n >= 1, k >= group and a multiple of group (k * n and k * m below 2^30).
+ * Results equal MLX's to float32 rounding (the summation order differs; on
+ * the AMX path a non-finite x may give NaN where MLX gives an infinity).
  *
- * Threads: the work is split over N across a small persistent pool. Calls
- * must not overlap: call from one thread at a time (MLX's CPU stream calls
- * serially). The weight buffer is never read past its last byte.
+ * Threads: the work is split over N across a small persistent pool (workers
+ * spin briefly after a call, then sleep). Calls must not overlap: call from
+ * one thread at a time (MLX's CPU stream calls serially). The weight buffer
+ * is never read past its last byte. On CPUs with AMX the first call with
+ * several rows of x asks Linux for the tile state (arch_prctl), once per
+ * process.
  */
 #ifndef MLXCEL_QMM_KERNEL_H
 #define MLXCEL_QMM_KERNEL_H

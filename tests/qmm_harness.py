@@ -60,6 +60,11 @@ def cpu_supports(isa: str) -> bool:
     return set(ISA_CPU_FLAGS[isa]) <= cpu_flags()
 
 
+def cpu_has_amx() -> bool:
+    """Whether the CPU has the tile unit the AVX-512 build uses when it can."""
+    return {"amx_tile", "amx_bf16", "avx512vbmi"} <= cpu_flags()
+
+
 def build(isa: str, out_dir: Path, defines: dict[str, int] | None = None) -> Path:
     """Compile the kernel for ``isa`` (plus ``-D`` knobs) into ``out_dir``."""
     compiler = os.environ.get("CC") or shutil.which("cc") or "gcc"
@@ -89,6 +94,11 @@ class Kernel:
         lib.mlxcel_qmm_isa.restype = ctypes.c_char_p
         lib.mlxcel_qmm_set_threads.argtypes = [ctypes.c_int]
         return cls(lib)
+
+    def last_path(self) -> str:
+        """The path of the last call; only builds with -DQMM_TESTING export it."""
+        code = int(self.lib.mlxcel_qmm_last_path())
+        return {1: "direct", 2: "panel", 3: "blas", 4: "amx"}[code]
 
     @property
     def isa(self) -> str:

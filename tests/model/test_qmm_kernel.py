@@ -1,9 +1,10 @@
 """The C quantized matmul kernel (model/qmm_kernel.c) against MLX's dequantize + matmul.
 
-Every build this CPU can run (AVX-512, AVX2, portable C) is compiled with the system
-compiler and called through ctypes. Each result must equal x . dequantize(w)^T, computed
-in float64 from `mx.dequantize`, within float32 rounding: 1e-5 of the product of the row
-norms. Compile-time knobs steer calls onto each path (direct, panel, BLAS).
+Every build this CPU can run (AVX-512 with and without its AMX path, AVX2, portable C) is
+compiled with the system compiler and called through ctypes. Each result must equal
+x . dequantize(w)^T, computed in float64 from `mx.dequantize`, within float32 rounding:
+1e-5 of the product of the row norms. Compile-time knobs steer calls onto each path
+(direct, panel, BLAS, AMX); test builds report which one a call took.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from qmm_harness import Kernel, build, cpu_supports
+from qmm_harness import Kernel, build, cpu_has_amx, cpu_supports
 
 from mlxcel.model.blas import load_fast_blas
 
@@ -27,6 +28,10 @@ load_fast_blas()  # before mlx.core is imported below: the BLAS path needs cblas
 import mlx.core as mx  # noqa: E402
 
 ISAS = [isa for isa in ("avx512", "avx2", "generic") if cpu_supports(isa)]
+NO_AMX = {"QMM_NO_AMX": 1}
+#: (ISA, compile-time knobs): every build the CPU runs, AVX-512 also without AMX.
+BUILDS = [(isa, {}) for isa in ISAS] + ([("avx512", NO_AMX)] if "avx512" in ISAS else [])
+BUILD_IDS = [isa + ("-noamx" if d else "") for isa, d in BUILDS]
 BITS = (2, 3, 4, 5, 6, 8)
 GROUPS = (32, 64, 128)
 MS = (1, 2, 3, 7, 16, 33, 64, 600)
@@ -101,12 +106,12 @@ def run_slices(kern: Kernel, bits: int, group: int, k: int, ms: tuple[int, ...],
 
 @pytest.mark.parametrize("group", GROUPS)
 @pytest.mark.parametrize("bits", BITS)
-@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize(("isa", "defines"), BUILDS, ids=BUILD_IDS)
 def test_every_shape_matches_dequantize_matmul(
-    kernel: KernelFactory, isa: str, bits: int, group: int
+    kernel: KernelFactory, isa: str, defines: dict[str, int], bits: int, group: int
 ) -> None:
     """All M and odd N, K of one group, of a few groups, and past one K block (1024)."""
-    kern = kernel(isa, None)
+    kern = kernel(isa, defines)
     assert kern.isa == isa
     for k in (group, 384, 1024 + group):
         run_slices(kern, bits, group, k, MS if k == 384 else (1, 7, 600), NS)
@@ -114,9 +119,50 @@ def test_every_shape_matches_dequantize_matmul(
 
 @pytest.mark.parametrize("isa", ISAS)
 def test_panel_path_serves_prompt_sized_m_without_blas(kernel: KernelFactory, isa: str) -> None:
-    """With the BLAS path compiled out, M = 600 runs on the register kernels."""
+    """With the BLAS and AMX paths compiled out, M = 600 runs on the register kernels."""
     for bits in (4, 5, 8):
-        run_slices(kernel(isa, NO_BLAS), bits, 64, 1024 + 64, (64, 600), (67,))
+        run_slices(kernel(isa, NO_BLAS | NO_AMX), bits, 64, 1024 + 64, (64, 600), (67,))
+
+
+def expected_path(isa: str, defines: dict[str, int], m: int) -> str:
+    """Where a call of M rows should go: AMX from 5 rows on when the CPU has it, else
+    the register kernels (direct for few rows) up to the BLAS threshold."""
+    if isa == "avx512" and "QMM_NO_AMX" not in defines and cpu_has_amx() and m >= 5:
+        return "amx"
+    if m >= defines.get("QMM_BLAS_MIN_M", 96):
+        return "blas"
+    return "direct" if m <= {"avx512": 4, "avx2": 2}.get(isa, 4) else "panel"
+
+
+@pytest.mark.parametrize(
+    "defines", [{}, NO_AMX, NO_AMX | NO_BLAS, NO_AMX | ALL_BLAS], ids=["default", "noamx",
+                "noamx-noblas", "noamx-allblas"]
+)  # fmt: skip
+@pytest.mark.parametrize("isa", ISAS)
+def test_each_path_is_taken_where_intended(
+    kernel: KernelFactory, isa: str, defines: dict[str, int]
+) -> None:
+    assert hasattr(ctypes.CDLL(None), "cblas_sgemm"), "no cblas_sgemm bound: blas untestable"
+    kern = kernel(isa, defines | {"QMM_TESTING": 1})
+    x, q, s, b, dq = make_case(40, 256, 5, 32, 600)
+    for m in (1, 2, 3, 4, 5, 7, 16, 95, 96, 600):
+        xm = np.ascontiguousarray(x[:m])
+        assert_close(kern.qmm(xm, q, s, b, 5, 32), xm, dq)
+        assert kern.last_path() == expected_path(isa, defines, m), m
+
+
+def test_amx_can_be_switched_off_by_environment(
+    kernel: KernelFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """MLXCEL_QMM_AMX=0, read at the first call that could use the tiles."""
+    monkeypatch.setenv("MLXCEL_QMM_AMX", "0")
+    kern = kernel(ISAS[0], {"QMM_TESTING": 2})  # a library of its own: fresh state
+    x, q, s, b, dq = make_case(40, 256, 5, 32, 16)
+    assert_close(kern.qmm(x, q, s, b, 5, 32), x, dq)
+    assert kern.last_path() == "panel"
+    monkeypatch.delenv("MLXCEL_QMM_AMX")
+    assert_close(kern.qmm(x, q, s, b, 5, 32), x, dq)
+    assert kern.last_path() == "panel"  # settled once per process
 
 
 @pytest.mark.parametrize("isa", ISAS)
