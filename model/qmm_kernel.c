@@ -76,8 +76,17 @@
 #ifndef QMM_SPIN_US
 #define QMM_SPIN_US 100
 #endif
+#ifndef QMM_WAKE_WORK
+#define QMM_WAKE_WORK (1 << 18) /* n * k * m from which sleeping workers are woken */
+#endif
 #define QMM_MAX_THREADS 64
 #define INLINE static inline __attribute__((always_inline))
+#if defined(__x86_64__) || defined(__i386__)
+/* An asm statement: GCC 12 drops loops of __builtin_prefetch as dead code. */
+#define PREFETCH(p) __asm__ volatile("prefetcht0 %0" ::"m"(*(const char *)(p)))
+#else
+#define PREFETCH(p) __builtin_prefetch((p), 0, 3)
+#endif
 
 /* ------------------------------------------------------------------------
  * Vectors: VL float lanes.
@@ -275,6 +284,7 @@ typedef struct {
   const uint16_t *xt; /* amx path: x as bf16 tiles, see amx_prep_x */
   const float *xg;    /* amx path: x summed per group */
   long mtiles;
+  int wake; /* worth waking sleeping workers (else only spinning ones help) */
 } job_t;
 
 #if defined(QMM_VBMI) && !defined(QMM_NO_AMX) && (defined(__clang__) || __GNUC__ >= 11)
@@ -464,6 +474,21 @@ static const direct_fn DIRECTS[QMM_DMT][3][QMM_NT] = {
 
 static int group_index(int g) { return g == 32 ? 0 : g == 64 ? 1 : 2; }
 
+/* Ask for weight rows [r, r + nt), values [k0, k0 + kb), and their scales
+ * and biases: the hardware prefetcher loses track of several rows read side
+ * by side, and the direct path is the one that waits on memory. */
+static void prefetch_rows(const job_t *J, long r, long nt, long k0, long kb) {
+  if (r + nt > J->n) nt = J->n - r;
+  if (nt <= 0) return;
+  const char *w = (const char *)(J->w + r * J->wrow + k0 * J->bits / 8);
+  for (long o = 0, end = nt * kb * J->bits / 8; o < end; o += 64) PREFETCH(w + o);
+  const long g = r * J->gpr + k0 / J->group, count = nt * (kb / J->group);
+  for (long o = 0; o < count; o += 16) {
+    PREFETCH(J->s + g + o);
+    PREFETCH(J->b + g + o);
+  }
+}
+
 /* Rows [n0, n1) of y for M <= QMM_DMT: the direct path. */
 static void direct_rows(const job_t *J, long n0, long n1, scratch_t *S) {
   const direct_fn *fns = DIRECTS[J->m - 1][group_index(J->group)];
@@ -471,6 +496,7 @@ static void direct_rows(const job_t *J, long n0, long n1, scratch_t *S) {
     const int nt = (int)(n1 - r0 < QMM_NT ? n1 - r0 : QMM_NT);
     for (long k0 = 0; k0 < J->k; k0 += QMM_KB) {
       const long kb = J->k - k0 < QMM_KB ? J->k - k0 : QMM_KB;
+      if (r0 + QMM_NT < n1) prefetch_rows(J, r0 + QMM_NT, QMM_NT, k0, kb); /* the next tile */
       const uint8_t *q[QMM_NT];
       for (int j = 0; j < nt; j++) q[j] = row_bytes(J, r0 + j, k0, kb, S->ub[j]);
       const long g0 = r0 * J->gpr + k0 / J->group;
@@ -911,7 +937,7 @@ static void pool_run(const job_t *J, chunk_fn fn, long nchunks, int park_after) 
   atomic_store_explicit(&P.park, park_after, memory_order_relaxed);
   const uint64_t gen = (T_GEN(atomic_load(&P.ticket)) + 1) & 0xFFFF;
   atomic_store(&P.ticket, gen << 48 | (uint64_t)nchunks << 24);
-  if (atomic_load(&P.sleepers) > 0) {
+  if (J->wake && atomic_load(&P.sleepers) > 0) {
     pthread_mutex_lock(&P.mu);
     pthread_cond_broadcast(&P.cv);
     pthread_mutex_unlock(&P.mu);
@@ -939,10 +965,10 @@ static sgemm_fn find_sgemm(void) {
   return fn;
 }
 
-/* Chunks of at least `min_rows` rows (a multiple of `align`), about four per
- * thread so a busy core does not hold the call up. */
+/* Chunks of at least `min_rows` rows (a multiple of `align`), about eight
+ * per thread so a busy core does not hold the call up. */
 static long split(job_t *J, long min_rows, long align) {
-  const long rows = J->r_end - J->r_begin, want = (long)P.nthreads * 4;
+  const long rows = J->r_end - J->r_begin, want = (long)P.nthreads * 8;
   long per = (rows + want - 1) / want;
   if (per < min_rows) per = min_rows;
   per = (per + align - 1) / align * align;
@@ -1016,7 +1042,9 @@ int mlxcel_qmm(const float *x, long m, long k, const uint32_t *w, const float *s
 #endif
   job_t J = {.x = x, .s = scales, .b = biases, .w = (const uint8_t *)w, .y = y, .m = m, .k = k,
              .n = n, .wrow = k * bits / 8, .wbytes = n * (k * bits / 8), .gpr = k / group,
-             .bits = bits, .group = group, .r_begin = 0, .r_end = n};
+             .bits = bits, .group = group, .r_begin = 0, .r_end = n,
+             /* waking a sleeping worker costs tens of us: not for small calls */
+             .wake = (double)n * (double)k * (double)m >= QMM_WAKE_WORK};
 #if defined(QMM_AMX)
   if (m >= QMM_AMX_MIN_M && amx_usable()) {
     if (AMX_WSHIFT[3][1] == 0) amx_tables();
