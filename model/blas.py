@@ -246,7 +246,7 @@ def build_shim(openblas: Path) -> Path:
     target = out_dir / f"mlxcel-blas-shim-{digest}.so"
     if target.exists():
         return target
-    compiler = _find_compiler()
+    compiler = find_compiler()
     out_dir.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=out_dir)
     os.close(fd)
@@ -268,7 +268,7 @@ def build_shim(openblas: Path) -> Path:
     return target
 
 
-def _find_compiler() -> str:
+def find_compiler() -> str:
     for name in (os.environ.get("CC", ""), "cc", "gcc", "clang"):
         if name and (found := shutil.which(name)):
             return found

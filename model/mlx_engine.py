@@ -49,6 +49,7 @@ from mlxcel.model import forward
 from mlxcel.model.cpu_forms import fast_log_softmax, install_cpu_forms
 from mlxcel.model.forward import KV
 from mlxcel.model.prefix_cache import CacheKind, PrefixCache
+from mlxcel.model.qmm import install_quantized_forms
 from mlxcel.model.sampling import Sampler, reference_log_softmax, token_logprob
 
 log = logging.getLogger(__name__)
@@ -371,6 +372,7 @@ def load_mlx_model(
     --prompt-cache-bytes` does); 0 disables the cache."""
     model, tokenizer = load(str(path))[:2]
     fast = install_cpu_forms(model)  # on the CPU device only; Apple GPUs keep MLX's kernels
+    quantized = install_quantized_forms(model)  # likewise
     grammars = GrammarCompiler.for_hf_tokenizer(tokenizer._tokenizer)
     engine = MlxEngine(
         model,
@@ -384,6 +386,7 @@ def load_mlx_model(
     )
     version = getattr(mx, "__version__", "?")
     forms = ", CPU forms of exp-heavy ops" if fast else ""
+    forms += f", CPU quantized matmul ({quantized} modules)" if quantized else ""
     backend = f"mlx {version} on {mx.default_device()}, BLAS: {blas.name}{forms}"
     model_type = json.loads((path / "config.json").read_text()).get("model_type")
     info = ModelInfo(

@@ -1,0 +1,185 @@
+"""Compile the CPU quantized matmul (``qmm_kernel.c``) and its MLX primitive (``qmm_ext.cpp``).
+
+The extension is built once per machine into the user cache, with the compiler the
+BLAS shim uses, against the headers and library the installed ``mlx`` wheel ships and
+the sources of ``nanobind`` (the binding library MLX itself is built with: an array
+passed from Python reaches the primitive as MLX's own C++ type only when both sides
+share nanobind's ABI, hence the pinned range in ``pyproject.toml``).
+
+The kernel is compiled for one instruction set, chosen here from the CPU's flags:
+``avx512`` (F, BW, VL with BMI2 and FMA), else ``avx2`` (with FMA, BMI2 and F16C).
+A CPU with neither gets no build and the model keeps MLX's own quantized matmul.
+``MLXCEL_QMM_ISA`` forces ``avx512``, ``avx2`` or ``generic`` (plain C, for tests),
+or ``off``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import logging
+import os
+import subprocess
+import sysconfig
+import tempfile
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+
+from mlxcel.model.blas import cache_dir, find_compiler
+
+log = logging.getLogger(__name__)
+
+HERE = Path(__file__).parent
+SOURCES = (HERE / "qmm_kernel.c", HERE / "qmm_kernel.h", HERE / "qmm_ext.cpp")
+MODULE = "mlxcel_qmm_ext"
+"""The extension's module name (``NB_MODULE`` in ``qmm_ext.cpp``)."""
+
+#: Compiler flags per instruction set, and the CPU flags each needs.
+ISA_FLAGS: dict[str, tuple[str, ...]] = {
+    "avx512": ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mbmi2", "-mfma", "-mf16c"),
+    "avx2": ("-mavx2", "-mfma", "-mbmi2", "-mf16c"),
+    "generic": (),
+}
+ISA_NEEDS: dict[str, frozenset[str]] = {
+    "avx512": frozenset({"avx512f", "avx512bw", "avx512vl", "avx512dq", "bmi2", "fma", "f16c"}),
+    "avx2": frozenset({"avx2", "fma", "bmi2", "f16c"}),
+}
+
+
+def compile_flags(isa: str, flags: frozenset[str] | None = None) -> tuple[str, ...]:
+    """The kernel's flags for ``isa``; AVX-512 adds VBMI's byte shifts where the CPU has them."""
+    have = cpu_flags() if flags is None else flags
+    extra = ("-mavx512vbmi",) if isa == "avx512" and "avx512vbmi" in have else ()
+    return ISA_FLAGS[isa] + extra
+
+
+class QmmBuildError(RuntimeError):
+    """The extension could not be built; the model keeps MLX's own quantized matmul."""
+
+
+@dataclass(frozen=True)
+class QmmBuild:
+    """A built extension: where it is and which instruction set its kernel uses."""
+
+    path: Path
+    isa: str
+
+
+def cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags as the kernel names them (empty where unknown)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text(encoding="ascii", errors="replace")
+    except OSError:
+        return frozenset()
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return frozenset(line.partition(":")[2].split())
+    return frozenset()
+
+
+def choose_isa(flags: frozenset[str] | None = None) -> str | None:
+    """The instruction set to build for, or None for none (keep MLX's own path)."""
+    forced = os.environ.get("MLXCEL_QMM_ISA", "").strip().lower()
+    if forced in ("off", "none"):
+        return None
+    if forced:
+        if forced not in ISA_FLAGS:
+            raise QmmBuildError(f"MLXCEL_QMM_ISA={forced!r}: expected one of {sorted(ISA_FLAGS)}")
+        return forced
+    have = cpu_flags() if flags is None else flags
+    for isa in ("avx512", "avx2"):
+        if ISA_NEEDS[isa] <= have:
+            return isa
+    return None
+
+
+def _nanobind_root() -> Path:
+    spec = importlib.util.find_spec("nanobind")
+    if spec is None or spec.origin is None:
+        raise QmmBuildError("the nanobind package is not installed")
+    return Path(spec.origin).parent
+
+
+def _mlx_root() -> Path:
+    import mlx.core
+
+    return Path(mlx.core.__file__).parent  # the wheel's root: include/, lib/
+
+
+def _digest(isa: str) -> str:
+    h = hashlib.sha256()
+    for source in SOURCES:
+        h.update(source.read_bytes())
+    for dist in ("mlx", "nanobind"):
+        try:
+            h.update(f"{dist}={metadata.version(dist)};".encode())
+        except metadata.PackageNotFoundError:
+            h.update(f"{dist}=?;".encode())
+    h.update(f"{compile_flags(isa)};{sysconfig.get_config_var('EXT_SUFFIX')}".encode())
+    return h.hexdigest()[:16]
+
+
+def built_path(isa: str, root: Path | None = None) -> Path:
+    """Where the extension for ``isa`` lives in the cache (built or not)."""
+    suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
+    base = root if root is not None else cache_dir() / "qmm"
+    return base / f"{isa}-{_digest(isa)}" / f"{MODULE}{suffix}"
+
+
+def build(isa: str, root: Path | None = None) -> QmmBuild:
+    """Build the extension for ``isa`` into the cache, once; returns where it is.
+
+    Compilation writes to a private temporary directory and renames the result into
+    place, so processes starting together never load a half-written file.
+    """
+    target = built_path(isa, root)
+    if target.exists():
+        return QmmBuild(target, isa)
+    nb, mlx_root = _nanobind_root(), _mlx_root()
+    cc = find_compiler()
+    cxx = os.environ.get("CXX") or _cxx_for(cc)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".build-", dir=target.parent) as tmp:
+        kernel_obj = Path(tmp) / "qmm_kernel.o"
+        run_compiler(
+            [cc, "-O3", "-std=c11", "-fPIC", "-pthread", *compile_flags(isa), "-c",
+             str(HERE / "qmm_kernel.c"), "-o", str(kernel_obj)],
+            what="quantized matmul kernel",
+        )  # fmt: skip
+        out = Path(tmp) / target.name
+        lib_dir = mlx_root / "lib"
+        run_compiler(
+            [cxx, "-O2", "-std=c++20", "-fPIC", "-shared", "-pthread", "-fvisibility=hidden",
+             "-DNB_DOMAIN=mlx", "-DNDEBUG", f"-I{sysconfig.get_paths()['include']}",
+             f"-I{nb / 'include'}", f"-I{nb / 'ext' / 'robin_map' / 'include'}",
+             f"-I{mlx_root / 'include'}", f"-I{HERE}", str(HERE / "qmm_ext.cpp"),
+             str(nb / "src" / "nb_combined.cpp"), str(kernel_obj), f"-L{lib_dir}", "-lmlx",
+             f"-Wl,-rpath,{lib_dir}", "-o", str(out)],
+            what="quantized matmul extension",
+            timeout=600,
+        )  # fmt: skip
+        os.replace(out, target)
+    log.info("Built the quantized matmul extension (%s) in %s", isa, target)
+    return QmmBuild(target, isa)
+
+
+def run_compiler(cmd: list[str], *, what: str, timeout: float = 300) -> None:
+    """Run one compiler command; a failure raises with the compiler's first lines of error."""
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise QmmBuildError(f"{what}: {exc}") from exc
+    if proc.returncode != 0:
+        raise QmmBuildError(f"{what} did not compile: {proc.stderr.strip()[:800]}")
+
+
+def _cxx_for(cc: str) -> str:
+    """The C++ driver beside the C compiler ``cc`` (gcc -> g++, clang -> clang++)."""
+    path = Path(cc)
+    for c_name, cxx_name in (("gcc", "g++"), ("clang", "clang++"), ("cc", "c++")):
+        if path.name.startswith(c_name):
+            candidate = path.with_name(path.name.replace(c_name, cxx_name, 1))
+            if candidate.exists():
+                return str(candidate)
+    return "c++"
