@@ -927,7 +927,7 @@ static int pool_start(void) {
 
 /* Run fn over `nchunks` chunks of the job on the pool (caller included). */
 static void pool_run(const job_t *J, chunk_fn fn, long nchunks, int park_after) {
-  if (P.nthreads <= 1 || nchunks <= 1) {
+  if (P.nthreads <= 1 || nchunks <= 1 || nchunks > T_MAXCHUNKS) {
     for (long c = 0; c < nchunks; c++) run_chunk(J, fn, c, P.scratch[0]);
     return;
   }
@@ -1034,7 +1034,9 @@ int mlxcel_qmm(const float *x, long m, long k, const uint32_t *w, const float *s
                const float *biases, long n, int bits, int group, float *y) {
   if (bits < 2 || bits > 8 || bits == 7 || (group != 32 && group != 64 && group != 128))
     return 1;
-  if (m < 1 || n < 1 || k < group || k % group != 0 || k > (1L << 30) / (m > n ? m : n))
+  /* (each fits the int arguments of cblas_sgemm) */
+  if (m < 1 || n < 1 || k < group || k % group != 0 || m > 0x7FFFFFFF || n > 0x7FFFFFFF ||
+      k > 0x7FFFFFFF)
     return 2;
   if (pool_start() < 1) return 3;
 #if defined(QMM_VBMI)
@@ -1052,7 +1054,7 @@ int mlxcel_qmm(const float *x, long m, long k, const uint32_t *w, const float *s
     if (amx_path(&J)) return 0;
   }
 #endif
-  sgemm_fn gemm = m >= QMM_BLAS_MIN_M && m <= 0x7FFFFFFF ? find_sgemm() : NULL;
+  sgemm_fn gemm = m >= QMM_BLAS_MIN_M ? find_sgemm() : NULL;
   last_path = 3;
   if (gemm && blas_path(&J, gemm)) return 0;
   J.wbuf = NULL;
