@@ -98,8 +98,14 @@ def nbytes(w: Quant) -> int:
     return w[0].nbytes + w[1].nbytes + w[2].nbytes
 
 
+#: MLX's own quantized_matmul runs at ~0.5 GMAC/s here: above this many multiply-adds
+#: per call (the head at M >= 16) it is not timed.
+MLX_QMM_MAX_MACS = 2e9
+
+
 def mlx_time(x: np.ndarray, w: Quant, reps: int) -> tuple[float, float]:
-    """Seconds per call of mx.quantized_matmul and of float32 x @ W.T (R calls per eval)."""
+    """Seconds per call of mx.quantized_matmul (NaN when too slow to time) and of float32
+    x @ W.T, R calls per eval."""
     import mlx.core as mx
 
     xq = mx.array(x)
@@ -114,7 +120,9 @@ def mlx_time(x: np.ndarray, w: Quant, reps: int) -> tuple[float, float]:
     def dense() -> None:
         mx.eval(*[xq @ wf.T for _ in range(reps)])
 
-    return median_time(quant, runs=3) / reps, median_time(dense, runs=3) / reps
+    macs = x.shape[0] * w[0].shape[0] * x.shape[1]
+    quant_time = median_time(quant, runs=3) / reps if macs <= MLX_QMM_MAX_MACS else float("nan")
+    return quant_time, median_time(dense, runs=3) / reps
 
 
 def per_shape(kern: Kernel, ms: list[int], shapes: list[Any], rng: np.random.Generator) -> None:

@@ -149,10 +149,30 @@ INLINE void v_sum4(vf a, vf b, vf c, vf d, float *y, int add) {
   _mm_storeu_ps(y, r);
 }
 #else
-#define VL 8
+#define VL 4 /* a 16-byte vector: native on SSE2 and NEON */
 #define QMM_MT 4
 #define QMM_NT 2
 #define QMM_DMT 4
+#if defined(__GNUC__)
+/* GCC/Clang vector extensions: SIMD on whatever the target has (SSE2, NEON). */
+typedef float vf __attribute__((vector_size(4 * VL)));
+typedef uint8_t vu8 __attribute__((vector_size(VL)));
+INLINE vf v_zero(void) { return (vf){0}; }
+INLINE vf v_load(const float *p) {
+  vf r;
+  memcpy(&r, p, sizeof r);
+  return r;
+}
+INLINE void v_store(float *p, vf v) { memcpy(p, &v, sizeof v); }
+INLINE vf v_set1(float f) { return (vf){0} + f; }
+INLINE vf v_fma(vf a, vf b, vf c) { return a * b + c; }
+INLINE vf v_u8(const uint8_t *p) {
+  vu8 q;
+  memcpy(&q, p, sizeof q);
+  return __builtin_convertvector(q, vf);
+}
+#define VF_AT(v, i) ((v)[i])
+#else
 typedef struct {
   float f[VL];
 } vf;
@@ -181,9 +201,11 @@ INLINE vf v_u8(const uint8_t *p) {
   for (int i = 0; i < VL; i++) r.f[i] = (float)p[i];
   return r;
 }
+#define VF_AT(v, i) ((v).f[i])
+#endif
 INLINE float v_hsum(vf v) {
   float s = 0.0f;
-  for (int i = 0; i < VL; i++) s += v.f[i];
+  for (int i = 0; i < VL; i++) s += VF_AT(v, i);
   return s;
 }
 INLINE void v_sum4(vf a, vf b, vf c, vf d, float *y, int add) {
@@ -255,18 +277,34 @@ static void unpack(const uint8_t *src, long avail, int bits, long count, uint8_t
   }
 }
 #else
-static void unpack(const uint8_t *src, long avail, int bits, long count,
-                          uint8_t *dst) {
-  const unsigned mask = (1u << bits) - 1u;
-  for (long j = 0; j < count; j++) {
-    long off = j * bits;
-    long byte = off >> 3;
-    unsigned v = src[byte];
-    if ((off & 7) + bits > 8 && byte + 1 < avail) v |= (unsigned)src[byte + 1] << 8;
-    dst[j] = (uint8_t)((v >> (off & 7)) & mask);
+INLINE void unpack_bits(const uint8_t *src, long avail, const int bits, long count,
+                        uint8_t *dst) {
+  /* Pack p (8 values) is `bits` bytes at p*bits: read it whole, shift out each value. */
+  const uint64_t mask = (1u << bits) - 1u;
+  for (long p = 0; p < count / 8; p++) {
+    uint64_t v = 0;
+    const long off = p * bits;
+    if (off + 8 <= avail) {
+      memcpy(&v, src + off, 8);
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+      v = __builtin_bswap64(v);
+#endif
+    } else {
+      for (long i = 0; i < bits; i++) v |= (uint64_t)src[off + i] << (8 * i);
+    }
+    for (int i = 0; i < 8; i++) dst[8 * p + i] = (uint8_t)(v >> (i * bits) & mask);
   }
 }
 
+static void unpack(const uint8_t *src, long avail, int bits, long count, uint8_t *dst) {
+  switch (bits) { /* constant shifts */
+  case 2: unpack_bits(src, avail, 2, count, dst); break;
+  case 3: unpack_bits(src, avail, 3, count, dst); break;
+  case 4: unpack_bits(src, avail, 4, count, dst); break;
+  case 5: unpack_bits(src, avail, 5, count, dst); break;
+  default: unpack_bits(src, avail, 6, count, dst); break;
+  }
+}
 #endif
 
 /* ------------------------------------------------------------------------
@@ -927,7 +965,7 @@ static int pool_start(void) {
 
 /* Run fn over `nchunks` chunks of the job on the pool (caller included). */
 static void pool_run(const job_t *J, chunk_fn fn, long nchunks, int park_after) {
-  if (P.nthreads <= 1 || nchunks <= 1) {
+  if (P.nthreads <= 1 || nchunks <= 1 || nchunks > T_MAXCHUNKS) {
     for (long c = 0; c < nchunks; c++) run_chunk(J, fn, c, P.scratch[0]);
     return;
   }
@@ -1034,7 +1072,9 @@ int mlxcel_qmm(const float *x, long m, long k, const uint32_t *w, const float *s
                const float *biases, long n, int bits, int group, float *y) {
   if (bits < 2 || bits > 8 || bits == 7 || (group != 32 && group != 64 && group != 128))
     return 1;
-  if (m < 1 || n < 1 || k < group || k % group != 0 || k > (1L << 30) / (m > n ? m : n))
+  /* (each fits the int arguments of cblas_sgemm) */
+  if (m < 1 || n < 1 || k < group || k % group != 0 || m > 0x7FFFFFFF || n > 0x7FFFFFFF ||
+      k > 0x7FFFFFFF)
     return 2;
   if (pool_start() < 1) return 3;
 #if defined(QMM_VBMI)
@@ -1052,7 +1092,7 @@ int mlxcel_qmm(const float *x, long m, long k, const uint32_t *w, const float *s
     if (amx_path(&J)) return 0;
   }
 #endif
-  sgemm_fn gemm = m >= QMM_BLAS_MIN_M && m <= 0x7FFFFFFF ? find_sgemm() : NULL;
+  sgemm_fn gemm = m >= QMM_BLAS_MIN_M ? find_sgemm() : NULL;
   last_path = 3;
   if (gemm && blas_path(&J, gemm)) return 0;
   J.wbuf = NULL;

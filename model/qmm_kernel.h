@@ -17,7 +17,7 @@
  *   y       float32 [m][n]          written, never read
  *
  * Supported: bits in {2, 3, 4, 5, 6, 8}, group in {32, 64, 128}, m >= 1,
- * n >= 1, k >= group and a multiple of group (k * n and k * m below 2^30).
+ * n >= 1, k >= group and a multiple of group (each below 2^31).
  * Results equal MLX's to float32 rounding (the summation order differs; on
  * the AMX path a non-finite x may give NaN where MLX gives an infinity).
  *
@@ -26,7 +26,7 @@
  * one thread at a time (MLX's CPU stream calls serially). The weight buffer
  * is never read past its last byte. On CPUs with AMX the first call with
  * several rows of x asks Linux for the tile state (arch_prctl), once per
- * process.
+ * process; MLXCEL_QMM_AMX=0 in the environment keeps the tiles unused.
  */
 #ifndef MLXCEL_QMM_KERNEL_H
 #define MLXCEL_QMM_KERNEL_H
