@@ -1,7 +1,7 @@
 """Streaming clients: one request against either server, and one level of N at once.
 
-Ours is read through the Responses API (`response.output_text.delta` events), the peer
-through Chat Completions; both with the official `openai` SDK, one thread per request.
+Ours is read through the Responses API (`response.output_text.delta` events), the peers
+(mlx_lm.server, llama.cpp) through Chat Completions; both with the official `openai` SDK, one thread per request.
 Every time is taken with `time.perf_counter()` against the level's shared origin.
 """
 
@@ -25,7 +25,7 @@ from openai.types.responses import (
 )
 from report import LevelResult
 
-Kind = Literal["ours", "peer"]
+Kind = Literal["ours", "peer", "llamacpp"]
 
 
 @dataclass
@@ -186,7 +186,12 @@ def stream_peer(
 
 
 Streamer = Callable[[openai.OpenAI, str, str, int, _Clock], None]
-STREAMERS: dict[Kind, Streamer] = {"ours": stream_ours, "peer": stream_peer}
+# llama.cpp is read exactly as mlx_lm.server is, through Chat Completions.
+STREAMERS: dict[Kind, Streamer] = {
+    "ours": stream_ours,
+    "peer": stream_peer,
+    "llamacpp": stream_peer,
+}
 
 
 def run_request(

@@ -23,7 +23,7 @@ from typing import Any
 
 from clients import STREAMERS, Kind, RequestResult, join_all, make_client, run_request
 from load import OTHER_CPU_WARN_PCT, CpuSample, cpu_shares, wait_for_idle
-from report import fmt, markdown_table, mean, ms, percentile
+from report import LABELS, fmt, markdown_table, mean, ms, percentile
 from servers import Server
 
 DEFAULT_STREAMS = 32
@@ -261,7 +261,7 @@ def bench_long(
     """Run the level against one server, re-running it (with fresh prompts) up to
     `busy_retries` times when other processes disturbed it; the least disturbed run
     stands. `prompts(attempt)` gives the streams' and the long requests' prompts."""
-    label = "mlxcel" if server.kind == "ours" else "mlx_lm.server"
+    label = LABELS[server.kind]
     pid = server.proc.pid if server.proc is not None else None
     attempts: list[LongResult] = []
     for attempt in range(1, busy_retries + 2):

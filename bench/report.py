@@ -16,6 +16,9 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from clients import RequestResult
 
+LABELS = {"ours": "mlxcel", "peer": "mlx_lm.server", "llamacpp": "llama.cpp"}
+"""How tables, plots and progress lines name each kind of server."""
+
 
 def percentile(values: Sequence[float], q: float) -> float | None:
     """The q-th percentile (0-100) with linear interpolation, None when empty."""
@@ -125,8 +128,8 @@ def _ratio(a: float | None, b: float | None) -> float | None:
     return None if a is None or b is None or b == 0 else a / b
 
 
-def ratio_table(rows: Sequence[dict[str, Any]]) -> str:
-    headers = ["N", "agg tok/s ours/peer", "TTFT p50 ours/peer", "TTFT p99 ours/peer"]
+def ratio_table(rows: Sequence[dict[str, Any]], peer: str = "peer") -> str:
+    headers = ["N", *(f"{h} ours/{peer}" for h in ("agg tok/s", "TTFT p50", "TTFT p99"))]
     body = [
         [
             str(r["n"]),
@@ -156,7 +159,7 @@ def plot(report: dict[str, Any], stem: Path) -> list[Path]:
     for name, ylabel, keys in charts:
         fig, ax = plt.subplots(figsize=(6, 4))
         for kind, summaries in series.items():
-            label = "mlxcel" if kind == "ours" else "mlx_lm.server"
+            label = LABELS[kind]
             for key, suffix in keys:
                 points = [(s["n"], s[key]) for s in summaries if s[key] is not None]
                 if points:
@@ -203,7 +206,9 @@ def machine() -> dict[str, Any]:
         "usable_cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
         "mem_gib": mem,
         "python": platform.python_version(),
-        "versions": {d: _version(d) for d in ("mlx", "mlx-lm", "mlxcel", "openai")},
+        "versions": {
+            d: _version(d) for d in ("mlx", "mlx-lm", "mlxcel", "openai", "llama-cpp-python")
+        },
         "thread_env": {
             k: os.environ.get(k) for k in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MLXCEL_BLAS")
         },

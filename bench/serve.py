@@ -1,23 +1,28 @@
-"""Streaming benchmark: mlxcel-server against mlx_lm.server on the same model folder.
+"""Streaming benchmark: mlxcel-server against mlx_lm.server on the same model folder,
+and against llama.cpp (llama-cpp-python's server) on the same model's own GGUF.
 
 For every concurrency level N it fires N streaming requests at once (one thread per
 client, official `openai` SDK), measures time to first token, inter-token latency, time
 per output token and throughput, prints one table per server plus a ratio table, and
 writes the raw numbers to `bench/results/<timestamp>.json` (and PNG plots when
-matplotlib is importable). See bench/README.md for the metric definitions.
+matplotlib is importable). Before the levels, each server also answers single requests
+alone (probe.py): its decode rate and, with --long-level, its prompt-reading rate. See
+bench/README.md for the metric definitions.
 
 Run from the repository root:
 
-    .venv/bin/python bench/serve.py                  # both servers, levels 1,4,16,64
-    .venv/bin/python bench/serve.py --levels 1,4 --only ours
+    .venv/bin/python bench/serve.py                  # every server, levels 1,4,16,64
+    .venv/bin/python bench/serve.py --levels 1,4 --only ours,llamacpp
     .venv/bin/python bench/serve.py --levels '' --long-level   # the long-prompt level alone
 
-The two servers are started one after the other, never together, and always stopped.
+The servers are started one after the other, never together, and always stopped.
 
-This file holds the command line and the run; the parts live next to it: sweep.py (the
-levels against one server), servers.py (starting, checking and stopping the servers),
-clients.py (the streaming requests), prompts.py, load.py (CPU readings), report.py
-(statistics, tables, plots) and long_prompt.py (the long-prompt level).
+This file holds the run; the parts live next to it: options.py (the command line),
+sweep.py (the levels against one server), probe.py (single requests), servers.py
+(starting, checking and stopping the servers), llamacpp.py and gguf.py (the llama.cpp
+peer and its GGUF), clients.py (the streaming requests), prompts.py, load.py (CPU
+readings), report.py (statistics, tables, plots) and long_prompt.py (the long-prompt
+level).
 """
 
 from __future__ import annotations
@@ -34,27 +39,29 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import llamacpp
 from clients import Kind
-from load import OTHER_CPU_WARN_PCT, wait_for_idle
-from long_prompt import LongConfig, add_options, bench_long, config_from, long_ratios, print_long
+from gguf import GgufUnavailable, ensure_default_gguf
+from load import wait_for_idle
+from long_prompt import LongConfig, bench_long, config_from, long_ratios, print_long
+from options import build_parser
+from probe import HAIKU, probe_server, probe_table
 from prompts import PREFIX, PROMPT_TOKENS, TokenCounter, make_long_prompt, make_prompt
-from report import machine, plot, ratio_table, ratios, server_table
-from servers import Server, ServerStartError, handle_stop_signals, running, server_factory
+from report import LABELS, machine, plot, ratio_table, ratios, server_table
+from servers import (
+    Launch,
+    Server,
+    ServerStartError,
+    handle_stop_signals,
+    running,
+    server_factory,
+)
 from sweep import bench_server
 
-BENCH_DIR = Path(__file__).resolve().parent
-RESULTS_DIR = BENCH_DIR / "results"
-DEFAULT_LEVELS = (1, 4, 16, 64)
-
-
-def parse_levels(text: str) -> list[int]:
-    try:
-        levels = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"--levels {text!r}: comma-separated integers") from exc
-    if any(n < 1 for n in levels):
-        raise argparse.ArgumentTypeError("--levels needs positive integers, e.g. 1,4,16,64")
-    return levels
+LLAMACPP_NO_LONG = (
+    "llama.cpp serves one request at a time, so no stream decodes while a long prompt is "
+    "read: its long-prompt level is the read rate of the single requests"
+)
 
 
 def default_model_dir() -> Path | None:
@@ -63,89 +70,6 @@ def default_model_dir() -> Path | None:
     except ImportError:
         return None
     return Path(fetch.default_model_dir())
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="bench/serve.py",
-        description="Streaming latency/throughput benchmark: mlxcel-server vs mlx_lm.server.",
-    )
-    add_target_options(p)
-    add_run_options(p)
-    add_options(p)
-    return p
-
-
-def add_target_options(p: argparse.ArgumentParser) -> None:
-    """What is benched: the model, the servers, the concurrency levels and the slots."""
-    p.add_argument(
-        "--model",
-        type=Path,
-        default=None,
-        help="MLX model folder served by both (default: the embedded default model)",
-    )
-    p.add_argument(
-        "--levels",
-        type=parse_levels,
-        default=list(DEFAULT_LEVELS),
-        help="comma-separated concurrency levels (default: 1,4,16,64; '' for none)",
-    )
-    p.add_argument(
-        "--max-tokens", type=int, default=64, help="max output tokens per request (default: 64)"
-    )
-    p.add_argument("--only", choices=("ours", "peer"), default=None, help="bench one server only")
-    p.add_argument(
-        "--our-url", default=None, help="bench an already running mlxcel server at this base URL"
-    )
-    p.add_argument(
-        "--peer-url", default=None, help="bench an already running mlx_lm.server at this base URL"
-    )
-    p.add_argument(
-        "--parallel",
-        type=int,
-        default=None,
-        help="our --parallel and the peer's --decode-concurrency (default: the largest level)",
-    )
-    p.add_argument(
-        "--prompt-concurrency",
-        type=int,
-        default=None,
-        help="the peer's --prompt-concurrency (default: min(parallel, 8), "
-        "matching our prefill batch)",
-    )
-
-
-def add_run_options(p: argparse.ArgumentParser) -> None:
-    """How a run goes: its time limits, waiting out busy CPUs, and where results go."""
-    p.add_argument(
-        "--timeout", type=float, default=600.0, help="seconds allowed for each level (default: 600)"
-    )
-    p.add_argument(
-        "--startup-timeout",
-        type=float,
-        default=600.0,
-        help="seconds allowed for a server to load and answer (default: 600)",
-    )
-    p.add_argument(
-        "--wait-idle",
-        type=float,
-        default=0.0,
-        help="before starting each server and each level, wait up to this many seconds for other "
-        f"processes to use under {OTHER_CPU_WARN_PCT:.0f}%% of the CPU (default: 0, only warn)",
-    )
-    p.add_argument(
-        "--busy-retries",
-        type=int,
-        default=0,
-        help="re-run a level (with fresh prompts) up to this many times when other processes "
-        f"used over {OTHER_CPU_WARN_PCT:.0f}%% of the CPU during it (default: 0)",
-    )
-    p.add_argument(
-        "--out",
-        type=Path,
-        default=RESULTS_DIR,
-        help="directory for the JSON, plots and server logs (default: bench/results)",
-    )
 
 
 def stopped(kind: Kind, server: Server) -> dict[str, Any] | None:
@@ -170,6 +94,10 @@ class Plan:
     long_prompt_concurrency: int
     kinds: list[Kind]
     model_dir: Path | None
+    urls: dict[Kind, str | None]
+    probe_repeats: int
+    gguf: Path | None
+    """--gguf; without it the default model's GGUF is obtained when llama.cpp starts."""
 
 
 def plan_from(args: argparse.Namespace) -> Plan:
@@ -182,7 +110,12 @@ def plan_from(args: argparse.Namespace) -> Plan:
     if not levels and long is None:
         raise UsageError("--levels is empty and --long-level not given: nothing to run")
     parallel: int = args.parallel or max(levels, default=1)
-    kinds: list[Kind] = [args.only] if args.only else ["ours", "peer"]
+    urls: dict[Kind, str | None] = {
+        "ours": args.our_url,
+        "peer": args.peer_url,
+        "llamacpp": args.llamacpp_url,
+    }
+    kinds = kinds_from(args)
     return Plan(
         levels=levels,
         long=long,
@@ -191,7 +124,30 @@ def plan_from(args: argparse.Namespace) -> Plan:
         long_prompt_concurrency=args.prompt_concurrency or min(long.parallel if long else 0, 8),
         kinds=kinds,
         model_dir=model_dir_from(args, kinds),
+        urls=urls,
+        probe_repeats=max(0, args.probe_repeats),
+        gguf=args.gguf.expanduser().resolve() if args.gguf else None,
     )
+
+
+def kinds_from(args: argparse.Namespace) -> list[Kind]:
+    """--only, else ours and mlx_lm.server, and llama.cpp when it is installed or asked
+    for (--llamacpp-url, --gguf); a UsageError when llama.cpp cannot be started."""
+    asked = bool(args.llamacpp_url or args.gguf)
+    kinds: list[Kind] = args.only or [
+        "ours",
+        "peer",
+        *(["llamacpp"] if asked or llamacpp.installed() else []),
+    ]
+    if "llamacpp" in kinds and not args.llamacpp_url:
+        if not llamacpp.installed():
+            raise UsageError(
+                "llama-cpp-python[server] is not installed: `pip install -e '.[bench]'` "
+                "(it builds llama.cpp from source) or leave llamacpp out of --only"
+            )
+        if args.gguf and not args.gguf.expanduser().is_file():
+            raise UsageError(f"--gguf {args.gguf}: no such file")
+    return kinds
 
 
 def model_dir_from(args: argparse.Namespace, kinds: list[Kind]) -> Path | None:
@@ -231,6 +187,14 @@ class Prompts:
         uids = (f"{attempt}-{i}" for i in range(long.requests))
         return streams, [make_long_prompt(u, self.counter, long.prompt_tokens) for u in uids]
 
+    def reads(self, k: int) -> list[str]:
+        """The single requests' long prompts: the long level's kind, none of its own."""
+        if self.long is None:
+            return []
+        return [
+            make_long_prompt(f"read-{i}", self.counter, self.long.prompt_tokens) for i in range(k)
+        ]
+
 
 def new_report(
     args: argparse.Namespace, plan: Plan, stamp: str, prompts: Prompts
@@ -245,6 +209,11 @@ def new_report(
         "max_tokens": args.max_tokens,
         "parallel": plan.parallel,
         "peer_prompt_concurrency": plan.prompt_concurrency,
+        "single_requests": {"haiku": HAIKU, "repeats": plan.probe_repeats},
+        "llamacpp": {
+            "threads": llamacpp.threads(),
+            "n_ctx": llamacpp.context_size(long.prompt_tokens if long else None),
+        },
         "prompt": {
             "target_tokens": PROMPT_TOKENS,
             "prefix_tokens": counter.count(PREFIX),
@@ -262,6 +231,16 @@ def new_report(
     }
 
 
+def launch_for(kind: Kind, plan: Plan, parallel: int, prompt_concurrency: int) -> Launch:
+    """What a started server of this kind loads; llama.cpp's GGUF is obtained here."""
+    long_tokens = plan.long.prompt_tokens if plan.long else None
+    gguf = plan.gguf
+    if kind == "llamacpp" and gguf is None and plan.urls[kind] is None:
+        gguf = ensure_default_gguf()
+    n_ctx = llamacpp.context_size(long_tokens)
+    return Launch(plan.model_dir, parallel, prompt_concurrency, gguf, n_ctx)
+
+
 def bench_kind(
     kind: Kind,
     args: argparse.Namespace,
@@ -270,50 +249,65 @@ def bench_kind(
     entry: dict[str, Any],
     stamp: str,
 ) -> None:
-    """Bench one kind of server: the sweep on one server, then the long-prompt level on
-    another; the results go into `entry`."""
-    url = args.our_url if kind == "ours" else args.peer_url
-    startup = args.startup_timeout
-    out_dir: Path = args.out
-    if plan.levels:
+    """Bench one kind of server: the single requests and the sweep on one server, then the
+    long-prompt level on another; the results go into `entry`."""
+    url, startup, out_dir = plan.urls[kind], args.startup_timeout, args.out
+    if plan.levels or plan.probe_repeats:
         wait_for_idle(args.wait_idle)
         log = out_dir / f"{stamp}-{kind}.log"
-        factory = server_factory(
-            kind, url, plan.model_dir, plan.parallel, plan.prompt_concurrency, log, startup
-        )
-        with running(factory) as server:
-            entry |= bench_server(
-                server,
-                plan.levels,
-                args.max_tokens,
-                args.timeout,
-                prompts.streams,
-                args.wait_idle,
-                args.busy_retries,
+        launch = launch_for(kind, plan, plan.parallel, plan.prompt_concurrency)
+        if kind == "llamacpp" and url is None:
+            entry["detail"] = (
+                f"{launch.gguf.name if launch.gguf else 'GGUF'}, {llamacpp.threads()} threads, "
+                "one request at a time"
             )
+        with running(server_factory(kind, url, launch, log, startup)) as server:
+            if plan.probe_repeats:
+                reads = prompts.reads(plan.probe_repeats)
+                read_tokens = prompts.counter.count(reads[0]) if reads else None
+                entry["probe"] = probe_server(
+                    server, args.max_tokens, plan.probe_repeats, reads, read_tokens, args.timeout
+                )
+            if plan.levels:
+                entry |= bench_server(
+                    server,
+                    plan.levels,
+                    args.max_tokens,
+                    args.timeout,
+                    prompts.streams,
+                    args.wait_idle,
+                    args.busy_retries,
+                )
         entry["stopped"] = stopped(kind, server)
-    if (long := plan.long) is not None:
-        # Its own server: one slot for every stream and every long request.
-        wait_for_idle(args.wait_idle)
-        log = out_dir / f"{stamp}-{kind}-long.log"
-        factory = server_factory(
-            kind, url, plan.model_dir, long.parallel, plan.long_prompt_concurrency, log, startup
+    if (long := plan.long) is None:
+        return
+    if kind == "llamacpp":
+        entry["long_skipped"] = LLAMACPP_NO_LONG
+        print(f"[{LABELS[kind]}] no long-prompt level: {LLAMACPP_NO_LONG}", flush=True)
+        return
+    # Its own server: one slot for every stream and every long request.
+    wait_for_idle(args.wait_idle)
+    log = out_dir / f"{stamp}-{kind}-long.log"
+    launch = launch_for(kind, plan, long.parallel, plan.long_prompt_concurrency)
+    with running(server_factory(kind, url, launch, log, startup)) as server:
+        entry["long"] = bench_long(
+            server,
+            long,
+            args.timeout,
+            prompts.long_level,
+            args.wait_idle,
+            args.busy_retries,
         )
-        with running(factory) as server:
-            entry["long"] = bench_long(
-                server,
-                long,
-                args.timeout,
-                prompts.long_level,
-                args.wait_idle,
-                args.busy_retries,
-            )
-        entry["long"]["stopped"] = stopped(kind, server)
+    entry["long"]["stopped"] = stopped(kind, server)
 
 
 def add_ratios(report: dict[str, Any]) -> None:
-    """Ours against the peer, for the sweep and the long-prompt level, when both ran."""
+    """Ours against each peer that ran: mlx_lm.server for the sweep and the long-prompt
+    level, llama.cpp for the sweep."""
     servers = report["servers"]
+    if "ours" in servers and "llamacpp" in servers:
+        ours, other = (servers[k]["summary"] for k in ("ours", "llamacpp"))
+        report["ratios_llamacpp"] = ratios(ours, other)
     if "ours" in servers and "peer" in servers:
         report["ratios"] = ratios(servers["ours"]["summary"], servers["peer"]["summary"])
         if "long" in servers["ours"] and "long" in servers["peer"]:
@@ -332,14 +326,17 @@ def print_report(
         f"max output tokens, prompt ~{PROMPT_TOKENS} tokens "
         f"(shared prefix {report['prompt']['prefix_tokens']})"
     )
+    if (probes := probe_table(servers)) is not None:
+        print(f"\nsingle requests alone, through Chat Completions (medians)\n\n{probes}")
     for s in servers.values():
         if s["summary"]:
             blas = re.sub(r", from [^,\s]+", "", s.get("blas") or "BLAS not logged")
-            print(f"\n{s['label']} ({blas})\n")
+            print(f"\n{s['label']} ({s.get('detail') or blas})\n")
             print(server_table(s["summary"]))
-    if report.get("ratios"):
-        print("\nratios (ours / peer): tok/s above 1 and TTFT below 1 favour mlxcel\n")
-        print(ratio_table(report["ratios"]))
+    for key, peer in (("ratios", "peer"), ("ratios_llamacpp", "llama.cpp")):
+        if report.get(key):
+            print(f"\nratios (ours / {peer}): tok/s above 1 and TTFT below 1 favour mlxcel\n")
+            print(ratio_table(report[key], "llamacpp" if key == "ratios_llamacpp" else "peer"))
     if long is not None:
         print_long(long, servers, report.get("long_ratios"))
     plots = plot(report, json_path.with_suffix("")) if levels and servers else []
@@ -364,12 +361,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     handle_stop_signals()
     failures: list[str] = []
     for kind in plan.kinds:
-        label = "mlxcel" if kind == "ours" else "mlx_lm.server"
-        entry: dict[str, Any] = {"label": label, "summary": []}
+        entry: dict[str, Any] = {"label": LABELS[kind], "summary": []}
         report["servers"][kind] = entry
         try:
             bench_kind(kind, args, plan, prompts, entry, stamp)
-        except (ServerStartError, httpx.HTTPError, OSError) as exc:
+        except (ServerStartError, GgufUnavailable, httpx.HTTPError, OSError) as exc:
             failures.append(f"{kind}: {exc}")
             print(f"error: {kind} server: {exc}", file=sys.stderr, flush=True)
 

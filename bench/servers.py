@@ -1,5 +1,6 @@
-"""The servers under test as subprocesses: mlxcel-server and mlx_lm.server on free local
-ports, each in its own session, health-checked and warmed up before use, always stopped."""
+"""The servers under test as subprocesses: mlxcel-server, mlx_lm.server and llama.cpp's
+server on free local ports, each in its own session, health-checked and warmed up before
+use, always stopped."""
 
 from __future__ import annotations
 
@@ -18,10 +19,12 @@ from typing import Any
 
 import httpx
 from clients import STREAMERS, Kind, RequestResult, make_client, run_request
+from llamacpp import HEALTH_PATH, LLAMACPP_MODEL, llamacpp_command, threads
 
 OUR_ALIAS = "bench"
 PEER_MODEL = "default_model"  # mlx_lm.server's name for the folder given by --model
 LOG_TAIL_LINES = 40
+MODEL_NAMES: dict[Kind, str] = {"ours": OUR_ALIAS, "peer": PEER_MODEL, "llamacpp": LLAMACPP_MODEL}
 
 # The peer runs under the same BLAS routing as our server: `load_fast_blas()` before
 # anything imports mlx.core, then mlx_lm.server's own `main()`.
@@ -159,11 +162,12 @@ def wait_healthy(server: Server, timeout: float) -> None:
     """
     deadline = time.monotonic() + timeout
     last = "no answer yet"
+    health = HEALTH_PATH if server.kind == "llamacpp" else "/health"
     with httpx.Client(timeout=5.0) as http:
         while True:
             _check_alive(server)
             try:
-                reply = http.get(server.base_url + "/health")
+                reply = http.get(server.base_url + health)
                 if reply.status_code == 200:
                     break
                 last = f"HTTP {reply.status_code}: {reply.text[:200]}"
@@ -213,35 +217,52 @@ def _check_alive(server: Server) -> None:
         )
 
 
+@dataclass(frozen=True)
+class Launch:
+    """What a started server serves and with how many slots."""
+
+    model_dir: Path | None
+    """The MLX folder ours and mlx_lm.server load."""
+    parallel: int
+    """Our --parallel and mlx_lm.server's --decode-concurrency."""
+    prompt_concurrency: int
+    """mlx_lm.server's --prompt-concurrency."""
+    gguf: Path | None = None
+    """The GGUF file llama.cpp loads."""
+    n_ctx: int = 4096
+    """llama.cpp's context size."""
+
+    def command(self, kind: Kind, port: int) -> list[str]:
+        if kind == "llamacpp":
+            assert self.gguf is not None
+            return llamacpp_command(self.gguf, port, threads(), self.n_ctx)
+        assert self.model_dir is not None
+        if kind == "ours":
+            return our_command(self.model_dir, port, self.parallel)
+        return peer_command(self.model_dir, port, self.parallel, self.prompt_concurrency)
+
+
 def server_factory(
     kind: Kind,
     url: str | None,
-    model_dir: Path | None,
-    parallel: int,
-    prompt_concurrency: int,
+    launch: Launch,
     log_path: Path,
     startup_timeout: float,
 ) -> Callable[[], Server]:
-    """Connects to the server at `url`, or starts one with `parallel` slots (the peer's
-    --decode-concurrency) and `prompt_concurrency` (the peer's --prompt-concurrency)."""
+    """Connects to the server at `url`, or starts one as `launch` says."""
 
     def factory() -> Server:
         if url is not None:
-            model = our_model_name(url) if kind == "ours" else PEER_MODEL
+            model = PEER_MODEL if kind == "peer" else our_model_name(url)
             server = Server(kind, url.rstrip("/"), model)
             wait_healthy(server, startup_timeout)
             return server
-        assert model_dir is not None
         port = free_port()
-        command = (
-            our_command(model_dir, port, parallel)
-            if kind == "ours"
-            else peer_command(model_dir, port, parallel, prompt_concurrency)
-        )
-        print(f"starting {kind} server on port {port} (parallel {parallel}) ...", flush=True)
+        command = launch.command(kind, port)
+        slots = f"{threads()} threads" if kind == "llamacpp" else f"parallel {launch.parallel}"
+        print(f"starting {kind} server on port {port} ({slots}) ...", flush=True)
         t0 = time.monotonic()
-        model = OUR_ALIAS if kind == "ours" else PEER_MODEL
-        server = start_server(kind, command, port, model, log_path, startup_timeout)
+        server = start_server(kind, command, port, MODEL_NAMES[kind], log_path, startup_timeout)
         print(f"{kind} server ready in {time.monotonic() - t0:.1f}s", flush=True)
         return server
 

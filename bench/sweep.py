@@ -11,7 +11,7 @@ from typing import Any
 
 from clients import run_level
 from load import OTHER_CPU_WARN_PCT, wait_for_idle
-from report import LevelResult, fmt
+from report import LABELS, LevelResult, fmt
 from servers import Server
 
 
@@ -27,7 +27,7 @@ def bench_level(
 ) -> LevelResult:
     """Run one level, again (with fresh prompts) while other processes disturbed it, up to
     `busy_retries` times; every attempt's summary goes to `tried`, the least disturbed stands."""
-    label = "mlxcel" if server.kind == "ours" else "mlx_lm.server"
+    label = LABELS[server.kind]
     pid = server.proc.pid if server.proc is not None else None
     attempts: list[LevelResult] = []
     for attempt in range(1, busy_retries + 2):
@@ -93,7 +93,7 @@ def bench_server(
 ) -> dict[str, Any]:
     """Run every level against one server; a level disturbed by other processes is re-run
     (with fresh prompts, so no prompt cache helps) up to `busy_retries` times."""
-    label = "mlxcel" if server.kind == "ours" else "mlx_lm.server"
+    label = LABELS[server.kind]
     tried: list[dict[str, Any]] = []
     level_results = [
         bench_level(server, n, max_tokens, timeout, prompts, wait_idle, busy_retries, tried)

@@ -1,0 +1,153 @@
+"""The serving benchmark's command line (bench/serve.py): what is benched and how a run goes."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import get_args
+
+from clients import Kind
+from load import OTHER_CPU_WARN_PCT
+from long_prompt import add_options
+
+BENCH_DIR = Path(__file__).resolve().parent
+RESULTS_DIR = BENCH_DIR / "results"
+DEFAULT_LEVELS = (1, 4, 16, 64)
+DEFAULT_PROBE_REPEATS = 3
+KINDS: tuple[Kind, ...] = get_args(Kind)
+
+
+def parse_levels(text: str) -> list[int]:
+    try:
+        levels = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"--levels {text!r}: comma-separated integers") from exc
+    if any(n < 1 for n in levels):
+        raise argparse.ArgumentTypeError("--levels needs positive integers, e.g. 1,4,16,64")
+    return levels
+
+
+def parse_kinds(text: str) -> list[Kind]:
+    """`ours,llamacpp` -> the servers to bench, in the order they run (as KINDS)."""
+    names = [x.strip() for x in text.split(",") if x.strip()]
+    unknown = [n for n in names if n not in KINDS]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(
+            f"--only {text!r}: a comma-separated choice of {', '.join(KINDS)}"
+        )
+    return [k for k in KINDS if k in names]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="bench/serve.py",
+        description="Streaming latency/throughput benchmark: mlxcel-server against "
+        "mlx_lm.server and llama.cpp.",
+    )
+    add_target_options(p)
+    add_peer_options(p)
+    add_run_options(p)
+    add_options(p)
+    return p
+
+
+def add_target_options(p: argparse.ArgumentParser) -> None:
+    """What is benched: the model, the servers, the concurrency levels and the slots."""
+    p.add_argument(
+        "--model",
+        type=Path,
+        default=None,
+        help="MLX model folder ours and mlx_lm.server load (default: the embedded default model)",
+    )
+    p.add_argument(
+        "--levels",
+        type=parse_levels,
+        default=list(DEFAULT_LEVELS),
+        help="comma-separated concurrency levels (default: 1,4,16,64; '' for none)",
+    )
+    p.add_argument(
+        "--max-tokens", type=int, default=64, help="max output tokens per request (default: 64)"
+    )
+    p.add_argument(
+        "--only",
+        type=parse_kinds,
+        default=None,
+        help="bench only these servers, comma-separated: ours, peer (mlx_lm.server), "
+        "llamacpp (default: ours and peer, and llamacpp when llama-cpp-python is installed)",
+    )
+    p.add_argument(
+        "--parallel",
+        type=int,
+        default=None,
+        help="our --parallel and the peer's --decode-concurrency (default: the largest level)",
+    )
+    p.add_argument(
+        "--probe-repeats",
+        type=int,
+        default=DEFAULT_PROBE_REPEATS,
+        help="single requests alone on each server before the levels: the haiku decode "
+        "request, and with --long-level a long prompt, this many times each "
+        f"(default: {DEFAULT_PROBE_REPEATS}; 0 skips them)",
+    )
+
+
+def add_peer_options(p: argparse.ArgumentParser) -> None:
+    """Servers already running, and the peers' own settings."""
+    p.add_argument(
+        "--our-url", default=None, help="bench an already running mlxcel server at this base URL"
+    )
+    p.add_argument(
+        "--peer-url", default=None, help="bench an already running mlx_lm.server at this base URL"
+    )
+    p.add_argument(
+        "--llamacpp-url",
+        default=None,
+        help="bench an already running llama-cpp-python server at this base URL",
+    )
+    p.add_argument(
+        "--prompt-concurrency",
+        type=int,
+        default=None,
+        help="the peer's --prompt-concurrency (default: min(parallel, 8), "
+        "matching our prefill batch)",
+    )
+    p.add_argument(
+        "--gguf",
+        type=Path,
+        default=None,
+        help="GGUF file llama.cpp serves (default: the default model's own Q4_K_M GGUF, "
+        "assembled once into the user cache)",
+    )
+
+
+def add_run_options(p: argparse.ArgumentParser) -> None:
+    """How a run goes: its time limits, waiting out busy CPUs, and where results go."""
+    p.add_argument(
+        "--timeout", type=float, default=600.0, help="seconds allowed for each level (default: 600)"
+    )
+    p.add_argument(
+        "--startup-timeout",
+        type=float,
+        default=600.0,
+        help="seconds allowed for a server to load and answer (default: 600)",
+    )
+    p.add_argument(
+        "--wait-idle",
+        type=float,
+        default=0.0,
+        help="before starting each server and each level, wait up to this many seconds for other "
+        f"processes to use under {OTHER_CPU_WARN_PCT:.0f}%% of the CPU (default: 0, only warn)",
+    )
+    p.add_argument(
+        "--busy-retries",
+        type=int,
+        default=0,
+        help="re-run a level (with fresh prompts) up to this many times when other processes "
+        f"used over {OTHER_CPU_WARN_PCT:.0f}%% of the CPU during it (default: 0)",
+    )
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=RESULTS_DIR,
+        help="directory for the JSON, plots and server logs (default: bench/results)",
+    )
