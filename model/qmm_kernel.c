@@ -385,22 +385,61 @@ INLINE void store_sums(const int mt, const int nt, vf acc[][QMM_NT], float *y, l
     }
 }
 
+/* The next tile of weight rows, asked for a line at a time while this one
+ * is computed. The direct path is the one that waits on memory, and the
+ * hardware prefetcher loses track of the rows; spread out, the requests keep
+ * the memory busy without filling the core's miss buffers, which a burst of
+ * them at the start of each tile does (a whole-model pass at M = 1: 1.2x
+ * faster than bursts, 1.4x faster than no prefetching at all). */
+typedef struct {
+  const char *w;           /* packed weights of the next tile's first row, at this k block */
+  const float *s, *b;      /* its scales and biases, at this k block */
+  long stride, gpr, rows;  /* bytes per weight row, groups per row, rows (0: none) */
+  long gbytes;             /* packed bytes per group */
+} ahead_t;
+
+INLINE void ask_ahead(const ahead_t *pf, int j, long gi) {
+  if ((gi & 1) || j >= pf->rows) return; /* every other group: about a line each */
+  PREFETCH(pf->w + j * pf->stride + gi * pf->gbytes);
+  if ((gi & 15) == 0) {
+    PREFETCH(pf->s + j * pf->gpr + gi);
+    PREFETCH(pf->b + j * pf->gpr + gi);
+  }
+}
+
 /* ------------------------------------------------------------------------
  * Direct microkernel (few rows of x): y[mt][nt] (+)= x[mt][kb] . W[nt][kb]^T,
  * each weight vector dequantized in registers and used for all mt rows.
  * ------------------------------------------------------------------------ */
 INLINE void direct_body(const int mt, const int nt, const int g, const float *x, long ldx,
                         const uint8_t *const *q, const float *s, const float *b, long gpr,
-                        long kb, float *y, long ldy, int add) {
+                        long kb, float *y, long ldy, int add, const ahead_t *pf) {
   vf acc[QMM_DMT][QMM_NT];
 #pragma GCC unroll 8
   for (int i = 0; i < mt; i++)
 #pragma GCC unroll 8
     for (int j = 0; j < nt; j++) acc[i][j] = v_zero();
+  if (mt == 1) {
+    /* One row of x: the weight rows one after the other, a single stream
+     * from memory (the prefetcher follows it; several rows side by side
+     * lose it), the sums of the rows still reduced together. */
+#pragma GCC unroll 8
+    for (int j = 0; j < nt; j++)
+      for (long g0 = 0, gi = 0; g0 < kb; g0 += g, gi++) {
+        ask_ahead(pf, j, gi);
+        const vf vs = v_set1(s[j * gpr + gi]), vb = v_set1(b[j * gpr + gi]);
+#pragma GCC unroll 8
+        for (int k = 0; k < g; k += VL)
+          acc[0][j] = v_fma(v_load(x + g0 + k), v_fma(v_u8(q[j] + g0 + k), vs, vb), acc[0][j]);
+      }
+    store_sums(mt, nt, acc, y, ldy, add);
+    return;
+  }
   for (long g0 = 0, gi = 0; g0 < kb; g0 += g, gi++) {
     vf vs[QMM_NT], vb[QMM_NT];
 #pragma GCC unroll 8
     for (int j = 0; j < nt; j++) {
+      ask_ahead(pf, j, gi);
       vs[j] = v_set1(s[j * gpr + gi]);
       vb[j] = v_set1(b[j * gpr + gi]);
     }
@@ -421,12 +460,12 @@ INLINE void direct_body(const int mt, const int nt, const int g, const float *x,
 }
 
 typedef void (*direct_fn)(const float *, long, const uint8_t *const *, const float *,
-                          const float *, long, long, float *, long, int);
+                          const float *, long, long, float *, long, int, const ahead_t *);
 #define DIRECT(MT, NT, G)                                                                    \
   static void direct_##MT##_##NT##_##G(const float *x, long ldx, const uint8_t *const *q,    \
                                        const float *s, const float *b, long gpr, long kb,    \
-                                       float *y, long ldy, int add) {                        \
-    direct_body(MT, NT, G, x, ldx, q, s, b, gpr, kb, y, ldy, add);                          \
+                                       float *y, long ldy, int add, const ahead_t *pf) {     \
+    direct_body(MT, NT, G, x, ldx, q, s, b, gpr, kb, y, ldy, add, pf);                      \
   }
 
 /* ------------------------------------------------------------------------
@@ -513,8 +552,8 @@ static const direct_fn DIRECTS[QMM_DMT][3][QMM_NT] = {
 static int group_index(int g) { return g == 32 ? 0 : g == 64 ? 1 : 2; }
 
 /* Ask for weight rows [r, r + nt), values [k0, k0 + kb), and their scales
- * and biases: the hardware prefetcher loses track of several rows read side
- * by side, and the direct path is the one that waits on memory. */
+ * and biases, at once: for the first tile of a chunk (later tiles are asked
+ * for as the one before them is computed, see ahead_t). */
 static void prefetch_rows(const job_t *J, long r, long nt, long k0, long kb) {
   if (r + nt > J->n) nt = J->n - r;
   if (nt <= 0) return;
@@ -527,22 +566,26 @@ static void prefetch_rows(const job_t *J, long r, long nt, long k0, long kb) {
   }
 }
 
-/* Rows [n0, n1) of y for M <= QMM_DMT: the direct path. With one row of x
- * the weight rows go one at a time (a single stream from memory: 1.1x
- * faster over a whole model than four side by side), each prefetched
- * QMM_NT rows ahead; with more, QMM_NT rows share each vector of x. */
+/* Rows [n0, n1) of y for M <= QMM_DMT: the direct path, QMM_NT rows of w
+ * at a time, the next QMM_NT asked for as it goes. */
 static void direct_rows(const job_t *J, long n0, long n1, scratch_t *S) {
   const direct_fn *fns = DIRECTS[J->m - 1][group_index(J->group)];
-  const long tile = J->m == 1 ? 1 : QMM_NT;
-  for (long r0 = n0; r0 < n1; r0 += tile) {
-    const int nt = (int)(n1 - r0 < tile ? n1 - r0 : tile);
+  if (n0 < n1) prefetch_rows(J, n0, QMM_NT, 0, J->k < QMM_KB ? J->k : QMM_KB);
+  for (long r0 = n0; r0 < n1; r0 += QMM_NT) {
+    const int nt = (int)(n1 - r0 < QMM_NT ? n1 - r0 : QMM_NT);
     for (long k0 = 0; k0 < J->k; k0 += QMM_KB) {
       const long kb = J->k - k0 < QMM_KB ? J->k - k0 : QMM_KB;
-      if (r0 + QMM_NT < n1) prefetch_rows(J, r0 + QMM_NT, tile, k0, kb);
+      const long next = r0 + QMM_NT, g0n = next * J->gpr + k0 / J->group;
+      const ahead_t pf = {
+          .w = (const char *)J->w + next * J->wrow + k0 * J->bits / 8, .s = J->s + g0n,
+          .b = J->b + g0n, .stride = J->wrow, .gpr = J->gpr,
+          .rows = next < n1 ? (n1 - next < QMM_NT ? n1 - next : QMM_NT) : 0,
+          .gbytes = J->group * J->bits / 8};
       const uint8_t *q[QMM_NT];
       for (int j = 0; j < nt; j++) q[j] = row_bytes(J, r0 + j, k0, kb, S->ub[j]);
       const long g0 = r0 * J->gpr + k0 / J->group;
-      fns[nt - 1](J->x + k0, J->k, q, J->s + g0, J->b + g0, J->gpr, kb, J->y + r0, J->n, k0 > 0);
+      fns[nt - 1](J->x + k0, J->k, q, J->s + g0, J->b + g0, J->gpr, kb, J->y + r0, J->n, k0 > 0,
+                  &pf);
     }
   }
 }
