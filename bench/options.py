@@ -60,6 +60,13 @@ def add_target_options(p: argparse.ArgumentParser) -> None:
         help="MLX model folder ours and mlx_lm.server load (default: the embedded default model)",
     )
     p.add_argument(
+        "--peer-model",
+        type=Path,
+        default=None,
+        help="MLX folder mlx_lm.server loads instead (default without --model: the default "
+        "model's float32 folder, `mlxcel fetch-model --precision float32`, when present)",
+    )
+    p.add_argument(
         "--levels",
         type=parse_levels,
         default=list(DEFAULT_LEVELS),

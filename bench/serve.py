@@ -98,6 +98,8 @@ class Plan:
     probe_repeats: int
     gguf: Path | None
     """--gguf; without it the default model's GGUF is obtained when llama.cpp starts."""
+    peer_model_dir: Path | None = None
+    """--peer-model, else the default model's float32 folder when neither --model is given."""
 
 
 def plan_from(args: argparse.Namespace) -> Plan:
@@ -127,7 +129,27 @@ def plan_from(args: argparse.Namespace) -> Plan:
         urls=urls,
         probe_repeats=max(0, args.probe_repeats),
         gguf=args.gguf.expanduser().resolve() if args.gguf else None,
+        peer_model_dir=peer_model_dir_from(args),
     )
+
+
+def peer_model_dir_from(args: argparse.Namespace) -> Path | None:
+    """mlx_lm.server's folder: --peer-model; else, on the default model, its float32 folder.
+
+    MLX's own CPU quantized matmul is scalar, so mlx_lm.server is fastest on float32
+    weights through the fast BLAS; comparing against its slowest configuration would
+    flatter us. None: the same folder as ours.
+    """
+    if args.peer_model:
+        return Path(args.peer_model).expanduser().resolve()
+    if args.model:
+        return None
+    try:
+        fetch = importlib.import_module("mlxcel.model.provision.fetch")
+    except ImportError:
+        return None
+    folder = Path(fetch.model_dir(fetch.DEFAULT_MODEL.at("float32")))
+    return folder if (folder / "config.json").is_file() else None
 
 
 def kinds_from(args: argparse.Namespace) -> list[Kind]:
@@ -205,6 +227,7 @@ def new_report(
         "timestamp": stamp,
         "machine": machine(),
         "model": str(plan.model_dir) if plan.model_dir else None,
+        "peer_model": str(plan.peer_model_dir) if plan.peer_model_dir else None,
         "levels": plan.levels,
         "max_tokens": args.max_tokens,
         "parallel": plan.parallel,
@@ -238,7 +261,7 @@ def launch_for(kind: Kind, plan: Plan, parallel: int, prompt_concurrency: int) -
     if kind == "llamacpp" and gguf is None and plan.urls[kind] is None:
         gguf = ensure_default_gguf()
     n_ctx = llamacpp.context_size(long_tokens)
-    return Launch(plan.model_dir, parallel, prompt_concurrency, gguf, n_ctx)
+    return Launch(plan.model_dir, parallel, prompt_concurrency, gguf, n_ctx, plan.peer_model_dir)
 
 
 def bench_kind(

@@ -231,6 +231,8 @@ class Launch:
     """The GGUF file llama.cpp loads."""
     n_ctx: int = 4096
     """llama.cpp's context size."""
+    peer_model_dir: Path | None = None
+    """The folder mlx_lm.server loads when it differs from ours (its fastest: float32)."""
 
     def command(self, kind: Kind, port: int) -> list[str]:
         if kind == "llamacpp":
@@ -239,7 +241,8 @@ class Launch:
         assert self.model_dir is not None
         if kind == "ours":
             return our_command(self.model_dir, port, self.parallel)
-        return peer_command(self.model_dir, port, self.parallel, self.prompt_concurrency)
+        peer_dir = self.peer_model_dir or self.model_dir
+        return peer_command(peer_dir, port, self.parallel, self.prompt_concurrency)
 
 
 def server_factory(
