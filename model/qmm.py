@@ -109,44 +109,46 @@ def _import(path: Any) -> ModuleType:
     return module
 
 
-def _takes(module: ModuleType, x: mx.array, layer: Any) -> bool:
-    """Whether the kernel computes this product (else MLX's own function does)."""
+def _product(x: mx.array, layer: Any) -> mx.array | None:
+    """``x @ dequantize(layer).T`` on the kernel, or None when the kernel does not take it
+    (no kernel, another dtype or mode, bits or group size): then MLX's own function does."""
+    status = _status
+    module = status.module if status is not None else None
     biases = layer.get("biases")
-    return bool(
-        layer.mode == "affine"
+    takes = (
+        module is not None
+        and layer.mode == "affine"
         and biases is not None
         and x.dtype == mx.float32
         and layer["scales"].dtype == mx.float32
         and biases.dtype == mx.float32
         and module.supports(layer.bits, layer.group_size)
     )
+    if not takes or module is None:
+        return None
+    y: mx.array = module.quantized_matmul(
+        x, layer["weight"], layer["scales"], biases, layer.group_size, layer.bits
+    )
+    return y
 
 
 class CpuQuantizedLinear(QuantizedLinear):
     """``QuantizedLinear`` whose product runs on mlxcel's CPU kernel."""
 
     def __call__(self, x: mx.array) -> mx.array:
-        module = _module()
-        if module is None or not _takes(module, x, self):
+        y = _product(x, self)
+        if y is None:
             return super().__call__(x)  # type: ignore[no-untyped-call, no-any-return]
-        y: mx.array = module.quantized_matmul(
-            x, self["weight"], self["scales"], self["biases"], self.group_size, self.bits
-        )
-        if "bias" in self:
-            y = y + self["bias"]
-        return y
+        return y + self["bias"] if "bias" in self else y
 
 
 class CpuQuantizedEmbedding(QuantizedEmbedding):
     """``QuantizedEmbedding`` whose ``as_linear`` (a tied head) runs on the CPU kernel."""
 
     def as_linear(self, x: mx.array) -> mx.array:
-        module = _module()
-        if module is None or not _takes(module, x, self):
+        y = _product(x, self)
+        if y is None:
             return super().as_linear(x)  # type: ignore[no-untyped-call, no-any-return]
-        y: mx.array = module.quantized_matmul(
-            x, self["weight"], self["scales"], self["biases"], self.group_size, self.bits
-        )
         return y
 
 
@@ -154,11 +156,6 @@ _SWITCH: dict[type, type] = {
     QuantizedLinear: CpuQuantizedLinear,
     QuantizedEmbedding: CpuQuantizedEmbedding,
 }
-
-
-def _module() -> ModuleType | None:
-    status = _status
-    return status.module if status is not None else None
 
 
 def install_quantized_forms(model: Any) -> int:

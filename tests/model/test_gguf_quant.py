@@ -25,6 +25,7 @@ from mlxcel.model.provision.fetch import DEFAULT_MODEL, ensure_default_model, en
 from mlxcel.model.provision.gguf_convert import convert_gguf
 from mlxcel.model.provision.gguf_quant import dequantize_groups, mlx_bits, pack, repack
 
+from parity_prompts import SYSTEM, TEXTS
 from tiny_gguf import INTER, random_blocks, vocab, write_gguf
 
 Array = npt.NDArray[Any]
@@ -181,17 +182,6 @@ def test_quantized_folder_loads_in_mlx_lm_and_matches_float32(
     # Only the Q6_K down_proj differs (by at most half an 8-bit step per weight).
     assert float(np.abs(got_logits - want_logits).max()) <= 0.005 * scale
     assert INTER % 256 == 0  # the K-quant matrices above were whole super-blocks
-
-
-#: The parity prompts of test_mlx_engine_parity.py.
-SYSTEM = "Be brief."
-TEXTS = (
-    "Say hi.",
-    "Write a Python function that returns the squares of a list.",
-    "Explain in two sentences what a hash map is and when a sorted list is better.",
-    "Review this code and list its bugs: "
-    + " ".join(f"def f{i}(x): return x * {i} if x > {i} else None;" for i in range(3)),
-)
 
 
 def _greedy(model: Any, prompt: list[int], n: int) -> tuple[list[int], Array]:

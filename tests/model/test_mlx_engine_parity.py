@@ -19,23 +19,13 @@ from mlxcel.model.blas import load_fast_blas
 from mlxcel.model.engine import LoadedModel
 from mlxcel.model.provision.fetch import default_model_dir, is_ready
 
+from parity_prompts import SYSTEM, TEXTS
 from tiny_model import ensure_tiny_model
 
 pytestmark = pytest.mark.mlx
 
 CAP = 40
 """Prefill step of both paths; the last prompt is longer, so it is read in chunks."""
-
-SYSTEM = "Be brief."
-"""A short system message: the template's default one would double every prompt."""
-
-TEXTS = (
-    "Say hi.",
-    "Write a Python function that returns the squares of a list.",
-    "Explain in two sentences what a hash map is and when a sorted list is better.",
-    "Review this code and list its bugs: "
-    + " ".join(f"def f{i}(x): return x * {i} if x > {i} else None;" for i in range(3)),
-)
 
 
 def load(path: Path) -> LoadedModel:
