@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 from pathlib import Path
 from typing import get_args
 
@@ -158,3 +159,22 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
         default=RESULTS_DIR,
         help="directory for the JSON, plots and server logs (default: bench/results)",
     )
+
+
+def peer_model_dir_from(args: argparse.Namespace) -> Path | None:
+    """mlx_lm.server's folder: --peer-model; else, on the default model, its float32 folder.
+
+    MLX's own CPU quantized matmul is scalar, so mlx_lm.server is fastest on float32
+    weights through the fast BLAS; comparing against its slowest configuration would
+    flatter us. None: the same folder as ours.
+    """
+    if args.peer_model:
+        return Path(args.peer_model).expanduser().resolve()
+    if args.model:
+        return None
+    try:
+        fetch = importlib.import_module("mlxcel.model.provision.fetch")
+    except ImportError:
+        return None
+    folder = Path(fetch.model_dir(fetch.DEFAULT_MODEL.at("float32")))
+    return folder if (folder / "config.json").is_file() else None

@@ -44,7 +44,7 @@ from clients import Kind
 from gguf import GgufUnavailable, ensure_default_gguf
 from load import wait_for_idle
 from long_prompt import LongConfig, bench_long, config_from, long_ratios, print_long
-from options import build_parser
+from options import build_parser, peer_model_dir_from
 from probe import HAIKU, probe_server, probe_table
 from prompts import PREFIX, PROMPT_TOKENS, TokenCounter, make_long_prompt, make_prompt
 from report import LABELS, machine, plot, ratio_table, ratios, server_table
@@ -131,25 +131,6 @@ def plan_from(args: argparse.Namespace) -> Plan:
         gguf=args.gguf.expanduser().resolve() if args.gguf else None,
         peer_model_dir=peer_model_dir_from(args),
     )
-
-
-def peer_model_dir_from(args: argparse.Namespace) -> Path | None:
-    """mlx_lm.server's folder: --peer-model; else, on the default model, its float32 folder.
-
-    MLX's own CPU quantized matmul is scalar, so mlx_lm.server is fastest on float32
-    weights through the fast BLAS; comparing against its slowest configuration would
-    flatter us. None: the same folder as ours.
-    """
-    if args.peer_model:
-        return Path(args.peer_model).expanduser().resolve()
-    if args.model:
-        return None
-    try:
-        fetch = importlib.import_module("mlxcel.model.provision.fetch")
-    except ImportError:
-        return None
-    folder = Path(fetch.model_dir(fetch.DEFAULT_MODEL.at("float32")))
-    return folder if (folder / "config.json").is_file() else None
 
 
 def kinds_from(args: argparse.Namespace) -> list[Kind]:
