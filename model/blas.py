@@ -6,8 +6,11 @@ imports ``cblas_sgemm``, ``cblas_dgemm`` and ``cblas_cgemm``, and Python loads
 extension modules with ``RTLD_LOCAL``, so a library that exports those names
 and is loaded with ``RTLD_GLOBAL`` *before* ``mlx.core`` is imported wins the
 symbol lookup. PyPI's ``scipy-openblas32`` prefixes every symbol with
-``scipy_``, so a three-function C shim (``blas_shim.c``) is compiled once per
-machine into the user cache and forwards the standard names.
+``scipy_``, so a C shim (``blas_shim.c``) is compiled once per machine into
+the user cache and forwards the standard names. The shim also sends the
+skinny float32 products of decoding (a few activation rows times a weight
+matrix) to its own kernel, which streams the weights once for all rows;
+``blas_build.py`` compiles it for the CPU's widest vector instructions.
 
 Call :func:`load_fast_blas` first thing in every entry point. It never
 raises: when nothing fast can be loaded it reports the reference BLAS and the
@@ -21,6 +24,15 @@ Environment:
     exporting ``scipy_cblas_sgemm`` gets the shim).
 ``MLXCEL_CACHE_DIR``
     Overrides the per-user cache directory (shim builds and models).
+``MLXCEL_BLAS_ISA``
+    ``avx512``, ``avx2`` or ``generic``: the shim kernel's build (default:
+    detected).
+``MLXCEL_BLAS_THREADS``
+    Threads of the shim's kernel (default: ``OPENBLAS_NUM_THREADS``, which
+    this module sets to the usable CPUs unless already set).
+``MLXCEL_BLAS_SKINNY_MAX``
+    Most activation rows the kernel takes before OpenBLAS's sgemm does
+    (0 turns the kernel off; one row always goes to sgemv).
 ``CC``
     C compiler used for the shim (default ``cc``).
 """
@@ -29,19 +41,17 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
-import hashlib
 import importlib
 import logging
 import os
-import shutil
-import subprocess
 import sys
-import tempfile
 import threading
 import time
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
+
+from mlxcel.model import blas_build
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +59,6 @@ log = logging.getLogger(__name__)
 #: reference BLAS manages ~6 on a modern x86 core, OpenBLAS well over 100.
 FAST_GFLOPS_THRESHOLD = 30.0
 
-_SHIM_SOURCE = Path(__file__).with_name("blas_shim.c")
 _GEMM_SYMBOLS = ("cblas_sgemm", "cblas_dgemm", "cblas_cgemm")
 _THREAD_ENV = ("OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS", "OMP_NUM_THREADS")
 
@@ -183,10 +192,29 @@ def _load_library(path: Path, *, origin: str) -> BlasInfo:
     shim_path = build_shim(path)
     shim = ctypes.CDLL(str(shim_path), mode=ctypes.RTLD_GLOBAL)
     _handles.append(shim)
-    if not hasattr(shim, "mlxcel_blas_shim_version"):
-        raise BlasLoadError(f"{shim_path} is not the mlxcel BLAS shim")
+    if shim_version(shim) != blas_build.SHIM_VERSION:
+        raise BlasLoadError(f"{shim_path} is not version {blas_build.SHIM_VERSION} of the shim")
     _check_global_binding(shim)
-    return BlasInfo(f"openblas ({origin} via shim)", str(path), True)
+    kernel = f"{shim_isa(shim)} kernel on {shim_threads(shim)} threads"
+    return BlasInfo(f"openblas ({origin} via shim, {kernel})", str(path), True)
+
+
+def shim_version(shim: ctypes.CDLL) -> int:
+    """The shim's ``mlxcel_blas_shim_version()``, or -1 for another library."""
+    if not hasattr(shim, "mlxcel_blas_shim_version"):
+        return -1
+    return int(shim.mlxcel_blas_shim_version())
+
+
+def shim_isa(shim: ctypes.CDLL) -> str:
+    """The instruction set the shim's skinny kernel was compiled for."""
+    shim.mlxcel_blas_shim_isa.restype = ctypes.c_char_p
+    return bytes(shim.mlxcel_blas_shim_isa()).decode()
+
+
+def shim_threads(shim: ctypes.CDLL) -> int:
+    """Threads the shim's skinny kernel runs on (starts its pool)."""
+    return int(shim.mlxcel_blas_shim_threads())
 
 
 def _check_global_binding(lib: ctypes.CDLL) -> None:
@@ -233,46 +261,15 @@ def _dist_version(dist: str) -> str:
 
 
 def build_shim(openblas: Path) -> Path:
-    """Compile the forwarding shim for ``openblas`` into the cache, once.
+    """The shim for ``openblas`` and this CPU, compiled into the cache once.
 
-    The output name hashes the shim source and the library path, so an
-    upgraded venv or edited shim gets a fresh build. Compilation writes to a
-    private temporary name and renames it into place, so processes starting
-    concurrently never load a half-written file.
+    See :mod:`mlxcel.model.blas_build` for the instruction-set choice and
+    the cache naming.
     """
-    source = _SHIM_SOURCE.read_bytes()
-    digest = hashlib.sha256(source + b"\0" + str(openblas.resolve()).encode()).hexdigest()[:16]
-    out_dir = cache_dir() / "blas"
-    target = out_dir / f"mlxcel-blas-shim-{digest}.so"
-    if target.exists():
-        return target
-    compiler = find_compiler()
-    out_dir.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=out_dir)
-    os.close(fd)
-    tmp = Path(tmp_name)
-    lib_dir = str(openblas.resolve().parent)
-    cmd = [
-        compiler, "-O2", "-shared", "-fPIC", "-o", str(tmp), str(_SHIM_SOURCE),
-        str(openblas.resolve()), f"-Wl,-rpath,{lib_dir}",
-    ]  # fmt: skip
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
-        if proc.returncode != 0:
-            raise BlasLoadError(f"shim build failed: {proc.stderr.strip()[:500]}")
-        tmp.chmod(0o755)
-        os.replace(tmp, target)
-    finally:
-        tmp.unlink(missing_ok=True)
-    log.info("Built BLAS shim %s", target)
-    return target
-
-
-def find_compiler() -> str:
-    for name in (os.environ.get("CC", ""), "cc", "gcc", "clang"):
-        if name and (found := shutil.which(name)):
-            return found
-    raise BlasLoadError("no C compiler (cc, gcc or clang) to build the BLAS shim")
+        return blas_build.build_best(openblas, cache_dir() / "blas")
+    except blas_build.ShimBuildError as exc:
+        raise BlasLoadError(str(exc)) from exc
 
 
 def measure_gflops(n: int = 512, seconds: float = 0.2) -> float:

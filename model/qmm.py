@@ -27,7 +27,7 @@ from typing import Any
 import mlx.core as mx
 from mlx.nn.layers.quantized import QuantizedEmbedding, QuantizedLinear
 
-from mlxcel.model.blas import BlasLoadError
+from mlxcel.model.blas_build import ShimBuildError
 from mlxcel.model.cpu_forms import on_cpu
 from mlxcel.model.qmm_build import MODULE, QmmBuildError, build, choose_isa
 
@@ -80,7 +80,7 @@ def _load() -> QmmStatus:
         built = build(isa)
         module = _import(built.path)
         _self_check(module)
-    except (QmmBuildError, BlasLoadError, ImportError, OSError, TypeError, ValueError) as exc:
+    except (QmmBuildError, ShimBuildError, ImportError, OSError, TypeError, ValueError) as exc:
         return QmmStatus(None, None, f"the {isa} kernel could not be built or loaded: {exc}")
     return QmmStatus(module, isa, f"{isa} kernel")
 

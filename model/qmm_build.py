@@ -26,7 +26,8 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
-from mlxcel.model.blas import cache_dir, find_compiler
+from mlxcel.model.blas import cache_dir
+from mlxcel.model.blas_build import find_compiler
 
 log = logging.getLogger(__name__)
 

@@ -192,7 +192,7 @@ def test_a_build_that_fails_falls_back(monkeypatch: pytest.MonkeyPatch, tmp_path
     monkeypatch.setattr(
         "mlxcel.model.qmm_build.built_path", lambda isa, root=None: tmp_path / "x.so"
     )
-    monkeypatch.setattr("mlxcel.model.blas.shutil.which", lambda name: None)
+    monkeypatch.setattr("mlxcel.model.blas_build.shutil.which", lambda name: None)
     status = qmm.load_qmm()
     assert not status.available
     assert "could not be built" in status.note
