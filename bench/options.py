@@ -94,7 +94,7 @@ def add_target_options(p: argparse.ArgumentParser) -> None:
         type=int,
         default=DEFAULT_PROBE_REPEATS,
         help="single requests alone on each server before the levels: the haiku decode "
-        "request, and with --long-level a long prompt, this many times each "
+        "request and a --long-prompt-tokens prompt, this many times each "
         f"(default: {DEFAULT_PROBE_REPEATS}; 0 skips them)",
     )
 

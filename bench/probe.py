@@ -6,8 +6,8 @@ Before the levels, every server gets the very same requests, through Chat Comple
 - *decode*: "Write a haiku." with the `--max-tokens` budget at temperature 0, repeated
   `--probe-repeats` times; a request's decode rate is `(output tokens - 1) / (end -
   first text delta)`, i.e. 1 / TPOT, and the median over the repeats is kept;
-- *read* (with `--long-level`): the long-prompt level's own kind of ~T-token prompt, each
-  repeat a different one (so no prompt cache shortens it), with a 16-token budget; its
+- *read*: the long-prompt level's own kind of ~T-token prompt (`--long-prompt-tokens`),
+  each repeat a different one (so no prompt cache shortens it), with a 16-token budget; its
   read rate is the prompt's tokens (counted with the model's tokenizer, content only,
   the same number for every server) over its time to first token, median over repeats.
   TTFT also holds one decode step and the HTTP round trip, so this slightly understates
@@ -58,7 +58,7 @@ def probe_server(
     max_tokens: int,
     repeats: int,
     read_prompts: Sequence[str],
-    read_tokens: int | None,
+    read_tokens: int,
     timeout: float,
 ) -> dict[str, Any]:
     """Run the decode repeats, then the read prompts, one request at a time."""
@@ -66,7 +66,7 @@ def probe_server(
     pid = server.proc.pid if server.proc is not None else None
     print(
         f"[{label}] single requests: {repeats} x haiku ({max_tokens} tokens), "
-        f"{len(read_prompts)} x ~{read_tokens or 0}-token prompt ...",
+        f"{len(read_prompts)} x ~{read_tokens}-token prompt ...",
         flush=True,
     )
     before, t0 = CpuSample.take(pid), time.perf_counter()
@@ -83,9 +83,7 @@ def probe_server(
         "read_prompt_tokens": read_tokens if read_prompts else None,
         "read_prompt_tokens_reported": statistics.mean(reported) if reported else None,
         "read_ttft_ms": ms(_median([r.ttft for r in ok_reads])),
-        "read_tok_s": _median(
-            [read_tokens / t if read_tokens and (t := r.ttft) else None for r in ok_reads]
-        ),
+        "read_tok_s": _median([read_tokens / t if (t := r.ttft) else None for r in ok_reads]),
         "errors": len(haiku) + len(reads) - len(ok_haiku) - len(ok_reads),
         **cpu,
     }

@@ -6,14 +6,14 @@ client, official `openai` SDK), measures time to first token, inter-token latenc
 per output token and throughput, prints one table per server plus a ratio table, and
 writes the raw numbers to `bench/results/<timestamp>.json` (and PNG plots when
 matplotlib is importable). Before the levels, each server also answers single requests
-alone (probe.py): its decode rate and, with --long-level, its prompt-reading rate. See
+alone (probe.py): its decode rate and its prompt-reading rate. See
 bench/README.md for the metric definitions.
 
 Run from the repository root:
 
     .venv/bin/python bench/serve.py                  # every server, levels 1,4,16,64
     .venv/bin/python bench/serve.py --levels 1,4 --only ours,llamacpp
-    .venv/bin/python bench/serve.py --levels '' --long-level   # the long-prompt level alone
+    .venv/bin/python bench/serve.py --levels '' --probe-repeats 0 --long-level
 
 The servers are started one after the other, never together, and always stopped.
 
@@ -96,6 +96,7 @@ class Plan:
     model_dir: Path | None
     urls: dict[Kind, str | None]
     probe_repeats: int
+    read_tokens: int
     gguf: Path | None
     """--gguf; without it the default model's GGUF is obtained when llama.cpp starts."""
     peer_model_dir: Path | None = None
@@ -109,8 +110,10 @@ def plan_from(args: argparse.Namespace) -> Plan:
         long: LongConfig | None = config_from(args)
     except ValueError as exc:
         raise UsageError(str(exc)) from exc
-    if not levels and long is None:
-        raise UsageError("--levels is empty and --long-level not given: nothing to run")
+    if not levels and long is None and args.probe_repeats < 1:
+        raise UsageError("--levels empty, --probe-repeats 0, no --long-level: nothing to run")
+    if args.long_prompt_tokens < 200:
+        raise UsageError("--long-prompt-tokens needs at least 200")
     parallel: int = args.parallel or max(levels, default=1)
     urls: dict[Kind, str | None] = {
         "ours": args.our_url,
@@ -128,6 +131,7 @@ def plan_from(args: argparse.Namespace) -> Plan:
         model_dir=model_dir_from(args, kinds),
         urls=urls,
         probe_repeats=max(0, args.probe_repeats),
+        read_tokens=args.long_prompt_tokens,
         gguf=args.gguf.expanduser().resolve() if args.gguf else None,
         peer_model_dir=peer_model_dir_from(args),
     )
@@ -178,6 +182,8 @@ class Prompts:
 
     counter: TokenCounter
     long: LongConfig | None
+    read_tokens: int
+    """--long-prompt-tokens: the long prompts' length, at the long level and alone."""
 
     def streams(self, n: int, attempt: int) -> list[str]:
         tag = f"{n}" if attempt == 1 else f"{n}.{attempt}"
@@ -192,11 +198,7 @@ class Prompts:
 
     def reads(self, k: int) -> list[str]:
         """The single requests' long prompts: the long level's kind, none of its own."""
-        if self.long is None:
-            return []
-        return [
-            make_long_prompt(f"read-{i}", self.counter, self.long.prompt_tokens) for i in range(k)
-        ]
+        return [make_long_prompt(f"read-{i}", self.counter, self.read_tokens) for i in range(k)]
 
 
 def new_report(
@@ -216,7 +218,7 @@ def new_report(
         "single_requests": {"haiku": HAIKU, "repeats": plan.probe_repeats},
         "llamacpp": {
             "threads": llamacpp.threads(),
-            "n_ctx": llamacpp.context_size(long.prompt_tokens if long else None),
+            "n_ctx": llamacpp.context_size(plan.read_tokens),
         },
         "prompt": {
             "target_tokens": PROMPT_TOKENS,
@@ -237,11 +239,10 @@ def new_report(
 
 def launch_for(kind: Kind, plan: Plan, parallel: int, prompt_concurrency: int) -> Launch:
     """What a started server of this kind loads; llama.cpp's GGUF is obtained here."""
-    long_tokens = plan.long.prompt_tokens if plan.long else None
     gguf = plan.gguf
     if kind == "llamacpp" and gguf is None and plan.urls[kind] is None:
         gguf = ensure_default_gguf()
-    n_ctx = llamacpp.context_size(long_tokens)
+    n_ctx = llamacpp.context_size(plan.read_tokens)
     return Launch(plan.model_dir, parallel, prompt_concurrency, gguf, n_ctx, plan.peer_model_dir)
 
 
@@ -268,7 +269,7 @@ def bench_kind(
         with running(server_factory(kind, url, launch, log, startup)) as server:
             if plan.probe_repeats:
                 reads = prompts.reads(plan.probe_repeats)
-                read_tokens = prompts.counter.count(reads[0]) if reads else None
+                read_tokens = prompts.counter.count(reads[0])
                 entry["probe"] = probe_server(
                     server, args.max_tokens, plan.probe_repeats, reads, read_tokens, args.timeout
                 )
@@ -359,7 +360,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
     out_dir: Path = args.out
     out_dir.mkdir(parents=True, exist_ok=True)
-    prompts = Prompts(TokenCounter(plan.model_dir), plan.long)
+    prompts = Prompts(TokenCounter(plan.model_dir), plan.long, plan.read_tokens)
     report = new_report(args, plan, stamp, prompts)
 
     handle_stop_signals()
