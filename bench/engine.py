@@ -140,7 +140,7 @@ def divergence(old: list[list[int]], new: list[list[int]]) -> tuple[int, list[st
 
 
 def load_new(path: Path, blas: BlasInfo, n: int, cap: int) -> LoadedModel:
-    from mlxcel.model.mlx_engine import load_mlx_model
+    from mlxcel.model.mlx_load import load_mlx_model
 
     return load_mlx_model(
         path,

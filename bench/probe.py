@@ -31,7 +31,8 @@ HAIKU = "Write a haiku."
 READ_OUTPUT_TOKENS = 16
 
 
-def _one(server: Server, prompt: str, max_tokens: int, timeout: float) -> RequestResult:
+def one_request(server: Server, prompt: str, max_tokens: int, timeout: float) -> RequestResult:
+    """One streamed Chat Completions request, alone, at temperature 0."""
     client = make_client(server.base_url, timeout)
     origin = time.perf_counter()
     result = RequestResult(index=0, start=0.0)
@@ -70,8 +71,8 @@ def probe_server(
         flush=True,
     )
     before, t0 = CpuSample.take(pid), time.perf_counter()
-    haiku = [_one(server, HAIKU, max_tokens, timeout) for _ in range(repeats)]
-    reads = [_one(server, p, READ_OUTPUT_TOKENS, timeout) for p in read_prompts]
+    haiku = [one_request(server, HAIKU, max_tokens, timeout) for _ in range(repeats)]
+    reads = [one_request(server, p, READ_OUTPUT_TOKENS, timeout) for p in read_prompts]
     cpu = cpu_shares(before, CpuSample.take(pid), time.perf_counter() - t0)
     ok_haiku = [r for r in haiku if r.ok]
     ok_reads = [r for r in reads if r.ok]

@@ -39,7 +39,7 @@ def profile_level(
 ) -> None:
     """Run N prompts to their end under cProfile and print the level's row."""
     from mlxcel.generation import Sampling, SequenceSpec
-    from mlxcel.model.mlx_engine import load_mlx_model
+    from mlxcel.model.mlx_load import load_mlx_model
 
     loaded = load_mlx_model(
         path,

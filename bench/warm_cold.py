@@ -66,7 +66,7 @@ def main() -> None:
         raise SystemExit("run `mlxcel fetch-model` first, or pass --model")
 
     blas = load_fast_blas()  # before anything imports mlx.core
-    from mlxcel.model.mlx_engine import load_mlx_model
+    from mlxcel.model.mlx_load import load_mlx_model
     from mlxcel.model.prefix_cache import PrefixCache
 
     settings = Settings()

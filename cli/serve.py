@@ -49,7 +49,7 @@ def load_model(path: Path, names: ModelNames, settings: Settings) -> LoadedModel
     from mlxcel.model.blas import describe, load_fast_blas
 
     blas = load_fast_blas()
-    from mlxcel.model.mlx_engine import load_mlx_model
+    from mlxcel.model.mlx_load import load_mlx_model
 
     line = describe(blas)
     (log.info if blas.fast else log.warning)("%s", line)

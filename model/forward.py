@@ -11,7 +11,8 @@ Import this module only on the model thread, after `load_fast_blas()`.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import mlx.core as mx
@@ -59,46 +60,77 @@ def decode_logits(model: Any, tokens: list[int], cache: KV) -> mx.array:
     return logits[:, -1, :]
 
 
+@dataclass
+class Chunk:
+    """Prompt rows set up for one forward: `tokens` right-padded to one length, and the
+    KV state they are read into (a row's own, or the rows' merged one)."""
+
+    tokens: list[list[int]]
+    lengths: list[int]
+    cache: KV
+    single: bool
+    padded: bool
+
+    def want(self, flags: Sequence[bool]) -> list[tuple[int, int]]:
+        """`(row, position)` of the last token of every row `i` with `flags[i]`."""
+        return [(i, self.lengths[i] - 1) for i, flag in enumerate(flags) if flag]
+
+
+def open_chunk(rows: Sequence[Sequence[int]], caches: Sequence[KV]) -> Chunk:
+    """Set up rows of prompt tokens to be read after their KV states.
+
+    One row runs on its own state (no padding, no copies); several are merged into one
+    batched state, told about the right padding of the shorter rows.
+    """
+    length = max(len(r) for r in rows)
+    tokens = [list(r) + [0] * (length - len(r)) for r in rows]
+    single = len(rows) == 1
+    cache = caches[0] if single else merge(caches)
+    padding = [length - len(r) for r in rows]
+    padded = not single and max(padding) > 0
+    if padded:
+        for layer in cache:
+            layer.prepare(lengths=[len(r) for r in rows], right_padding=padding)
+    return Chunk(tokens, [len(r) for r in rows], cache, single, padded)
+
+
+def close_chunk(chunk: Chunk) -> list[KV]:
+    """Every row's KV state with its tokens added (after the forward is built)."""
+    if chunk.padded:
+        for layer in chunk.cache:
+            layer.finalize()
+    return (
+        [chunk.cache]
+        if chunk.single
+        else [extract(chunk.cache, i) for i in range(len(chunk.tokens))]
+    )
+
+
 def read_chunk(
     model: Any, rows: Sequence[Sequence[int]], caches: Sequence[KV], want: Sequence[bool]
 ) -> tuple[list[KV], dict[int, mx.array]]:
     """Feed each row's tokens (right-padded to the longest) after its KV state.
 
     Returns every row's KV state with the tokens added, and the logits `[V]` after the
-    last token of each row `i` with `want[i]`. One row runs on its own state (no
-    padding, no copies); several are merged into one batched state for the forward and
-    extracted again.
+    last token of each row `i` with `want[i]`.
     """
-    length = max(len(r) for r in rows)
-    padded = [list(r) + [0] * (length - len(r)) for r in rows]
-    inputs = mx.array(padded, dtype=mx.uint32)
-    single = len(rows) == 1
-    cache = caches[0] if single else merge(caches)
-    padding = [length - len(r) for r in rows]
-    if not single and max(padding) > 0:
-        for layer in cache:
-            layer.prepare(lengths=[len(r) for r in rows], right_padding=padding)
-    hidden = _hidden(model, inputs, cache)
-    if not single and max(padding) > 0:
-        for layer in cache:
-            layer.finalize()
-    wanted = [i for i, w in enumerate(want) if w]
+    chunk = open_chunk(rows, caches)
+    hidden = _hidden(model, mx.array(chunk.tokens, dtype=mx.uint32), chunk.cache)
+    pairs = chunk.want(want)
     logits: dict[int, mx.array] = {}
-    if wanted:
-        last = mx.array([len(rows[i]) - 1 for i in wanted])
-        picked = hidden[mx.array(wanted), last][:, None, :]  # [W, 1, H]
-        head = _head(model, picked)[:, 0, :]
-        logits = {i: head[n] for n, i in enumerate(wanted)}
-    out = [cache] if single else [extract(cache, i) for i in range(len(rows))]
+    if pairs:
+        index = mx.array([i for i, _ in pairs]), mx.array([p for _, p in pairs])
+        head = _head(model, hidden[index][:, None, :])[:, 0, :]  # [W, V]
+        logits = {i: head[n] for n, (i, _) in enumerate(pairs)}
+    out = close_chunk(chunk)
     mx.eval([layer.state for kv in out for layer in kv], list(logits.values()))
     return out, logits
 
 
 def _hidden(model: Any, inputs: mx.array, cache: KV) -> mx.array:
     """The last hidden states `[B, L, H]`, or the logits when the model cannot split."""
-    inner = getattr(model, "model", None)
-    if inner is not None and _has_head(model):
-        return inner(inputs, cache=cache)  # type: ignore[no-any-return]
+    if head_of(model) is not None:
+        return model.model(inputs, cache=cache)  # type: ignore[no-any-return]
     return model(inputs, cache=cache)  # type: ignore[no-any-return]
 
 
@@ -106,17 +138,21 @@ _PLAIN_HEADS = frozenset({"llama", "mistral", "qwen2", "qwen3"})
 """Model types whose logits are exactly the head applied to the inner model's output."""
 
 
-def _has_head(model: Any) -> bool:
-    if getattr(model, "model_type", None) not in _PLAIN_HEADS:
-        return False
+def head_of(model: Any) -> Callable[[mx.array], mx.array] | None:
+    """The vocabulary head the model applies to its inner model's output (its own
+    `lm_head`, or the tied embedding as a linear map); None when the logits are not
+    exactly that (another architecture: only the whole model gives them)."""
+    inner = getattr(model, "model", None)
+    if inner is None or getattr(model, "model_type", None) not in _PLAIN_HEADS:
+        return None
+    if hasattr(model, "lm_head"):
+        return model.lm_head  # type: ignore[no-any-return]
     args = getattr(model, "args", None)
-    tied = bool(getattr(args, "tie_word_embeddings", False))
-    return hasattr(model, "lm_head") or (tied and hasattr(model.model, "embed_tokens"))
+    if bool(getattr(args, "tie_word_embeddings", False)) and hasattr(inner, "embed_tokens"):
+        return inner.embed_tokens.as_linear  # type: ignore[no-any-return]
+    return None
 
 
 def _head(model: Any, hidden: mx.array) -> mx.array:
-    if not (getattr(model, "model", None) is not None and _has_head(model)):
-        return hidden  # `_hidden` already gave logits
-    if hasattr(model, "lm_head"):
-        return model.lm_head(hidden)  # type: ignore[no-any-return]
-    return model.model.embed_tokens.as_linear(hidden)  # type: ignore[no-any-return]
+    head = head_of(model)
+    return hidden if head is None else head(hidden)  # without a head `_hidden` gave logits

@@ -1,12 +1,13 @@
 """The MLX engine: continuous batching with our own step policy over mlx-lm's models.
 
 A step has two phases, and the model actor delivers each one's tokens before the next
-runs. `decode` feeds every running row its last token in one forward and samples the
-next. `prefill` then reads prompts within the step's budget (`step_plan`): a chunk of
-one or several prompts; a prompt whose last token is in the chunk gets its logits
-there, its first token is sampled and reported in that same step, and it joins the
-decode batch for the next one. So decoding never waits behind more prompt than the
-budget allows, and no forward is spent on a first token.
+runs. `decode` feeds every running row its last token and, in the same forward
+(`flat_forward`), the prompt chunk the step's budget allows (`step_plan`); it samples
+the rows' next tokens. `prefill` then samples the first token of each prompt the chunk
+finished, which joins the decode batch for the next step. With nothing decoding, or a
+model whose forward cannot be shared, `prefill` reads the chunk in a forward of its own.
+So decoding never waits behind more prompt than the budget allows, the weights are read
+once a step, and no forward is spent on a first token.
 
 Prompts wait in a FIFO and are admitted to reading a few at a time; the prefix cache is
 consulted at admission, not at insert, so a request queued while a shared prefix is
@@ -21,36 +22,26 @@ Import this module only on the model thread, after `load_fast_blas()`.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-from mlxcel.generation import ModelInfo, PrefillProgress, Sampling, SequenceSpec, TokenStep
-from mlxcel.model.blas import BlasInfo
+from mlxcel.generation import PrefillProgress, Sampling, SequenceSpec, TokenStep
 from mlxcel.model.constrained import GrammarCompiler, GrammarMasks
-from mlxcel.model.engine import LoadedModel
-from mlxcel.model.folder import context_length
-from mlxcel.model.prompt import TemplateCodec
-from mlxcel.model.step_plan import MAX_PREFILL_ROWS, StepBudget, Waiting, plan_chunk
-from mlxcel.respond.tool_parsers import detect_parser
+from mlxcel.model.step_plan import MAX_PREFILL_ROWS, Chunk, StepBudget, Waiting, plan_chunk
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # weights are local; never reach for a hub
 
 import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
-from mlx_lm.utils import load
 
-from mlxcel.model import forward
-from mlxcel.model.cpu_forms import fast_log_softmax, install_cpu_forms
+from mlxcel.model import flat_forward, forward
 from mlxcel.model.forward import KV
-from mlxcel.model.prefix_cache import CacheKind, PrefixCache
-from mlxcel.model.qmm import install_quantized_forms
-from mlxcel.model.sampling import Sampler, reference_log_softmax, token_logprob
+from mlxcel.model.prefix_cache import CacheKind, PrefixCache, common_prefix
+from mlxcel.model.sampling import Sampler, token_logprob
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +77,15 @@ class _Row:
         return self.spec.sampling
 
 
+@dataclass(frozen=True, slots=True)
+class _ChunkRead:
+    """A prompt chunk read in a step: the rows it finished, with their last logits."""
+
+    ended: tuple[int, ...]
+    """Sequence ids, in the chunk's order."""
+    logits: tuple[mx.array, ...]
+
+
 @dataclass
 class MlxEngine:
     model: Any
@@ -95,6 +95,8 @@ class MlxEngine:
     masks: GrammarMasks | None = None
     prefix_cache: PrefixCache | None = None
     sampler: Sampler = field(default_factory=Sampler)
+    flat: bool = False
+    """Decode rows and the step's prompt chunk share one forward (`flat_forward`)."""
     _waiting: deque[_Row] = field(default_factory=deque)
     """Inserted, not yet admitted to reading (FIFO)."""
     _reading: dict[int, _Row] = field(default_factory=dict)
@@ -102,6 +104,8 @@ class MlxEngine:
     _decoding: list[_Row] = field(default_factory=list)
     """Rows of the decode batch, in the batch's order."""
     _batch: KV | None = None
+    _read: _ChunkRead | None = None
+    """The chunk the decode forward read, its first tokens not yet sampled."""
     _stop: frozenset[int] = frozenset()
     _suspect: bool = False
     """A step failed: KV states may not match their tokens, so none are kept until
@@ -121,14 +125,20 @@ class MlxEngine:
         self._waiting.append(_Row(spec, self.tokenizer.detokenizer, matcher))
 
     def decode(self) -> list[TokenStep]:
-        """One token for every running row."""
+        """One token for every running row; where the model allows it, the same forward
+        reads the step's prompt chunk too (its first tokens come with `prefill`)."""
         if not self._decoding:
             return []
         started = time.perf_counter()
         self._suspect = True
         rows = self._decoding
         assert self._batch is not None
-        logits = forward.decode_logits(self.model, [r.last for r in rows], self._batch)
+        lasts = [r.last for r in rows]
+        chunk = self._plan(separate=False) if self.flat else None
+        if chunk is None:
+            logits = forward.decode_logits(self.model, lasts, self._batch)
+        else:
+            logits, self._read = self._read_with(chunk, lasts)
         tokens, logprobs = self._sample(logits, rows)
         self._suspect = False
         steps: list[TokenStep] = []
@@ -142,45 +152,22 @@ class MlxEngine:
             else:
                 self._keep(row, self._tokens(row), forward.extract(self._batch, i), "assistant")
         self._filter(keep)
-        self.budget.observe_decode(len(rows), time.perf_counter() - started)
+        read = 0 if chunk is None else chunk.tokens
+        self.budget.observe(len(rows), read, time.perf_counter() - started)
         return steps
 
     def prefill(self) -> list[TokenStep]:
-        """Read prompts within the step's budget; the first tokens of those that end."""
-        self._admit()
-        waiting = [Waiting(k, len(r.prompt) - r.read) for k, r in self._reading.items()]
-        batch = len(self._decoding) + len(self._reading) + len(self._waiting)
-        chunk = plan_chunk(waiting, self.budget.tokens(len(self._decoding), batch))
-        if chunk is None:
-            return []
-        started = time.perf_counter()
-        self._suspect = True
-        rows = [self._reading[k] for k in chunk.keys]
-        parts = [r.prompt[r.read : r.read + n] for r, n in zip(rows, chunk.reads, strict=True)]
-        ending = [r.read + n == len(r.prompt) for r, n in zip(rows, chunk.reads, strict=True)]
-        caches, logits = forward.read_chunk(
-            self.model, parts, [r.cache for r in rows if r.cache is not None], ending
-        )
-        for row, n, cache in zip(rows, chunk.reads, caches, strict=True):
-            row.cache, row.read = cache, row.read + n
-        self._suspect = False  # the KV states hold what each row read: safe to keep
-        steps: list[TokenStep] = []
-        ended = [i for i, e in enumerate(ending) if e]
-        if ended:
-            firsts = [rows[i] for i in ended]
-            tokens, logprobs = self._sample(mx.stack([logits[i] for i in ended]), firsts)
-            joining: list[_Row] = []
-            for n, (row, token) in enumerate(zip(firsts, tokens, strict=True)):
-                del self._reading[row.spec.seq_id]
-                step = self._emit(row, token, logprobs.get(n), first=True)
-                steps.append(step)
-                if step.finish is None:
-                    joining.append(row)
-                else:
-                    self._keep_prompt(row)
-            self._join(joining)
-        self.budget.observe_prefill(chunk.tokens, time.perf_counter() - started)
-        return steps
+        """The first tokens of the prompts the step finished reading: those of the
+        decode forward's chunk, or, with nothing decoding (or a model that cannot share
+        a forward), a chunk read now within the budget."""
+        done, self._read = self._read, None
+        if done is None and (not self._decoding or not self.flat):
+            chunk = self._plan(separate=True)
+            if chunk is not None:
+                started = time.perf_counter()
+                done = self._read_alone(chunk)
+                self.budget.observe(0, chunk.tokens, time.perf_counter() - started)
+        return [] if done is None else self._finish(done)
 
     def step(self) -> list[TokenStep]:
         """Both phases at once (for callers that need not deliver in between)."""
@@ -229,6 +216,81 @@ class MlxEngine:
         self._reading.clear()
         self._decoding, self._batch = [], None
 
+    # --- reading prompts ----------------------------------------------------------
+
+    def _plan(self, *, separate: bool) -> Chunk | None:
+        """The chunk this step reads, within the budget (`separate`: in its own forward)."""
+        self._admit()
+        waiting = [Waiting(k, len(r.prompt) - r.read) for k, r in self._reading.items()]
+        batch = len(self._decoding) + len(self._reading) + len(self._waiting)
+        budget = self.budget.tokens(len(self._decoding), batch, separate=separate)
+        return plan_chunk(waiting, budget)
+
+    def _parts(self, chunk: Chunk) -> tuple[list[_Row], list[tuple[int, ...]], list[bool]]:
+        """The chunk's rows, the tokens each reads, and whether that ends its prompt."""
+        rows = [self._reading[k] for k in chunk.keys]
+        parts = [r.prompt[r.read : r.read + n] for r, n in zip(rows, chunk.reads, strict=True)]
+        ending = [r.read + n == len(r.prompt) for r, n in zip(rows, chunk.reads, strict=True)]
+        return rows, parts, ending
+
+    def _read_with(self, chunk: Chunk, lasts: list[int]) -> tuple[mx.array, _ChunkRead]:
+        """One forward: the decode rows' next logits, and the chunk read."""
+        assert self._batch is not None
+        rows, parts, ending = self._parts(chunk)
+        opened = forward.open_chunk(parts, [r.cache for r in rows if r.cache is not None])
+        decode = flat_forward.Group(
+            [[t] for t in lasts], self._batch, [(i, 0) for i in range(len(lasts))]
+        )
+        reading = flat_forward.Group(opened.tokens, opened.cache, opened.want(ending))
+        logits, firsts = flat_forward.step_logits(self.model, [decode, reading])
+        caches = forward.close_chunk(opened)
+        mx.eval(logits, firsts, [layer.state for kv in caches for layer in kv])
+        ended = [i for i, e in enumerate(ending) if e]
+        return logits, self._took(
+            rows, chunk, caches, ended, [firsts[n] for n in range(len(ended))]
+        )
+
+    def _read_alone(self, chunk: Chunk) -> _ChunkRead:
+        """The chunk in a forward of its own."""
+        self._suspect = True
+        rows, parts, ending = self._parts(chunk)
+        caches, logits = forward.read_chunk(
+            self.model, parts, [r.cache for r in rows if r.cache is not None], ending
+        )
+        ended = [i for i, e in enumerate(ending) if e]
+        read = self._took(rows, chunk, caches, ended, [logits[i] for i in ended])
+        self._suspect = False  # the KV states hold what each row read: safe to keep
+        return read
+
+    @staticmethod
+    def _took(
+        rows: list[_Row], chunk: Chunk, caches: list[KV], ended: list[int], logits: list[mx.array]
+    ) -> _ChunkRead:
+        for row, n, cache in zip(rows, chunk.reads, caches, strict=True):
+            row.cache, row.read = cache, row.read + n
+        return _ChunkRead(tuple(rows[i].spec.seq_id for i in ended), tuple(logits))
+
+    def _finish(self, read: _ChunkRead) -> list[TokenStep]:
+        """Sample the first token of every prompt the chunk finished (those still
+        there: one may have been removed since), and let them join the decode batch."""
+        alive = [(n, self._reading[k]) for n, k in enumerate(read.ended) if k in self._reading]
+        if not alive:
+            return []
+        firsts = [row for _, row in alive]
+        tokens, logprobs = self._sample(mx.stack([read.logits[n] for n, _ in alive]), firsts)
+        steps: list[TokenStep] = []
+        joining: list[_Row] = []
+        for n, (row, token) in enumerate(zip(firsts, tokens, strict=True)):
+            del self._reading[row.spec.seq_id]
+            step = self._emit(row, token, logprobs.get(n), first=True)
+            steps.append(step)
+            if step.finish is None:
+                joining.append(row)
+            else:
+                self._keep_prompt(row)
+        self._join(joining)
+        return steps
+
     # --- admission ---------------------------------------------------------------
 
     def _admit(self) -> None:
@@ -260,7 +322,7 @@ class MlxEngine:
         for other in self._reading.values():
             if other.spec.tenant != row.spec.tenant:  # it could not use the other's entry
                 continue
-            shared = _common_prefix(row.prompt, other.prompt)
+            shared = common_prefix(row.prompt, other.prompt, SHARED_PREFIX)
             if shared >= SHARED_PREFIX and shared - other.cached >= SHARED_PREFIX:
                 return True
         return False
@@ -336,64 +398,3 @@ class MlxEngine:
         """Keep a KV state of `row`'s as an entry of its tenant's."""
         if self.prefix_cache is not None and tokens and not self._suspect:
             self.prefix_cache.store(tokens, cache, kind, row.spec.tenant)
-
-
-def _common_prefix(a: tuple[int, ...], b: tuple[int, ...]) -> int:
-    n = min(len(a), len(b))
-    if a[:SHARED_PREFIX] != b[:SHARED_PREFIX]:
-        return 0
-    lo, hi = SHARED_PREFIX, n  # the prefix is at least `lo` long; find its end by halving
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if a[:mid] == b[:mid]:
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
-
-
-def load_mlx_model(
-    path: Path,
-    *,
-    name: str,
-    max_batch: int,
-    prefill_step_size: int,
-    blas: BlasInfo,
-    prompt_cache_bytes: int,
-    ctx_size: int | None = None,
-    max_step_ms: float = 0.0,
-) -> LoadedModel:
-    """Load a local MLX model folder and wrap it as an engine (on the model thread).
-
-    `prefill_step_size` caps the prompt tokens one step reads (all prompts together);
-    `max_step_ms` is the step length the prefill budget aims at (0: 1.5 times the
-    decode step of a full batch of `max_batch` rows). `prompt_cache_bytes` bounds the KV states
-    kept for reuse plus those of the live sequences (as `mlx_lm.server
-    --prompt-cache-bytes` does); 0 disables the cache."""
-    model, tokenizer = load(str(path))[:2]
-    fast = install_cpu_forms(model)  # on the CPU device only; Apple GPUs keep MLX's kernels
-    quantized = install_quantized_forms(model)  # likewise
-    grammars = GrammarCompiler.for_hf_tokenizer(tokenizer._tokenizer)
-    engine = MlxEngine(
-        model,
-        tokenizer,
-        StepBudget(cap=prefill_step_size, full_batch=max_batch, max_step_ms=max_step_ms),
-        grammars,
-        None,
-        PrefixCache(prompt_cache_bytes) if prompt_cache_bytes > 0 else None,
-        Sampler(fast_log_softmax if fast else reference_log_softmax),
-        _stop=frozenset(tokenizer.eos_token_ids),
-    )
-    version = getattr(mx, "__version__", "?")
-    forms = ", CPU forms of exp-heavy ops" if fast else ""
-    forms += f", CPU quantized matmul ({quantized} modules)" if quantized else ""
-    backend = f"mlx {version} on {mx.default_device()}, BLAS: {blas.name}{forms}"
-    model_type = json.loads((path / "config.json").read_text()).get("model_type")
-    info = ModelInfo(
-        name=name,
-        path=str(path),
-        context_length=ctx_size or context_length(path),
-        backend=backend,
-        tool_parser=detect_parser(getattr(tokenizer, "chat_template", None), model_type),
-    )
-    return LoadedModel(engine=engine, codec=TemplateCodec(tokenizer, grammars), info=info)

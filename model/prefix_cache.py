@@ -81,3 +81,17 @@ class PrefixCache:
     def fit(self, live_bytes: int) -> None:
         """Evict until the cache and the live sequences' KV states fit `max_bytes`."""
         self._lru.trim_to(n_bytes=self.max_bytes - live_bytes)
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int], floor: int) -> int:
+    """How many leading tokens `a` and `b` share; 0 when it is fewer than `floor`."""
+    if min(len(a), len(b)) < floor or a[:floor] != b[:floor]:
+        return 0
+    lo, hi = floor, min(len(a), len(b))  # the prefix is at least `lo` long: halve to its end
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo

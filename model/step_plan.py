@@ -1,13 +1,12 @@
 """The step policy: how much prompt one engine step may read, and which prompts.
 
-Every step first decodes one token for each running sequence, then reads prompts
-within a budget. The budget bounds the gap every running stream sees: a step should
-last about `max_step_ms`, by default `STEP_OVER_DECODE` (1.5) times what a decode step
-of a full batch costs, so a burst of prompts stretches the inter-token latency by about
-half, whatever their lengths, instead of stalling decoding while they are read. (The
-cost model counts prefill per token; a forward's fixed cost, reading the weights, is not
-in it yet, so steps with small chunks overshoot: docs/benchmarks.md has the figures.) Prompts share one budget per step
-(not one each), and are read in rectangular chunks: rows of similar remaining length
+Every step decodes one token for each running sequence and reads prompts within a
+budget, in one forward where the model allows it. The budget bounds the gap every
+running stream sees: a step should last about `max_step_ms`, by default
+`STEP_OVER_DECODE` (1.5) times what a decode step of a full batch costs, so a burst of
+prompts stretches the inter-token latency by about half, whatever their lengths,
+instead of stalling decoding while they are read; what a step costs is fitted from
+measured steps (`step_cost`). Prompts share one budget per step (not one each), and are read in rectangular chunks: rows of similar remaining length
 go together so little is padded, and the oldest prompt always takes part, so none
 waits for ever behind newer ones.
 
@@ -18,6 +17,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+
+from mlxcel.model.step_cost import StepCostModel
 
 STEP_OVER_DECODE = 1.5
 """The derived step length, in full-batch decode steps. Every second of prefill delays
@@ -32,9 +33,6 @@ MAX_PREFILL_ROWS = 16
 
 MAX_PADDING = 0.25
 """Share of a chunk that may be padding (rows ending their prompt short of the chunk)."""
-
-_SMOOTHING = 0.3
-"""Weight of the newest measurement in the running estimates."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,82 +90,45 @@ def plan_chunk(
 
 @dataclass
 class StepBudget:
-    """Prompt tokens a step may read, from running estimates of what steps cost.
+    """Prompt tokens a step may read, from the fitted cost of steps (`step_cost`).
 
     `max_step_ms` fixes the step length; 0 derives it: `STEP_OVER_DECODE` times the
     estimated decode step of the batch being built, the rows decoding plus the prompts
     waiting to join them (at most `full_batch`): 16 streams on a server of 64 slots
-    are not slowed to the pace of 64.
-
-    The decode cost is fitted as a line in the number of rows through the averages
-    measured at each batch size; the prefill cost is an average per token. A decode row
-    computes a token through the whole model, as a prompt token does, so the line rises
-    at least by the prefill cost per row: that keeps the estimate for a larger batch
-    honest while only a few sizes have been seen (a burst starts small), which would
-    otherwise starve the prompts that make it grow. With nothing decoding there is no
-    stream to protect and the budget is the cap; `cap` also bounds every step (memory
-    and attention grow with the chunk).
+    are not slowed to the pace of 64. The prompt tokens are what the rest of the step
+    buys at the fitted per-token cost, the rows' own cost and the forward's fixed part
+    paid first (twice when the prompt is read in a forward of its own). With nothing
+    decoding there is no stream to protect and the budget is the cap; `cap` also
+    bounds every step (memory and attention grow with the chunk).
     """
 
     cap: int
     full_batch: int
     max_step_ms: float = 0.0
-    decode_ms: dict[int, float] = field(default_factory=dict)
-    """The running average of a decode step, by batch size (at most `full_batch` keys)."""
-    prefill_ms_per_token: float | None = None
+    costs: StepCostModel = field(default_factory=StepCostModel)
 
-    def observe_decode(self, rows: int, seconds: float) -> None:
-        if rows <= 0:
-            return
-        rows = min(rows, self.full_batch)
-        self.decode_ms[rows] = _smooth(self.decode_ms.get(rows), 1000 * seconds)
-
-    def observe_prefill(self, tokens: int, seconds: float) -> None:
-        # Small chunks are dominated by the fixed cost of a forward; they would
-        # overstate the per-token cost and starve the next steps.
-        if tokens >= 2 * MIN_PREFILL_TOKENS:
-            per_token = 1000 * seconds / tokens
-            self.prefill_ms_per_token = _smooth(self.prefill_ms_per_token, per_token)
-
-    def estimate_decode_ms(self, rows: int) -> float | None:
-        """The fitted cost of a decode step over `rows` rows (None before any)."""
-        if not self.decode_ms:
-            return None
-        points = sorted(self.decode_ms.items())
-        n = len(points)
-        mean_x = sum(x for x, _ in points) / n
-        mean_y = sum(y for _, y in points) / n
-        var = sum((x - mean_x) ** 2 for x, _ in points)
-        slope = sum((x - mean_x) * (y - mean_y) for x, y in points) / var if var else 0.0
-        slope = max(slope, self.prefill_ms_per_token or 0.0)
-        return max(min(y for _, y in points), mean_y + slope * (rows - mean_x))
+    def observe(self, rows: int, tokens: int, seconds: float) -> None:
+        """A step decoded `rows` rows and read `tokens` prompt tokens in `seconds`."""
+        self.costs.observe(min(rows, self.full_batch), tokens, seconds)
 
     def step_ms(self, batch: int) -> float | None:
         """How long a step should last while a batch of `batch` rows is being built
         (None while nothing has been measured)."""
         if self.max_step_ms > 0:
             return self.max_step_ms
-        full = self.estimate_decode_ms(min(batch, self.full_batch))
-        return None if full is None else STEP_OVER_DECODE * full
+        cost = self.costs.cost()
+        return None if cost is None else STEP_OVER_DECODE * cost.ms(min(batch, self.full_batch))
 
-    def tokens(self, decoding: int, batch: int | None = None) -> int:
-        """Prompt tokens the next prefill may read, `decoding` rows having just decoded
-        and `batch` rows to decode once the waiting prompts are read (default: a full
-        batch)."""
+    def tokens(self, decoding: int, batch: int | None = None, *, separate: bool = False) -> int:
+        """Prompt tokens the next step may read beside `decoding` rows, `batch` rows to
+        decode once the waiting prompts are read (default: a full batch); `separate`:
+        in a forward of their own, which pays the fixed part again."""
         if decoding <= 0:
             return self.cap
         step = self.step_ms(self.full_batch if batch is None else max(batch, decoding))
-        decode = self.estimate_decode_ms(decoding)
-        if step is None or decode is None:
+        cost = self.costs.cost()
+        if step is None or cost is None:
             return self.cap
-        per_token = self.prefill_ms_per_token
-        if per_token is None:
-            # Before the first measurement: a forward over 32 tokens costs about as much
-            # as a decode step of one row (weights are read once either way).
-            per_token = (self.estimate_decode_ms(1) or decode) / 32
-        allowed = int((step - decode) / per_token)
+        spent = cost.ms(decoding) + (cost.fixed if separate else 0.0)
+        allowed = int((step - spent) / cost.per_token)
         return max(MIN_PREFILL_TOKENS, min(self.cap, allowed))
-
-
-def _smooth(old: float | None, new: float) -> float:
-    return new if old is None else (1 - _SMOOTHING) * old + _SMOOTHING * new

@@ -73,7 +73,7 @@ SCHEMAS = st.recursive(
 @pytest.fixture(scope="module")
 def tiny() -> LoadedModel:
     load_fast_blas()
-    from mlxcel.model.mlx_engine import load_mlx_model
+    from mlxcel.model.mlx_load import load_mlx_model
 
     return load_mlx_model(
         ensure_tiny_model(),

@@ -28,7 +28,7 @@ def tiny_path() -> Path:
 
 
 def load(path: Path, *, max_batch: int = 4, prefill_step_size: int = 16) -> LoadedModel:
-    from mlxcel.model.mlx_engine import load_mlx_model
+    from mlxcel.model.mlx_load import load_mlx_model
 
     return load_mlx_model(
         path,
@@ -145,20 +145,26 @@ def test_codec_renders_the_real_chat_template(tiny_path: Path) -> None:
 def test_no_prefill_chunk_exceeds_the_step_budget(
     tiny_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from mlxcel.model import forward
+    from mlxcel.model import flat_forward, mlx_engine
 
     loaded = load(tiny_path, max_batch=8, prefill_step_size=48)
     engine: Any = loaded.engine
     chunks: list[tuple[int, int]] = []  # (tokens computed, padding included; the budget)
-    real = forward.read_chunk
+    shared: list[int] = []  # prompt tokens read in a decode step's forward
+    plan, step_logits = mlx_engine.plan_chunk, flat_forward.step_logits
 
-    def spy(model: Any, rows: Any, caches: Any, want: Any) -> Any:
-        batch = len(engine._decoding) + len(engine._reading) + len(engine._waiting)
-        budget = engine.budget.tokens(len(engine._decoding), batch)
-        chunks.append((len(rows) * max(len(r) for r in rows), budget))
-        return real(model, rows, caches, want)
+    def plan_spy(waiting: Any, budget: int) -> Any:
+        chunk = plan(waiting, budget)
+        if chunk is not None:
+            chunks.append((chunk.tokens, budget))
+        return chunk
 
-    monkeypatch.setattr(forward, "read_chunk", spy)
+    def step_spy(model: Any, groups: Any) -> Any:
+        shared.append(sum(len(g.tokens) * len(g.tokens[0]) for g in groups[1:]))
+        return step_logits(model, groups)
+
+    monkeypatch.setattr(mlx_engine, "plan_chunk", plan_spy)
+    monkeypatch.setattr(flat_forward, "step_logits", step_spy)
     texts = ["a", " ".join(["long"] * 120), "b c", " ".join(["mid"] * 30), "d", "e f g"]
     for seq_id, text in enumerate(texts):
         engine.insert(SequenceSpec(seq_id, prompt(loaded, text), Sampling(0, max_tokens=6)))
@@ -167,6 +173,9 @@ def test_no_prefill_chunk_exceeds_the_step_budget(
     assert len(chunks) > 5
     assert all(tokens <= budget <= 48 for tokens, budget in chunks)
     assert any(tokens > 16 for tokens, _ in chunks)  # prompts shared chunks
+    assert engine.flat
+    assert shared  # prompts were read beside decoding rows
+    assert all(n > 0 for n in shared)
     engine.close()
 
 

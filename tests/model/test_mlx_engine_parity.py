@@ -29,7 +29,7 @@ CAP = 40
 
 
 def load(path: Path) -> LoadedModel:
-    from mlxcel.model.mlx_engine import load_mlx_model
+    from mlxcel.model.mlx_load import load_mlx_model
 
     return load_mlx_model(
         path,

@@ -27,7 +27,7 @@ STEP = 16  # prefill_step_size of the engines here
 
 def load(cache_bytes: int) -> LoadedModel:
     load_fast_blas()
-    from mlxcel.model.mlx_engine import load_mlx_model
+    from mlxcel.model.mlx_load import load_mlx_model
 
     return load_mlx_model(
         ensure_tiny_model(),

@@ -77,10 +77,16 @@ def test_random_queues_stay_within_budget_padding_and_rows(seed: int) -> None:
     assert list(chunk.keys) == sorted(chunk.keys)  # in queue order
 
 
+def steps(budget: StepBudget, fixed: float, per_row: float, per_token: float) -> None:
+    """Feed `budget` the steps of a machine whose cost is exactly that line (ms)."""
+    for rows, tokens in ((8, 0), (16, 0), (32, 0), (64, 0), (0, 500), (16, 64), (64, 32)):
+        budget.observe(rows, tokens, (fixed + per_row * rows + per_token * tokens) / 1000)
+
+
 def test_with_nothing_decoding_the_budget_is_the_cap() -> None:
     budget = StepBudget(cap=512, full_batch=64)
     assert budget.tokens(0) == 512
-    budget.observe_decode(8, 0.4)
+    budget.observe(8, 0, 0.4)
     assert budget.tokens(0) == 512
 
 
@@ -90,61 +96,43 @@ def test_before_any_measurement_the_budget_is_the_cap() -> None:
 
 def test_the_budget_fills_a_step_of_a_full_batch_decode_and_a_half() -> None:
     budget = StepBudget(cap=4096, full_batch=64)
-    for rows, ms in ((8, 378), (16, 506), (32, 762), (64, 1274)):
-        budget.observe_decode(rows, ms / 1000)
-    budget.observe_prefill(500, 500 * 0.0077)
-    assert budget.estimate_decode_ms(64) == pytest.approx(1274, rel=0.02)
-
-    # At 64 rows: the step may last 1.5 x 1274 ms, of which decoding took 1274.
-    assert budget.tokens(64) == pytest.approx(0.5 * 1274 / 7.7, rel=0.05)
+    steps(budget, fixed=180, per_row=17, per_token=5)
+    full = 180 + 17 * 64
+    assert budget.step_ms(64) == pytest.approx(1.5 * full, rel=0.01)
+    # At 64 rows: the step may last 1.5 x the full decode step, which it already pays.
+    assert budget.tokens(64) == pytest.approx(0.5 * full / 5, rel=0.02)
     # With fewer rows decoding, more of the step is left for prompts.
     assert budget.tokens(8) > budget.tokens(32) > budget.tokens(64)
 
 
+def test_a_forward_of_its_own_pays_the_fixed_part_again() -> None:
+    budget = StepBudget(cap=4096, full_batch=64)
+    steps(budget, fixed=180, per_row=17, per_token=5)
+    shared, alone = budget.tokens(16), budget.tokens(16, separate=True)
+    assert shared - alone == pytest.approx(180 / 5, abs=2)
+
+
 def test_a_fixed_step_length_overrides_the_estimate() -> None:
     budget = StepBudget(cap=4096, full_batch=64, max_step_ms=600)
-    budget.observe_decode(16, 0.5)
-    budget.observe_prefill(100, 1.0)  # 10 ms a token
+    steps(budget, fixed=100, per_row=25, per_token=10)
     assert budget.tokens(16) == 16  # (600 - 500) / 10 = 10, raised to the floor
     budget.max_step_ms = 1500
-    assert budget.tokens(16) == 100
+    assert budget.tokens(16) == pytest.approx(100, abs=1)
 
 
 def test_the_budget_never_falls_below_the_floor_nor_above_the_cap() -> None:
-    budget = StepBudget(cap=256, full_batch=4)
-    budget.observe_decode(4, 5.0)
-    budget.observe_prefill(64, 64.0)  # a second a token
+    budget = StepBudget(cap=256, full_batch=64, max_step_ms=200)
+    steps(budget, fixed=100, per_row=50, per_token=5)  # decoding alone overruns the step
     assert budget.tokens(4) == MIN_PREFILL_TOKENS
-    cheap = StepBudget(cap=256, full_batch=4)
-    cheap.observe_decode(4, 5.0)
-    cheap.observe_prefill(10_000, 0.001)
+    cheap = StepBudget(cap=256, full_batch=64)
+    steps(cheap, fixed=100, per_row=50, per_token=0.001)
     assert cheap.tokens(1) == 256
-
-
-def test_small_chunks_do_not_skew_the_per_token_cost() -> None:
-    budget = StepBudget(cap=1024, full_batch=8)
-    budget.observe_prefill(256, 256 * 0.008)
-    budget.observe_prefill(MIN_PREFILL_TOKENS, 0.3)  # mostly a forward's fixed cost
-    assert budget.prefill_ms_per_token == pytest.approx(8.0)
-
-
-def test_the_full_batch_estimate_rises_at_least_by_the_prefill_cost_per_row() -> None:
-    budget = StepBudget(cap=4096, full_batch=64)
-    budget.observe_decode(8, 0.378)  # one batch size seen: nothing to fit a slope to
-    assert budget.estimate_decode_ms(64) == pytest.approx(378)
-    budget.observe_prefill(400, 400 * 0.0077)
-    assert budget.estimate_decode_ms(64) == pytest.approx(378 + 56 * 7.7)
-    # So a burst that has only reached 8 rows still reads prompts at a good pace (the
-    # flat estimate would allow 0.5 x 378 / 7.7 = 24 tokens a step).
-    assert budget.tokens(8) > 100
 
 
 def test_the_step_is_sized_for_the_batch_being_built_not_the_slots() -> None:
     budget = StepBudget(cap=4096, full_batch=64)
-    for rows, ms in ((4, 314), (16, 506), (64, 1274)):
-        budget.observe_decode(rows, ms / 1000)
-    budget.observe_prefill(500, 500 * 0.0077)
+    steps(budget, fixed=180, per_row=17, per_token=5)
     # 12 streams decode and 4 prompts wait: the step is 1.5 x a 16-row decode, not a 64-row one.
-    assert budget.step_ms(16) == pytest.approx(1.5 * 506, rel=0.1)
+    assert budget.step_ms(16) == pytest.approx(1.5 * (180 + 17 * 16), rel=0.02)
     assert budget.tokens(12, 16) < budget.tokens(12) / 3
     assert budget.tokens(12, 200) == budget.tokens(12)  # never beyond the slots

@@ -1,0 +1,80 @@
+"""Loading a local MLX model folder as the engine the model actor drives.
+
+Import this module only on the model thread, after `load_fast_blas()`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from mlxcel.generation import ModelInfo
+from mlxcel.model.blas import BlasInfo
+from mlxcel.model.constrained import GrammarCompiler
+from mlxcel.model.engine import LoadedModel
+from mlxcel.model.folder import context_length
+from mlxcel.model.prompt import TemplateCodec
+from mlxcel.model.step_plan import StepBudget
+from mlxcel.respond.tool_parsers import detect_parser
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # weights are local; never reach for a hub
+
+import mlx.core as mx
+from mlx_lm.utils import load
+
+from mlxcel.model import flat_forward
+from mlxcel.model.cpu_forms import fast_log_softmax, install_cpu_forms
+from mlxcel.model.mlx_engine import MlxEngine
+from mlxcel.model.prefix_cache import PrefixCache
+from mlxcel.model.qmm import install_quantized_forms
+from mlxcel.model.sampling import Sampler, reference_log_softmax
+
+
+def load_mlx_model(
+    path: Path,
+    *,
+    name: str,
+    max_batch: int,
+    prefill_step_size: int,
+    blas: BlasInfo,
+    prompt_cache_bytes: int,
+    ctx_size: int | None = None,
+    max_step_ms: float = 0.0,
+) -> LoadedModel:
+    """Load a local MLX model folder and wrap it as an engine (on the model thread).
+
+    `prefill_step_size` caps the prompt tokens one step reads (all prompts together);
+    `max_step_ms` is the step length the prefill budget aims at (0: 1.5 times the
+    decode step of a full batch of `max_batch` rows). `prompt_cache_bytes` bounds the KV states
+    kept for reuse plus those of the live sequences (as `mlx_lm.server
+    --prompt-cache-bytes` does); 0 disables the cache."""
+    model, tokenizer = load(str(path))[:2]
+    fast = install_cpu_forms(model)  # on the CPU device only; Apple GPUs keep MLX's kernels
+    quantized = install_quantized_forms(model)  # likewise
+    grammars = GrammarCompiler.for_hf_tokenizer(tokenizer._tokenizer)
+    engine = MlxEngine(
+        model,
+        tokenizer,
+        StepBudget(cap=prefill_step_size, full_batch=max_batch, max_step_ms=max_step_ms),
+        grammars,
+        None,
+        PrefixCache(prompt_cache_bytes) if prompt_cache_bytes > 0 else None,
+        Sampler(fast_log_softmax if fast else reference_log_softmax),
+        flat_forward.supports(model),
+        _stop=frozenset(tokenizer.eos_token_ids),
+    )
+    version = getattr(mx, "__version__", "?")
+    forms = ", CPU forms of exp-heavy ops" if fast else ""
+    forms += f", CPU quantized matmul ({quantized} modules)" if quantized else ""
+    forms += ", one forward per step" if engine.flat else ""
+    backend = f"mlx {version} on {mx.default_device()}, BLAS: {blas.name}{forms}"
+    model_type = json.loads((path / "config.json").read_text()).get("model_type")
+    info = ModelInfo(
+        name=name,
+        path=str(path),
+        context_length=ctx_size or context_length(path),
+        backend=backend,
+        tool_parser=detect_parser(getattr(tokenizer, "chat_template", None), model_type),
+    )
+    return LoadedModel(engine=engine, codec=TemplateCodec(tokenizer, grammars), info=info)
