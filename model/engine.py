@@ -2,9 +2,10 @@
 
 An engine holds sequences. `insert` queues one (its prompt is read in chunks by later
 steps). A step has two phases, and the model actor delivers each one's tokens before
-running the next: `decode` advances every sequence past its prompt by one token,
-`prefill` reads prompts within the step's budget and reports the first token of each
-prompt it finishes. `prefilling` says how far the prompts still being read got,
+running the next: `decode` advances every sequence past its prompt by one token (an
+engine may read the step's prompt chunk in that same forward), `prefill` reports the
+first token of each prompt the step finished reading (reading the chunk itself when
+`decode` did not). `prefilling` says how far the prompts still being read got,
 `remove` drops a sequence at any stage, `close` frees all. The MLX engine and the
 deterministic fake both implement it.
 """
@@ -25,7 +26,7 @@ class Engine(Protocol):
         ...
 
     def prefill(self) -> list[TokenStep]:
-        """Read prompts within the step's budget; the first token of each one finished."""
+        """The first token of each prompt the step finished reading."""
         ...
 
     def prefilling(self) -> list[PrefillProgress]:

@@ -201,3 +201,23 @@ def test_the_first_token_comes_from_the_step_that_reads_the_prompts_end(tiny_pat
     assert first == {1, 2}
     assert all(p.seq_id != 2 for p in engine.prefilling())
     engine.close()
+
+
+def test_a_prompt_removed_between_its_last_chunk_and_its_first_token_is_dropped(
+    tiny_path: Path,
+) -> None:
+    loaded = load(tiny_path, prefill_step_size=64)
+    engine: Any = loaded.engine
+    engine.insert(SequenceSpec(1, prompt(loaded, "short"), Sampling(0, max_tokens=50)))
+    while not engine._decoding:
+        engine.step()
+    engine.insert(SequenceSpec(2, prompt(loaded, "another one"), Sampling(0, max_tokens=5)))
+    engine.decode()  # the decode forward reads sequence 2's whole prompt ...
+    assert engine._read is not None
+    assert engine._read.ended == (2,)
+    engine.remove(2)  # ... and its client leaves before the first token is sampled
+    assert engine.prefill() == []
+    after = run_to_end(loaded)
+    assert set(after) == {1}
+    assert after[1][-1].finish == "length"
+    engine.close()
