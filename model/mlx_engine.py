@@ -246,9 +246,7 @@ class MlxEngine:
         caches = forward.close_chunk(opened)
         mx.eval(logits, firsts, [layer.state for kv in caches for layer in kv])
         ended = [i for i, e in enumerate(ending) if e]
-        return logits, self._took(
-            rows, chunk, caches, ended, [firsts[n] for n in range(len(ended))]
-        )
+        return logits, self._advance(rows, chunk, caches, ended, list(firsts) if ended else [])
 
     def _read_alone(self, chunk: Chunk) -> _ChunkRead:
         """The chunk in a forward of its own."""
@@ -258,14 +256,15 @@ class MlxEngine:
             self.model, parts, [r.cache for r in rows if r.cache is not None], ending
         )
         ended = [i for i, e in enumerate(ending) if e]
-        read = self._took(rows, chunk, caches, ended, [logits[i] for i in ended])
+        read = self._advance(rows, chunk, caches, ended, [logits[i] for i in ended])
         self._suspect = False  # the KV states hold what each row read: safe to keep
         return read
 
     @staticmethod
-    def _took(
+    def _advance(
         rows: list[_Row], chunk: Chunk, caches: list[KV], ended: list[int], logits: list[mx.array]
     ) -> _ChunkRead:
+        """Move the rows past what the chunk read; what it finished, with the logits."""
         for row, n, cache in zip(rows, chunk.reads, caches, strict=True):
             row.cache, row.read = cache, row.read + n
         return _ChunkRead(tuple(rows[i].spec.seq_id for i in ended), tuple(logits))
