@@ -31,10 +31,11 @@ more than k). Both keep the intersection. Masked (-inf) tokens are never kept.
 
 **The top-p pre-filter** sorts only tokens that can be inside the nucleus: the `k`
 largest logits (`argpartition`), sorted, whose running mass is searched for the
-boundary; when it is not among them `k` grows (by at least the tokens the missing mass
-needs, each being no heavier than the k-th) and the search repeats. The running mass
-of the sorted candidates is the same sum, in the same order, as a full sort's prefix,
-so the boundary is the one a full sort finds.
+boundary; when it is not among them `k` grows (at least by the tokens the missing mass
+needs, none outside being heavier than the k-th; the first time also to a size
+estimated from a sample of the row) and the search repeats. The running mass of the
+sorted candidates is the same sum, in the same order, as a full sort's prefix, so the
+boundary is the one a full sort finds; the guesses only decide how much is sorted.
 
 **Seeds.** Each row draws with its own `numpy.random.Generator` (`row_generator`),
 one uniform per step, so a seeded request repeats its tokens whatever is batched
@@ -58,6 +59,10 @@ and the final search over one block's."""
 
 FIRST_CANDIDATES = 128
 """The top-p pre-filter's first guess of the nucleus size."""
+
+SAMPLE_STRIDE = 16
+"""Its second guess comes from every 16th token's mass (a flat row's nucleus can be tens
+of thousands of tokens; growing by fixed factors would partition the row many times)."""
 
 Floats = npt.NDArray[np.float32]
 Indices = npt.NDArray[np.intp]
@@ -170,19 +175,34 @@ def keep(row: Floats, top_p: float, top_k: int, buf: Floats) -> Indices:
         if end <= k or top_k or k == vocab:
             size = min(end, k)
             break
-        heaviest_left = float(buf[order[-1]])  # no token outside is heavier
-        missing = need - float(running[-1])
-        wanted = k + (int(missing / heaviest_left) + 1 if heaviest_left > 0 else vocab)
-        k = max(4 * k, 2 * wanted - k)
-        k = vocab if k > vocab // 4 else k  # a full sort costs little more by then
+        k = _more(buf, order, need - float(running[-1]), top_p, first=k == FIRST_CANDIDATES)
     return _at_least(row, order, size)
+
+
+def _more(buf: Floats, order: Indices, missing: float, top_p: float, *, first: bool) -> int:
+    """How many of the largest to take next when `order`'s mass is `missing` short: at
+    least the tokens that mass needs (none outside is heavier than `order`'s last), 4
+    times as many as before, and after the first guess the nucleus size estimated from
+    every `SAMPLE_STRIDE`-th token; a quarter of the row or more is the whole row."""
+    vocab, k = buf.shape[0], order.shape[0]
+    heaviest_left = float(buf[order[-1]])
+    wanted = k + (int(missing / heaviest_left) + 1 if heaviest_left > 0 else vocab)
+    more = max(4 * k, 2 * wanted - k)
+    if first:
+        sample = np.sort(buf[::SAMPLE_STRIDE])[::-1]
+        running = np.cumsum(sample, dtype=np.float64)
+        inside = int(np.searchsorted(running, top_p * float(running[-1]))) + 1
+        more = max(more, inside * SAMPLE_STRIDE * 5 // 4 + FIRST_CANDIDATES)
+    return vocab if more > vocab // 4 else more  # a full sort costs little more by then
 
 
 def _largest(row: Floats, k: int) -> Indices:
     """The ids of the `k` largest logits, in descending order of logit."""
     vocab = row.shape[0]
-    ids = np.argpartition(row, vocab - k)[vocab - k :] if k < vocab else np.arange(vocab)
-    return ids[np.argsort(-row[ids])]  # the order of ties does not matter (see `keep`)
+    if k == vocab:
+        return np.argsort(-row)  # the order of ties does not matter (see `keep`)
+    ids = np.argpartition(row, vocab - k)[vocab - k :]
+    return ids[np.argsort(-row[ids])]
 
 
 def _at_least(row: Floats, order: Indices, size: int) -> Indices:
