@@ -28,6 +28,23 @@ from report import LevelResult
 Kind = Literal["ours", "peer", "llamacpp"]
 
 
+@dataclass(frozen=True)
+class RequestSampling:
+    """The sampling every request of a run asks for (`--temperature`, `--top-p`)."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+
+
+SAMPLING = RequestSampling()
+"""Set once by `use_sampling` before a run; read by every request thread."""
+
+
+def use_sampling(temperature: float, top_p: float) -> None:
+    global SAMPLING
+    SAMPLING = RequestSampling(temperature, top_p)
+
+
 @dataclass
 class RequestResult:
     index: int
@@ -128,7 +145,8 @@ def stream_ours(
         model=model,
         input=prompt,
         max_output_tokens=max_tokens,
-        temperature=0,
+        temperature=SAMPLING.temperature,
+        top_p=SAMPLING.top_p,
         stream=True,
     )
     with stream:
@@ -168,7 +186,8 @@ def stream_peer(
         model=model,
         messages=[{"role": "user", "content": prompt}],
         max_tokens=max_tokens,
-        temperature=0,
+        temperature=SAMPLING.temperature,
+        top_p=SAMPLING.top_p,
         stream=True,
         stream_options={"include_usage": True},
     )

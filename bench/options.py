@@ -77,6 +77,18 @@ def add_target_options(p: argparse.ArgumentParser) -> None:
         "--max-tokens", type=int, default=64, help="max output tokens per request (default: 64)"
     )
     p.add_argument(
+        "--temperature",
+        type=float,
+        default=0.0,
+        help="every request's temperature, on every server (default: 0, greedy)",
+    )
+    p.add_argument(
+        "--top-p",
+        type=float,
+        default=1.0,
+        help="every request's top_p, on every server (default: 1, off)",
+    )
+    p.add_argument(
         "--only",
         type=parse_kinds,
         default=None,

@@ -3,7 +3,7 @@
 Before the levels, every server gets the very same requests, through Chat Completions
 (ours included), one at a time with nothing else running:
 
-- *decode*: "Write a haiku." with the `--max-tokens` budget at temperature 0, repeated
+- *decode*: "Write a haiku." with the `--max-tokens` budget at `--temperature` (0), repeated
   `--probe-repeats` times; a request's decode rate is `(output tokens - 1) / (end -
   first text delta)`, i.e. 1 / TPOT, and the median over the repeats is kept;
 - *read*: the long-prompt level's own kind of ~T-token prompt (`--long-prompt-tokens`),

@@ -40,7 +40,7 @@ from typing import Any
 
 import httpx
 import llamacpp
-from clients import Kind
+from clients import Kind, use_sampling
 from gguf import GgufUnavailable, ensure_default_gguf
 from load import wait_for_idle
 from long_prompt import LongConfig, bench_long, config_from, long_ratios, print_long
@@ -213,6 +213,7 @@ def new_report(
         "peer_model": str(plan.peer_model_dir) if plan.peer_model_dir else None,
         "levels": plan.levels,
         "max_tokens": args.max_tokens,
+        "sampling": {"temperature": args.temperature, "top_p": args.top_p},
         "parallel": plan.parallel,
         "peer_prompt_concurrency": plan.prompt_concurrency,
         "single_requests": {"haiku": HAIKU, "repeats": plan.probe_repeats},
@@ -329,7 +330,8 @@ def print_report(
     print(
         f"model: {report['model']}, {args.max_tokens if levels else long and long.stream_tokens} "
         f"max output tokens, prompt ~{PROMPT_TOKENS} tokens "
-        f"(shared prefix {report['prompt']['prefix_tokens']})"
+        f"(shared prefix {report['prompt']['prefix_tokens']}), "
+        f"temperature {args.temperature}, top_p {args.top_p}"
     )
     if (probes := probe_table(servers)) is not None:
         print(f"\nsingle requests alone, through Chat Completions (medians)\n\n{probes}")
@@ -357,6 +359,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    use_sampling(args.temperature, args.top_p)
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
     out_dir: Path = args.out
     out_dir.mkdir(parents=True, exist_ok=True)

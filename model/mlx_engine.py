@@ -41,7 +41,7 @@ from mlx_lm.models.cache import make_prompt_cache
 from mlxcel.model import flat_forward, forward
 from mlxcel.model.forward import KV
 from mlxcel.model.prefix_cache import CacheKind, PrefixCache, common_prefix
-from mlxcel.model.sampling import Sampler, token_logprob
+from mlxcel.model.sampling import Rng, Sampler, row_generator, token_logprob
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +67,7 @@ class _Row:
     """Generated tokens in the decode batch's KV state, in order."""
     last: int = 0
     """The token the next decode step feeds."""
+    rng: Rng = field(default_factory=row_generator)  # its own: draws independent of the batch
 
     @property
     def prompt(self) -> tuple[int, ...]:
@@ -117,12 +118,11 @@ class MlxEngine:
         sampling = spec.sampling
         if not spec.prompt:
             raise ValueError("empty prompt")
-        if sampling.seed is not None:
-            mx.random.seed(sampling.seed)
         matcher = None
         if sampling.grammar is not None and self.grammars is not None:
             matcher = self.grammars.matcher(sampling.grammar)
-        self._waiting.append(_Row(spec, self.tokenizer.detokenizer, matcher))
+        rng = row_generator(sampling.seed)
+        self._waiting.append(_Row(spec, self.tokenizer.detokenizer, matcher, rng=rng))
 
     def decode(self) -> list[TokenStep]:
         """One token for every running row; where the model allows it, the same forward
@@ -329,12 +329,12 @@ class MlxEngine:
     # --- rows --------------------------------------------------------------------
 
     def _sample(self, logits: mx.array, rows: list[_Row]) -> tuple[list[int], dict[int, Any]]:
-        matchers = [r.matcher for r in rows]
+        matchers, rngs = [r.matcher for r in rows], [r.rng for r in rows]
         if self.grammars is not None and any(m is not None for m in matchers):
             if self.masks is None or self.masks.vocab_size != logits.shape[-1]:
                 self.masks = self.grammars.masks(logits.shape[-1])
             logits = self.masks.apply(logits, matchers)
-        tokens, logprobs = self.sampler.sample(logits, [r.sampling for r in rows])
+        tokens, logprobs = self.sampler.sample(logits, [r.sampling for r in rows], rngs)
         for matcher, token in zip(matchers, tokens, strict=True):
             if matcher is not None:
                 matcher.consume_token(token)

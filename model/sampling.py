@@ -1,9 +1,9 @@
 """Choosing each row's next token from a batch of logits, and its log-probabilities.
 
-Rows with the same settings are sampled in one call. Only what a row needs is computed:
-greedy rows take an argmax, temperature rows sample from the scaled logits (the
-distribution is the same normalised or not), and the vocabulary-wide normalisation
-runs only for rows that asked for log-probabilities or use nucleus (top-p) sampling.
+The draw itself is numpy's (`draw.py`: greedy argmax, inverse CDF at a temperature,
+exact top-p and top-k), on a zero-copy view of the evaluated logits, each row with its
+own generator (`row_generator`). The vocabulary-wide normalisation runs in MLX, and only
+for rows that asked for log-probabilities.
 
 Import this module only on the model thread, after `load_fast_blas()`.
 """
@@ -11,14 +11,23 @@ Import this module only on the model thread, after `load_fast_blas()`.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 import mlx.core as mx
-from mlx_lm.sample_utils import make_sampler
+import numpy as np
 
 from mlxcel.generation import Sampling
 from mlxcel.items import TokenLogprob
+from mlxcel.model.draw import Rng, draw, row_generator
+
+__all__ = [
+    "LogSoftmax",
+    "Rng",
+    "Sampler",
+    "reference_log_softmax",
+    "row_generator",
+    "token_logprob",
+]
 
 LogSoftmax = Callable[[mx.array], mx.array]
 
@@ -27,53 +36,29 @@ def reference_log_softmax(logits: mx.array) -> mx.array:
     return logits - mx.logsumexp(logits, axis=-1, keepdims=True)
 
 
-def _key(sampling: Sampling) -> tuple[float, float]:
-    top_p = sampling.top_p if 0 < sampling.top_p < 1 and sampling.temperature > 0 else 0.0
-    return (sampling.temperature if sampling.temperature > 0 else 0.0, top_p)
-
-
 @dataclass
 class Sampler:
-    """Samples a batch; keeps one mlx-lm sampler per distinct setting."""
+    """Samples a batch: tokens in numpy, log-probabilities in MLX."""
 
     log_softmax: LogSoftmax = reference_log_softmax
-    _samplers: dict[tuple[float, float], Any] = field(default_factory=dict)
 
     def sample(
-        self, logits: mx.array, rows: Sequence[Sampling]
+        self, logits: mx.array, rows: Sequence[Sampling], rngs: Sequence[Rng]
     ) -> tuple[list[int], dict[int, mx.array]]:
-        """The next token of every row of `logits` `[B, V]`, and the log-probability
-        vectors `[V]` of the rows that asked for them (by row index)."""
-        groups: dict[tuple[float, float], list[int]] = {}
-        for i, sampling in enumerate(rows):
-            groups.setdefault(_key(sampling), []).append(i)
-        normalise = [i for i, s in enumerate(rows) if s.logprobs or _key(s)[1] > 0]
+        """The next token of every row of `logits` `[B, V]`, each drawn with its own
+        generator of `rngs`, and the log-probability vectors `[V]` of the rows that asked
+        for them (by row index)."""
+        if logits.dtype != mx.float32:
+            logits = logits.astype(mx.float32)
+        asked = [i for i, s in enumerate(rows) if s.logprobs]
         normalised: dict[int, mx.array] = {}
-        if normalise:
-            part = self.log_softmax(logits[mx.array(normalise)])
-            normalised = {i: part[n] for n, i in enumerate(normalise)}
-        parts: list[tuple[list[int], mx.array]] = []
-        for key, indices in groups.items():
-            sampler = self._sampler(key)
-            if key[1] > 0:
-                inputs = mx.stack([normalised[i] for i in indices])
-            elif len(indices) == len(rows):
-                inputs = logits
-            else:
-                inputs = logits[mx.array(indices)]
-            parts.append((indices, sampler(inputs)))
-        mx.eval([tokens for _, tokens in parts])
-        out = [0] * len(rows)
-        for indices, tokens in parts:
-            values: list[int] = tokens.tolist()  # type: ignore[assignment]
-            for i, token in zip(indices, values, strict=True):
-                out[i] = token
-        return out, {i: normalised[i] for i in normalise if rows[i].logprobs}
-
-    def _sampler(self, key: tuple[float, float]) -> Any:
-        if key not in self._samplers:
-            self._samplers[key] = make_sampler(temp=key[0], top_p=key[1])
-        return self._samplers[key]
+        if asked:
+            part = self.log_softmax(logits if len(asked) == len(rows) else logits[mx.array(asked)])
+            mx.eval(logits, part)
+            normalised = {i: part[n] for n, i in enumerate(asked)}
+        else:
+            mx.eval(logits)
+        return draw(np.asarray(logits), rows, rngs), normalised
 
 
 def token_logprob(
