@@ -76,8 +76,8 @@ def content_blocks(output: tuple[Item, ...], thinking: Thinking) -> list[dict[st
         match item:
             case Reasoning(text=text):
                 blocks.append(thinking.block(text))
-            case Message():
-                blocks.append({"type": "text", "text": item.text})
+            case Message(text=text) if text.strip():  # no block of whitespace alone
+                blocks.append({"type": "text", "text": text})
             case FunctionCall(call_id=call_id, name=name, arguments=arguments):
                 block = {"type": "tool_use", "id": call_id, "name": name}
                 blocks.append(block | {"input": tool_input(arguments)})
