@@ -282,6 +282,25 @@ async def test_a_spent_request_rate_is_a_rate_limit_error_with_retry_after(
     assert 1 <= int(refused.value.response.headers["retry-after"]) <= 60
 
 
+async def test_a_spent_daily_quota_is_a_rate_limit_error_until_midnight(
+    start_fake_server: StartServer,
+) -> None:
+    server = await start_fake_server(api_keys=("sk-a",), daily_token_quota=20)
+    client = server.anthropic("sk-a")
+    # Counting charges no tokens; the message spends its prompt and reply.
+    for _ in range(3):
+        await in_thread(client.messages.count_tokens, model="fake-model", messages=user("hi"))
+    await in_thread(
+        client.messages.create, model="fake-model", max_tokens=8, messages=user("echo: a b")
+    )
+    with pytest.raises(anthropic.RateLimitError) as refused:
+        await in_thread(
+            client.messages.create, model="fake-model", max_tokens=8, messages=user("hi")
+        )
+    assert "daily token quota" in refused.value.body["error"]["message"]  # type: ignore[index]
+    assert int(refused.value.response.headers["retry-after"]) <= 86_400
+
+
 async def test_the_error_envelope_and_request_id_of_a_bad_request(
     fake_server: FakeServer,
 ) -> None:
