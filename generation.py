@@ -215,6 +215,9 @@ class GenerationRequest:
     """The chat template's generation prompt already opened a `<think>` block."""
     echo_prefix: str | None = None
     """Where the reasoning-echo cache files this response's reasoning (None: not at all)."""
+    signs_reasoning: bool = False
+    """Each reasoning trace of the reply is handed out with its signature, so it is also
+    filed under it (`store/echo.py`: `trace_signature`, `signed_key`)."""
     compaction: CompactionReport | None = None
     """The compaction the prompt was rendered with; its item leads the output."""
     prelude: Prelude | None = None

@@ -29,16 +29,18 @@ LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "[::1]"})
 """The `Host` names (any port) a loopback-bound server answers."""
 
 ALLOW_METHODS = b"GET, POST, DELETE, OPTIONS"
-ALLOW_HEADERS = ("authorization", "content-type", "accept", "idempotency-key")
-_SDK_HEADER_PREFIXES = ("x-stainless-", "openai-")
-"""The OpenAI SDKs' own request headers (`x-stainless-os`, `openai-organization`, ...)."""
+ALLOW_HEADERS = ("authorization", "x-api-key", "content-type", "accept", "idempotency-key")
+_SDK_HEADER_PREFIXES = ("x-stainless-", "openai-", "anthropic-")
+"""The SDKs' own request headers (`x-stainless-os`, `openai-organization`,
+`anthropic-version`, ...)."""
 _RATE_LIMIT_HEADERS = tuple(
     f"x-ratelimit-{what}-{of}".encode()
     for of in ("requests", "tokens")
     for what in ("limit", "remaining", "reset")
 )
-EXPOSE_HEADERS = b", ".join((b"retry-after", b"x-request-id", *_RATE_LIMIT_HEADERS))
-"""The answer headers a page may read: `Retry-After` and the per-key rate limits'."""
+EXPOSE_HEADERS = b", ".join((b"retry-after", b"x-request-id", b"request-id", *_RATE_LIMIT_HEADERS))
+"""The answer headers a page may read: `Retry-After`, the request's id (Anthropic's
+routes) and the per-key rate limits'."""
 PREFLIGHT_MAX_AGE = b"600"
 _TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9a-z-]+")
 """A header name (RFC 9110 token, lower-cased): only such names are echoed in a grant."""

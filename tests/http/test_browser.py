@@ -11,7 +11,10 @@ import pytest
 from support import FakeServer, StartServer
 
 BODY = {"model": "fake-model", "input": "hi"}
-SDK_HEADERS = "authorization, content-type, x-stainless-os, x-stainless-retry-count, openai-project"
+SDK_HEADERS = (
+    "authorization, content-type, x-stainless-os, x-stainless-retry-count, openai-project, "
+    "x-api-key, anthropic-version, anthropic-dangerous-direct-browser-access"
+)
 
 
 def assert_openai_error(response: httpx.Response, status: int, code: str) -> None:

@@ -31,7 +31,7 @@ from mlxcel.errors import (
     UnsupportedFeature,
     UnsupportedMediaType,
 )
-from mlxcel.http.errors import error_headers, map_error, validation_body
+from mlxcel.http.errors import anthropic_error, error_headers, map_error, validation_body
 from mlxcel.http.schemas import CreateResponseBody
 
 GENERIC = "The server had an error while processing your request."
@@ -262,3 +262,48 @@ def test_a_spent_key_limit_says_when_its_window_ends() -> None:
     assert error_headers(QueueFull("full"), 503) == {"Retry-After": "1"}
     assert error_headers(RateLimited("jobs"), 429) == {"Retry-After": "1"}
     assert error_headers(InvalidRequest("bad"), 400) == {}
+
+
+# --- Anthropic's rendering (the Messages API's routes) --------------------------------
+
+
+@pytest.mark.parametrize(
+    ("exc", "status", "type_"),
+    [
+        pytest.param(InvalidRequest("bad"), 400, INVALID, id="InvalidRequest"),
+        pytest.param(Unauthenticated("key"), 401, "authentication_error", id="Unauthenticated"),
+        pytest.param(ModelNotFound("claude-x", ["m"]), 404, "not_found_error", id="ModelNotFound"),
+        pytest.param(RequestTooLarge("big"), 413, "request_too_large", id="RequestTooLarge"),
+        pytest.param(RequestRateLimited("rpm"), 429, "rate_limit_error", id="RequestRateLimited"),
+        pytest.param(QuotaExceeded("daily"), 429, "rate_limit_error", id="QuotaExceeded"),
+        pytest.param(GenerationFailed("engine"), 500, "api_error", id="GenerationFailed"),
+        pytest.param(ShuttingDown("bye"), 503, "api_error", id="ShuttingDown"),
+        pytest.param(QueueFull("full"), 529, "overloaded_error", id="QueueFull"),
+        pytest.param(wz.Forbidden(), 403, "permission_error", id="Forbidden"),
+        pytest.param(RuntimeError("bug"), 500, "api_error", id="unhandled"),
+    ],
+)
+def test_anthropic_errors_have_anthropics_statuses_and_types(
+    exc: BaseException, status: int, type_: str
+) -> None:
+    got_status, got = anthropic_error(exc)
+    assert got_status == status
+    assert got == {"type": "error", "error": {"type": type_, "message": got["error"]["message"]}}
+    assert got["error"]["message"]
+    assert ("Retry-After" in error_headers(exc, got_status)) is (status in (429, 503, 529))
+
+
+def test_a_context_overflow_is_worded_as_anthropic_words_it() -> None:
+    exc = ContextLengthExceeded("too long", tokens=40_123, maximum=32_768)
+    assert anthropic_error(exc) == (
+        400,
+        {
+            "type": "error",
+            "error": {
+                "type": INVALID,
+                "message": "prompt is too long: 40123 tokens > 32768 maximum",
+            },
+        },
+    )
+    # Without counts (a compaction's overflow), its own words.
+    assert anthropic_error(ContextLengthExceeded("too long"))[1]["error"]["message"] == "too long"
