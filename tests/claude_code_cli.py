@@ -72,7 +72,9 @@ def claude_home(root: Path, base_url: str, *flags: str) -> Path:
     home = root / "claude-home"
     config = home / ".claude"
     mlxcel = Path(sys.executable).with_name("mlxcel")
-    env = {**os.environ, "CLAUDE_CONFIG_DIR": str(config)}
+    ours = ("MLXCEL_", "LLAMA_ARG_", "LLAMA_API_KEY")  # only `flags` speak for the server
+    env = {k: v for k, v in os.environ.items() if not k.startswith(ours)}
+    env["CLAUDE_CONFIG_DIR"] = str(config)
     command = [str(mlxcel), "claude-config", "--write", "--base-url", base_url, *flags]
     subprocess.run(command, env=env, check=True, capture_output=True, timeout=120)
     assert [p.name for p in config.iterdir()] == ["settings.json"]

@@ -109,10 +109,10 @@ async def test_claude_code_runs_a_bash_tool_round_trip_on_the_fake_engine(
     exchanges: list[tuple[str, str, int | None]],
 ) -> None:
     """The model calls Bash; Claude Code runs it and sends its output back; the model's
-    answer quotes it."""
+    answer quotes it. The server requires a key, which the config carries."""
     engine = ClaudeScriptEngine(step_delay=0.002)
-    server = await start_fake_server(engine, context_length=262144)
-    home = claude_home(tmp_path, server.url, "--alias", "fake-model")
+    server = await start_fake_server(engine, context_length=262144, api_keys=("sk-claude",))
+    home = claude_home(tmp_path, server.url, "--alias", "fake-model", "--api-key", "sk-claude")
     with trio.fail_after(120):
         run = await run_claude(claude, home, f"echo: {BASH_CALL}", "--allowedTools", "Bash")
     assert run.returncode == 0, run.stderr
