@@ -44,8 +44,19 @@ class InvalidRequest(MlxcelError):
 class ContextLengthExceeded(InvalidRequest):
     """The rendered input (plus room for output) is longer than the context window."""
 
-    def __init__(self, message: str, *, param: str | None = "input"):
+    def __init__(
+        self,
+        message: str,
+        *,
+        param: str | None = "input",
+        tokens: int | None = None,
+        maximum: int | None = None,
+    ):
         super().__init__(message, param=param, code="context_length_exceeded")
+        self.tokens = tokens
+        """The prompt's tokens (or a lower bound on them, when it was not rendered)."""
+        self.maximum = maximum
+        """The context window it did not fit."""
 
 
 class RequestTooLarge(InvalidRequest):

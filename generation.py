@@ -25,6 +25,8 @@ FinishReason: TypeAlias = Literal["stop", "length"]
 class Sampling:
     temperature: float = 1.0
     top_p: float = 1.0
+    top_k: int = 0
+    """Draw only from the k most likely tokens (0: off); no HTTP route sets it yet."""
     max_tokens: int = 256
     seed: int | None = None
     grammar: str | None = None
@@ -237,6 +239,9 @@ class GenerationRequest:
     """The chat template's generation prompt already opened a `<think>` block."""
     echo_prefix: str | None = None
     """Where the reasoning-echo cache files this response's reasoning (None: not at all)."""
+    signs_reasoning: bool = False
+    """Each reasoning trace of the reply is handed out with its signature, so it is also
+    filed under it (`store/echo.py`: `trace_signature`, `signed_key`)."""
     compaction: CompactionReport | None = None
     """The compaction the prompt was rendered with; its item leads the output."""
     prelude: Prelude | None = None

@@ -283,6 +283,8 @@ class ResponseRecord:
     incomplete_reason: str | None = None
     error: ResponseError | None = None
     completed_at: int | None = None
+    stop_sequence: str | None = None
+    """The stop string (`stop`, `stop_sequences`) the reply ended at, if it did."""
     input_items: tuple[Item, ...] = ()
     tenant: str = ""
     """Who created it (the name of the API key it came with; "" with no keys): no other

@@ -34,7 +34,7 @@ from mlxcel.respond.events import (
     StreamError,
 )
 from mlxcel.store.actor import StoreHandle
-from mlxcel.store.echo import EchoHandle, turn_key
+from mlxcel.store.echo import EchoHandle, signed_key, trace_signature, turn_key
 
 log = logging.getLogger(__name__)
 
@@ -287,12 +287,21 @@ class ResponsePath:
         return record
 
     async def _remember_reasoning(self, request: GenerationRequest, record: ResponseRecord) -> None:
-        """An ordinary reply (reasoning, then a message; no tool calls) is remembered."""
-        if request.echo_prefix is None or record.status != "completed":
+        """An ordinary reply (reasoning, then a message; no tool calls) is remembered; a
+        reply whose traces were handed out signed has each filed under its signature."""
+        prefix = request.echo_prefix
+        if prefix is None or record.status not in ("completed", "incomplete"):
             return
+        if request.signs_reasoning:
+            for item in record.output:
+                if isinstance(item, Reasoning):
+                    key = signed_key(record.tenant, trace_signature(prefix, item.text))
+                    await self._echo.remember(key, item.text)
         match record.output:
-            case (Reasoning(text=trace), Message() as message) if trace.strip():
-                await self._echo.remember(turn_key(request.echo_prefix, message.text), trace)
+            case (Reasoning(text=trace), Message() as message) if (
+                trace.strip() and record.status == "completed"
+            ):
+                await self._echo.remember(turn_key(prefix, message.text), trace)
 
 
 async def _spend(request: GenerationRequest, record: ResponseRecord, *, final: bool = True) -> None:

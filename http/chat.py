@@ -9,13 +9,12 @@ chat completions, chunks or text completions at the edge.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 from quart import Blueprint, Response
 
 from mlxcel.errors import InvalidRequest
 from mlxcel.generation import GenerationRequest, ServedModel
-from mlxcel.http.access_log import exchange_note, note_record
+from mlxcel.http.access_log import note_record
 from mlxcel.http.body import read_model
 from mlxcel.http.chat_objects import (
     ChatChunks,
@@ -33,7 +32,7 @@ from mlxcel.http.chat_schemas import (
 from mlxcel.http.guards import current_tenant
 from mlxcel.http.handles import Handles, handles, json_response
 from mlxcel.http.rate_limits import metered, rate_limited
-from mlxcel.http.streaming import DataStreamBody, Translate, bind_to_exchange
+from mlxcel.http.streaming import translated_response
 from mlxcel.prepare.front import prepare_chat
 from mlxcel.prepare.limits import check_item_count
 from mlxcel.prepare.offload import off_loop
@@ -57,7 +56,7 @@ async def create_chat_completion() -> Response:
         note_record(record)
         return json_response(chat_completion(record, logprobs=logprobs))
     chunks = ChatChunks(generation.record, body.include_usage, logprobs)
-    return await _stream(h, generation, [chunks.first()], chunks.translate)
+    return await translated_response(h, generation, [chunks.first()], chunks.translate)
 
 
 @chat.post("/completions")
@@ -75,7 +74,7 @@ async def create_completion() -> Response:
         return json_response(text_completion(record, prefix=prefix, logprobs=logprobs))
     chunks = TextChunks(generation.record, body.include_usage, logprobs, prefix)
     first = chunks.first()
-    return await _stream(h, generation, [first] if first else [], chunks.translate)
+    return await translated_response(h, generation, [first] if first else [], chunks.translate)
 
 
 async def _prepare(h: Handles, model: ServedModel, params: ResponseParams) -> GenerationRequest:
@@ -88,19 +87,3 @@ async def _prepare(h: Handles, model: ServedModel, params: ResponseParams) -> Ge
         if exc.param is not None and exc.param.startswith("text.format"):
             exc.param = "response_format" + exc.param.removeprefix("text.format")
         raise
-
-
-async def _stream(
-    h: Handles, generation: GenerationRequest, first: list[dict[str, Any]], translate: Translate
-) -> Response:
-    note_record(generation.record)  # its usage once the stream ends
-    stream = h.scheduler.stream(generation)
-    bind_to_exchange(stream)
-    await stream.submit()  # 503 when full
-    return Response(
-        DataStreamBody(
-            first, stream, translate, keepalive_secs=h.keepalive_secs, note=exchange_note()
-        ),
-        content_type="text/event-stream",
-        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-    )

@@ -1,7 +1,10 @@
-"""The one map from exceptions to HTTP status codes and OpenAI error bodies.
+"""The one map from exceptions to HTTP status codes and error bodies.
 
-Every error leaves the server as `{"error": {"message", "type", "param", "code"}}`; a
-429 or 503 also says when to retry (`error_headers`).
+Every error leaves the server as OpenAI's `{"error": {"message", "type", "param",
+"code"}}`, except on the Anthropic routes, which answer Anthropic's `{"type": "error",
+"error": {"type", "message"}}` (`anthropic_error`: the same statuses, but a full queue is
+529 `overloaded_error`, and a prompt too long says so in Anthropic's words). A 429, 503
+or 529 also says when to retry (`error_headers`).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from werkzeug.exceptions import HTTPException
 from mlxcel.errors import (
     BodyTimeout,
     ConfigError,
+    ContextLengthExceeded,
     GenerationFailed,
     InvalidRequest,
     LimitReached,
@@ -93,13 +97,44 @@ def map_error(exc: BaseException) -> tuple[int, dict[str, Any]]:
 
 
 def error_headers(exc: BaseException, status: int) -> dict[str, str]:
-    """The headers an error's answer carries besides its body: when to retry a 429 or
-    503 (a spent key limit: when its window ends; anything else: in a second)."""
+    """The headers an error's answer carries besides its body: when to retry a 429, 503
+    or 529 (a spent key limit: when its window ends; anything else: in a second)."""
     if isinstance(exc, LimitReached):
         return {"Retry-After": str(exc.retry_after_secs)}
-    if status in (429, 503):
+    if status in (429, 503, OVERLOADED):
         return {"Retry-After": "1"}
     return {}
+
+
+OVERLOADED = 529
+"""Anthropic's status for a server with no room now (here: a full waiting line)."""
+_ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    OVERLOADED: "overloaded_error",
+}
+
+
+def anthropic_type(status: int) -> str:
+    """Anthropic's error type for a status."""
+    default = "api_error" if status >= 500 else "invalid_request_error"
+    return _ANTHROPIC_TYPES.get(status, default)
+
+
+def anthropic_error(exc: BaseException) -> tuple[int, dict[str, Any]]:
+    """Status and Anthropic error body (without its `request_id`) for any exception a
+    route of the Messages API let through."""
+    status, body = map_error(exc)
+    message = body["error"]["message"]
+    if isinstance(exc, QueueFull):
+        status = OVERLOADED
+    if isinstance(exc, ContextLengthExceeded) and exc.tokens is not None:
+        message = f"prompt is too long: {exc.tokens} tokens > {exc.maximum} maximum"
+    return status, {"type": "error", "error": {"type": anthropic_type(status), "message": message}}
 
 
 def validation_body(exc: ValidationError) -> dict[str, Any]:

@@ -29,35 +29,50 @@ TENANT_KEY = "mlxcel.tenant"
 API_KEY_KEY = "mlxcel.api_key"
 """Where a request's scope keeps the entry (`ApiKey`) of the key it carried."""
 
-_OPEN_PATHS = frozenset({"/health"})
+_OPEN_PATHS = frozenset({"/health", "/"})
+"""Readiness, and the root a client probes (`HEAD /`) before it sends its key."""
 _METRICS_PATHS = frozenset({"/metrics", "/v1/metrics"})
-_GENERATING = ("/responses", "/responses/compact", "/chat/completions", "/completions")
+_GENERATING = (
+    "/responses",
+    "/responses/compact",
+    "/chat/completions",
+    "/completions",
+    "/messages",
+)
 
 
 def check_api_key(keyring: Keyring, *, metrics_public: bool = False) -> ApiKey | None:
-    """401 unless the request carries `Authorization: Bearer <a key of keyring>`;
-    `/health` is open, and `/metrics` too when `metrics_public`. The key's entry (its
-    name and limits) is kept in the request's scope (`current_key`, `current_tenant`).
+    """401 unless the request carries a key of `keyring`, as `Authorization: Bearer
+    <key>` or (as Anthropic's clients send it) `x-api-key: <key>`; `/health` and `/` are
+    open, and `/metrics` too when `metrics_public`. The key's entry (its name and limits)
+    is kept in the request's scope (`current_key`, `current_tenant`).
 
-    The header is Latin-1 text; its bytes are matched in constant time over all keys."""
+    The headers are Latin-1 text; their bytes are matched in constant time over all keys."""
     if not keyring or request.path in _OPEN_PATHS:
         return None
     if metrics_public and request.path in _METRICS_PATHS:
         return None
     scheme, _, given = request.headers.get("Authorization", "").strip().partition(" ")
-    try:
-        entry = keyring.match(given.strip().encode("latin-1"))
-    except UnicodeEncodeError:  # not a header's text: no key matches it
-        entry = None
-    if scheme.lower() == "bearer" and entry is not None:
+    entry = _match(keyring, given) if scheme.lower() == "bearer" else None
+    if entry is None and "x-api-key" in request.headers:
+        entry = _match(keyring, request.headers["x-api-key"])
+    if entry is not None:
         scope = cast(dict[str, object], request.scope)
         scope[TENANT_KEY] = entry.name
         scope[API_KEY_KEY] = entry
         return entry
     raise Unauthenticated(
-        "Incorrect or missing API key. Send it as 'Authorization: Bearer <key>'.",
+        "Incorrect or missing API key. Send it as 'Authorization: Bearer <key>' "
+        "or 'x-api-key: <key>'.",
         code="invalid_api_key",
     )
+
+
+def _match(keyring: Keyring, given: str) -> ApiKey | None:
+    try:
+        return keyring.match(given.strip().encode("latin-1"))
+    except UnicodeEncodeError:  # not a header's text: no key matches it
+        return None
 
 
 def current_key() -> ApiKey | None:

@@ -3,164 +3,34 @@
 Paths come from the app's URL map, so no mounted route is left out; request bodies are
 the pydantic models' own JSON schemas (under `components/schemas`), so the document
 describes exactly what the routes validate. Response bodies are described loosely (the
-`openai` SDK's types are their reference); every error is the one OpenAI error shape.
+`openai` and `anthropic` SDKs' types are their reference); every error is the one OpenAI
+error shape, or on the Anthropic routes Anthropic's. What each view is documented as
+is `http/operations.py`'s table.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from typing import Any
 
-from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 from quart import Quart
 
 from mlxcel import __version__
-from mlxcel.http.chat_schemas import ChatCompletionBody, CompletionBody
-from mlxcel.http.schemas import (
-    CompactBody,
-    ConversationCreateBody,
-    ConversationItemsBody,
-    ConversationUpdateBody,
-    CreateResponseBody,
-    InputTokensBody,
-)
+from mlxcel.http.operations import OPERATIONS, Operation
+
+__all__ = ["OPERATIONS", "openapi_document_for"]
 
 SCHEMAS = "#/components/schemas/"
 _RULE_ARGUMENT = re.compile(r"<(?:[^<>:]+:)?([^<>]+)>")
 _AUTOMATIC_METHODS = frozenset({"HEAD", "OPTIONS"})
 
 
-@dataclass(frozen=True, slots=True)
-class Operation:
-    """What the document says about one view (mounted with and without `/v1`)."""
-
-    summary: str
-    tag: str
-    returns: str
-    """What a 200 answers."""
-    body: type[BaseModel] | None = None
-    body_required: bool = True
-    pages: bool = False
-    """Takes the cursor-page query parameters."""
-    refusals: tuple[str, ...] = ()
-    """Error statuses besides those of a bad request, an API key and an id not found."""
-    streams: bool = False
-    public: bool = False
-    """Answers without an API key."""
-    content: str = "application/json"
-    """The media type of a 200."""
-
-
-OPERATIONS: dict[str, Operation] = {
-    "health": Operation(
-        "Readiness and slot usage",
-        "server",
-        '`{"status": "ok", "slots": {"total", "busy", "queued"}}` once the model is loaded.',
-        refusals=("503",),
-        public=True,
-    ),
-    "metrics": Operation(
-        "Metrics in the Prometheus text format",
-        "server",
-        "Requests, slots, the waiting line, jobs, the store's tables, tokens and latencies; "
-        "without an API key only when the server runs with `--metrics-public`.",
-        content="text/plain",
-    ),
-    "openapi_document": Operation("This OpenAPI document", "server", "The OpenAPI 3.1 document."),
-    "models": Operation("List the loaded model", "models", "A list with the one loaded model."),
-    "create_response": Operation(
-        "Create a response",
-        "responses",
-        "The `response` object, or with `stream: true` its server-sent events.",
-        body=CreateResponseBody,
-        refusals=("404", "429", "503"),
-        streams=True,
-    ),
-    "create_chat_completion": Operation(
-        "Create a chat completion",
-        "chat",
-        "The `chat.completion` object, or with `stream: true` its `chat.completion.chunk`s "
-        "ending with `data: [DONE]`.",
-        body=ChatCompletionBody,
-        refusals=("404", "429", "503"),
-        streams=True,
-    ),
-    "create_completion": Operation(
-        "Create a completion of a raw prompt",
-        "completions",
-        "The `text_completion` object, or with `stream: true` its chunks ending with "
-        "`data: [DONE]`.",
-        body=CompletionBody,
-        refusals=("404", "429", "503"),
-        streams=True,
-    ),
-    "count_input_tokens": Operation(
-        "Count the input tokens of a create body",
-        "responses",
-        '`{"object": "response.input_tokens", "input_tokens": N}`.',
-        body=InputTokensBody,
-        refusals=("404", "503"),
-    ),
-    "compact_history": Operation(
-        "Compact a history",
-        "responses",
-        "A `response.compaction` object: the kept items, the preserved turns and one "
-        "`compaction` item.",
-        body=CompactBody,
-        refusals=("404", "429", "503"),
-    ),
-    "retrieve_response": Operation("Retrieve a stored response", "responses", "The response."),
-    "delete_response": Operation(
-        "Delete a stored response", "responses", '`{"id", "object": "response.deleted"}`.'
-    ),
-    "cancel_response": Operation(
-        "Cancel a queued or running response", "responses", "The response, as it ended."
-    ),
-    "list_input_items": Operation(
-        "List a response's input items", "responses", "A page of items.", pages=True
-    ),
-    "create_conversation": Operation(
-        "Create a conversation",
-        "conversations",
-        "The `conversation` object.",
-        body=ConversationCreateBody,
-        body_required=False,
-    ),
-    "retrieve_conversation": Operation(
-        "Retrieve a conversation", "conversations", "The `conversation` object."
-    ),
-    "update_conversation": Operation(
-        "Replace a conversation's metadata",
-        "conversations",
-        "The `conversation` object.",
-        body=ConversationUpdateBody,
-    ),
-    "delete_conversation": Operation(
-        "Delete a conversation", "conversations", '`{"id", "object": "conversation.deleted"}`.'
-    ),
-    "list_conversation_items": Operation(
-        "List a conversation's items", "conversations", "A page of items.", pages=True
-    ),
-    "create_conversation_items": Operation(
-        "Add items to a conversation",
-        "conversations",
-        "A list of the added items.",
-        body=ConversationItemsBody,
-    ),
-    "retrieve_conversation_item": Operation(
-        "Retrieve a conversation item", "conversations", "The item."
-    ),
-    "delete_conversation_item": Operation(
-        "Delete a conversation item", "conversations", "The `conversation` object."
-    ),
-}
-
 _PATH_PARAMETERS = {
     "response_id": "A response id (`resp_…`).",
     "conversation_id": "A conversation id (`conv_…`).",
     "item_id": "An item id.",
+    "model_id": "A name the loaded model answers to.",
 }
 
 _PAGE_PARAMETERS: list[dict[str, Any]] = [
@@ -216,6 +86,21 @@ _ERROR_SCHEMA: dict[str, Any] = {
     "required": ["error"],
 }
 
+_ANTHROPIC_ERROR_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "description": "Every error of the Anthropic routes (`request-id` header too).",
+    "properties": {
+        "type": {"const": "error"},
+        "error": {
+            "type": "object",
+            "properties": {"type": {"type": "string"}, "message": {"type": "string"}},
+            "required": ["type", "message"],
+        },
+        "request_id": {"type": "string"},
+    },
+    "required": ["type", "error", "request_id"],
+}
+
 _ERRORS = {
     "400": "The request is invalid (its body, a parameter or an id).",
     "401": "The API key is missing or wrong (only when the server has API keys).",
@@ -228,6 +113,7 @@ _ERRORS = {
     "`Retry-After`.",
     "503": "Not now: the model is loading, every slot and queue place is taken, or the "
     "server is shutting down.",
+    "529": "Overloaded: every slot and queue place is taken (Anthropic's status for it).",
 }
 _RETRY_AFTER = {
     "Retry-After": {
@@ -253,20 +139,31 @@ def openapi_document_for(app: Quart) -> dict[str, Any]:
             "title": "mlxcel",
             "version": __version__,
             "description": "Local MLX language models behind the OpenAI Responses, Chat "
-            "Completions and Completions APIs. Every route is also mounted without the `/v1` prefix.",
+            "Completions and Completions APIs and Anthropic's Messages API. Every route is "
+            "also mounted without the `/v1` prefix.",
         },
         "paths": dict(sorted(paths.items())),
         "components": {
-            "schemas": {**_body_schemas(), "Error": _ERROR_SCHEMA},
+            "schemas": {
+                **_body_schemas(),
+                "Error": _ERROR_SCHEMA,
+                "AnthropicError": _ANTHROPIC_ERROR_SCHEMA,
+            },
             "securitySchemes": {
                 "apiKey": {
                     "type": "http",
                     "scheme": "bearer",
                     "description": "One of the server's API keys; needed only when it has some.",
-                }
+                },
+                "xApiKey": {
+                    "type": "apiKey",
+                    "in": "header",
+                    "name": "x-api-key",
+                    "description": "The same key, as Anthropic's clients send it.",
+                },
             },
         },
-        "security": [{"apiKey": []}, {}],
+        "security": [{"apiKey": []}, {"xApiKey": []}, {}],
     }
 
 
@@ -306,7 +203,7 @@ def _operation(endpoint: str, arguments: list[str]) -> dict[str, Any]:
     codes |= {"404"} if arguments else set()
     codes |= {"408", "413", "415"} if op.body else set()
     for code in sorted(codes):
-        responses[code] = _error_response(code, retry=not op.public)
+        responses[code] = _error_response(code, retry=not op.public, anthropic=op.anthropic)
     operation: dict[str, Any] = {
         "operationId": endpoint,
         "summary": op.summary,
@@ -325,11 +222,12 @@ def _operation(endpoint: str, arguments: list[str]) -> dict[str, Any]:
     return operation
 
 
-def _error_response(code: str, *, retry: bool) -> dict[str, Any]:
+def _error_response(code: str, *, retry: bool, anthropic: bool = False) -> dict[str, Any]:
+    schema = SCHEMAS + ("AnthropicError" if anthropic else "Error")
     response: dict[str, Any] = {
         "description": _ERRORS[code],
-        "content": {"application/json": {"schema": {"$ref": SCHEMAS + "Error"}}},
+        "content": {"application/json": {"schema": {"$ref": schema}}},
     }
-    if retry and code in ("429", "503"):
+    if retry and code in ("429", "503", "529"):
         response["headers"] = _RETRY_AFTER
     return response

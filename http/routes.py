@@ -1,7 +1,7 @@
 """The app: every blueprint mounted with and without `/v1`, one error handler, and the
 guards every request passes first.
 
-The blueprints (`responses`, `chat`, `compact`, `stored`, `conversations`,
+The blueprints (`responses`, `chat`, `messages`, `compact`, `stored`, `conversations`,
 `conversation_items`, `service`, `prometheus`) are thin: body → prepare → one actor command
 → JSON or SSE. They read the actors' handles from the app (`http/handles.py`).
 """
@@ -19,10 +19,11 @@ from mlxcel.http.chat import chat
 from mlxcel.http.compact import compact
 from mlxcel.http.conversation_items import conversation_items
 from mlxcel.http.conversations import conversations
-from mlxcel.http.errors import error_headers, map_error
+from mlxcel.http.errors import anthropic_error, error_headers, map_error
 from mlxcel.http.exchange import ROUTE_KEY, App
 from mlxcel.http.guards import check_api_key, check_json_body, check_not_stopping
 from mlxcel.http.handles import Handles, handles, install, json_response
+from mlxcel.http.messages import add_request_id, messages, request_id, speaks_anthropic
 from mlxcel.http.prometheus import prometheus
 from mlxcel.http.rate_limits import add_rate_limit_headers
 from mlxcel.http.responses import responses
@@ -34,6 +35,7 @@ __all__ = ["Handles", "create_app"]
 API: tuple[Blueprint, ...] = (
     responses,
     chat,
+    messages,
     compact,
     stored,
     conversations,
@@ -66,6 +68,7 @@ def create_app(
     app.before_request(_name_route)  # first: a request the guards refuse is counted too
     app.before_request(_guard)
     app.after_request(add_rate_limit_headers)  # refusals too: errors pass through it
+    app.after_request(add_request_id)
     app.register_blueprint(health_routes)
     for blueprint in API:
         app.register_blueprint(blueprint)
@@ -74,7 +77,11 @@ def create_app(
 
 
 async def _answer_error(exc: Exception) -> Response:
-    status, body = map_error(exc)
+    if speaks_anthropic():
+        status, body = anthropic_error(exc)
+        body["request_id"] = request_id()
+    else:
+        status, body = map_error(exc)
     response = json_response(body, status)
     response.headers.update(error_headers(exc, status))
     return response

@@ -1,6 +1,7 @@
 """The body of a streamed response: a pipe from one response's events to SSE frames,
-as Responses events (`EventStreamBody`) or as Chat Completions' bare `data:` chunks
-ending with `data: [DONE]` (`DataStreamBody`).
+as Responses events (`EventStreamBody`), or translated into another wire format's chunks
+(`DataStreamBody`): Chat Completions' bare `data:` chunks ending with `data: [DONE]`, or
+Anthropic's named events (`http/messages_stream.py`).
 
 The response stream must be closed however the exchange ends, or its slot would wait
 on a reader that will never come. Quart closes a body it has entered; but a client
@@ -15,12 +16,16 @@ import json
 import logging
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import trio
+from quart import Response
 
 from mlxcel.actors.response_stream import ResponseStream
-from mlxcel.http.access_log import ExchangeNote
+from mlxcel.generation import GenerationRequest
+from mlxcel.http.access_log import ExchangeNote, exchange_note, note_record
+from mlxcel.http.handles import Handles
 from mlxcel.http.sse import KEEPALIVE_FRAME, SseEncoder
 from mlxcel.respond.events import KeepAlive, ResponseCreated, ResponseEvent, ResponseFinished
 
@@ -81,11 +86,29 @@ Translate = Callable[[ResponseEvent], list[dict[str, Any]]]
 DONE = b"data: [DONE]\n\n"
 
 
+@dataclass(frozen=True, slots=True)
+class Framing:
+    """How a translated stream is written: each chunk's frame, the keep-alive frame, and
+    the frame that ends the stream (None: none)."""
+
+    frame: Callable[[dict[str, Any]], bytes]
+    keepalive: bytes
+    end: bytes | None
+
+
+def _frame(chunk: dict[str, Any]) -> bytes:
+    return b"data: " + json.dumps(chunk, allow_nan=False).encode() + b"\n\n"
+
+
+DATA_FRAMES = Framing(_frame, KEEPALIVE_FRAME, DONE)
+"""Chat Completions' stream: SSE comments keep it alive (its clients know no progress
+event), `data: [DONE]` ends it."""
+
+
 class DataStreamBody:
     """`first` at once (even while queued), then each event as the chunks `translate`
-    makes of it, one `data:` frame each, and `data: [DONE]` at the end. Keep-alives are
-    SSE comments (Chat Completions clients know no progress event), also while the
-    response waits in the line."""
+    makes of it, one frame each, and the framing's end. A quiet interval sends the
+    framing's keep-alive, also while the response waits in the line."""
 
     def __init__(
         self,
@@ -95,10 +118,12 @@ class DataStreamBody:
         *,
         keepalive_secs: float,
         note: ExchangeNote | None = None,
+        framing: Framing = DATA_FRAMES,
     ) -> None:
         self._note = note
+        self._framing = framing
         # Bounded by what one event makes (a chunk or two), taken before the next is read.
-        self._frames = deque(_frame(chunk) for chunk in first)
+        self._frames = deque(framing.frame(chunk) for chunk in first)
         self._events = events
         self._translate = translate
         self._keepalive = keepalive_secs
@@ -116,17 +141,18 @@ class DataStreamBody:
                     event = await self._events.__anext__()
                 except StopAsyncIteration:
                     self._done = True
-                    self._frames.append(DONE)
+                    if self._framing.end is not None:
+                        self._frames.append(self._framing.end)
                     continue
             if quiet.cancelled_caught or isinstance(event, KeepAlive):
-                return KEEPALIVE_FRAME
+                return self._framing.keepalive
             _note_end(self._note, event)
             self._frames.extend(self._encode(event))
         return self._frames.popleft()
 
     def _encode(self, event: ResponseEvent) -> list[bytes]:
         try:
-            return [_frame(chunk) for chunk in self._translate(event)]
+            return [self._framing.frame(chunk) for chunk in self._translate(event)]
         except Exception:
             # An event that cannot be encoded ends this stream alone.
             log.exception("stream %s: an event could not be encoded", self._events.response_id)
@@ -142,8 +168,32 @@ def _note_end(note: ExchangeNote | None, event: ResponseEvent) -> None:
         note.response(event.record.id, event.record.usage)
 
 
-def _frame(chunk: dict[str, Any]) -> bytes:
-    return b"data: " + json.dumps(chunk, allow_nan=False).encode() + b"\n\n"
+async def translated_response(
+    h: Handles,
+    generation: GenerationRequest,
+    first: list[dict[str, Any]],
+    translate: Translate,
+    framing: Framing = DATA_FRAMES,
+) -> Response:
+    """The streamed answer of `generation` in another wire format: submitted now (503,
+    or the format's overloaded answer, when the line is full) and bound to the exchange."""
+    note_record(generation.record)  # its usage once the stream ends
+    stream = h.scheduler.stream(generation)
+    bind_to_exchange(stream)
+    await stream.submit()
+    body = DataStreamBody(
+        first,
+        stream,
+        translate,
+        keepalive_secs=h.keepalive_secs,
+        note=exchange_note(),
+        framing=framing,
+    )
+    return Response(
+        body,
+        content_type="text/event-stream",
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+    )
 
 
 def bind_to_exchange(events: ResponseStream) -> None:

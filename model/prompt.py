@@ -55,6 +55,9 @@ def to_chat(instructions: str | None, items: Sequence[Item]) -> list[ChatMessage
                     last.setdefault("tool_calls", []).append(call)
                 else:
                     messages.append({"role": "assistant", "content": "", "tool_calls": [call]})
+                    if pending_reasoning:  # the trace that led to the call, as templates keep it
+                        messages[-1]["reasoning_content"] = pending_reasoning
+                    pending_reasoning = ""
             case FunctionCallOutput(call_id=call_id, output=output):
                 messages.append({"role": "tool", "tool_call_id": call_id, "content": output})
             case Reasoning(text=text):

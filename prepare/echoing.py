@@ -6,12 +6,13 @@ Only requests that resend their own history take part: with `previous_response_i
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 from mlxcel.items import Item, Message, Reasoning
 from mlxcel.prepare.offload import off_loop
 from mlxcel.prepare.params import ResponseParams
-from mlxcel.store.echo import EchoHandle, TurnHasher, turn_key, turn_prefix
+from mlxcel.store.echo import EchoHandle, TurnHasher, signed_key, turn_key, turn_prefix
 
 
 def _signature(params: ResponseParams) -> str:
@@ -63,4 +64,24 @@ async def restore_reasoning(
         if key is not None and key in found:
             restored.append(Reasoning(found[key]))
         restored.append(item)
+    return tuple(restored)
+
+
+async def restore_signed(
+    params: ResponseParams, items: tuple[Item, ...], echo: EchoHandle
+) -> tuple[Item, ...]:
+    """`items` (the request's input) with each reasoning item the client sent with a
+    signature (`params.signed`) holding the trace filed under it for this tenant, when
+    one is; the text sent with it stands otherwise."""
+    if not params.signed or not echo.enabled:
+        return items
+    keys = {index: signed_key(params.tenant, signature) for index, signature in params.signed}
+    found = await echo.recall(list(dict.fromkeys(keys.values())))
+    if not found:
+        return items
+    restored = list(items)
+    for index, key in keys.items():
+        item = restored[index] if index < len(restored) else None
+        if isinstance(item, Reasoning) and key in found:
+            restored[index] = dataclasses.replace(item, text=found[key])
     return tuple(restored)

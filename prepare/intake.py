@@ -23,7 +23,7 @@ from mlxcel.items import (
     new_id,
 )
 from mlxcel.model.prompt import to_chat
-from mlxcel.prepare.echoing import echo_prefix, restore_reasoning
+from mlxcel.prepare.echoing import echo_prefix, restore_reasoning, restore_signed
 from mlxcel.prepare.history import conversation_id
 from mlxcel.prepare.limits import check_input_size
 from mlxcel.prepare.offload import off_loop
@@ -69,6 +69,7 @@ async def intake_items(
     items = await off_loop(
         input_items, params.input, params.instructions, params.tools, history, context_length
     )
+    items = await restore_signed(params, items, echo)
     return await restore_reasoning(params, model.names.alias, items, echo)
 
 
@@ -198,6 +199,7 @@ def build_request(
     sampling = Sampling(
         temperature=echo.temperature,
         top_p=echo.top_p,
+        top_k=params.top_k or 0,
         max_tokens=max_tokens,
         grammar=call_grammar or output_grammar(params.text, codec),
         logprobs="message.output_text.logprobs" in (params.include or [])
@@ -225,7 +227,9 @@ def _output_room(
     if room < 1 and fits:
         raise ContextLengthExceeded(
             f"The input is {prompt_tokens} tokens; the context window is "
-            f"{context_length} tokens and leaves no room for output."
+            f"{context_length} tokens and leaves no room for output.",
+            tokens=prompt_tokens,
+            maximum=context_length,
         )
     return max(1, min(params.max_output_tokens or room, room))
 

@@ -57,7 +57,9 @@ def _check_count(count: int, context_length: int) -> None:
     if count > limit:
         raise ContextLengthExceeded(
             f"The input has {count} items; at most {limit} can fit the "
-            f"{context_length}-token context window."
+            f"{context_length}-token context window.",
+            tokens=-(-count // ITEMS_PER_TOKEN),  # at least this many
+            maximum=context_length,
         )
 
 
@@ -78,5 +80,7 @@ def check_input_size(
     if chars > limit:
         raise ContextLengthExceeded(
             f"The input has {chars} characters; at most {limit} can fit the "
-            f"{context_length}-token context window."
+            f"{context_length}-token context window.",
+            tokens=-(-chars // CHARS_PER_TOKEN),  # at least this many
+            maximum=context_length,
         )

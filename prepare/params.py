@@ -23,6 +23,8 @@ class ResponseParams:
     max_output_tokens: int | None = None
     temperature: float | None = None
     top_p: float | None = None
+    top_k: int | None = None
+    """Sample only from the k most likely tokens (Anthropic's `top_k`)."""
     top_logprobs: int | None = None
     store: bool | None = None
     background: bool = False
@@ -47,6 +49,9 @@ class ResponseParams:
     """`item_reference` entries, each with its place in the input, not yet resolved."""
     stop: tuple[str, ...] = ()
     """The reply ends before the first of these strings."""
+    signed: tuple[tuple[int, str], ...] = ()
+    """Reasoning items the client sent back with a signature (`store/echo.py`), by their
+    place in `input`: the trace filed under it, when there is one, is restored."""
     seed: int | None = None
     raw: bool = False
     """The input is one prompt text, tokenised as it stands: no chat template (legacy

@@ -222,6 +222,7 @@ class ResponseBuilder:
             usage=self._usage(),
             incomplete_reason=None if reason == "stop" else "max_output_tokens",
             completed_at=int(time.time()) if reason == "stop" else None,
+            stop_sequence=self._stops.matched,
         )
         return events, self._record
 

@@ -14,6 +14,8 @@ class StopScanner:
         self._stops = tuple(s for s in stops if s)
         self._held = ""
         self.found = False
+        self.matched: str | None = None
+        """The stop string the reply ended at (the first in the text, once found)."""
 
     def feed(self, text: str) -> str:
         """The text that may be shown now (empty once a stop string was found)."""
@@ -22,10 +24,11 @@ class StopScanner:
         if self.found:
             return ""
         held = self._held + text
-        ends = [i for i in (held.find(s) for s in self._stops) if i >= 0]
+        ends = [(i, s) for s in self._stops if (i := held.find(s)) >= 0]
         if ends:
+            end, self.matched = min(ends, key=lambda pair: pair[0])
             self.found, self._held = True, ""
-            return held[: min(ends)]
+            return held[:end]
         keep = self._partial(held)
         self._held = held[len(held) - keep :] if keep else ""
         return held[: len(held) - keep]

@@ -6,6 +6,9 @@ everything that decides how that turn renders (model, template arguments and too
 client's session, every earlier item as sent, and the trimmed assistant text) and by the
 tenant that asked (so no tenant is ever given another's trace), so when
 the same turn comes back without its reasoning it renders exactly as it was generated.
+A trace may also be handed out with a signature (`trace_signature`, as Anthropic's thinking
+blocks carry one) and filed under it too, so a block sent back with its signature gets
+the trace restored exactly as generated, whatever text came with it.
 Bounded by bytes, least recently used first; 0 bytes disables it. The traces are kept by
 the store's backend: in memory, or in the SQLite file, where they survive a restart.
 """
@@ -79,6 +82,19 @@ def turn_prefix(
 
 def turn_key(prefix: str, assistant_text: str) -> str:
     return hashlib.sha256(f"{prefix}\x00{assistant_text.strip()}".encode()).hexdigest()
+
+
+def trace_signature(prefix: str, trace: str) -> str:
+    """The signature a trace is handed out with (Anthropic's thinking blocks carry one):
+    its hash under the key prefix of the turn that generated it, so it names that trace
+    in that context alone. Known as soon as the trace ends, before the answer after it."""
+    return hashlib.sha256(f"{prefix}\x00thinking\x00{trace}".encode()).hexdigest()
+
+
+def signed_key(tenant: str, signature: str) -> str:
+    """Where a signed trace is filed: by its signature and the tenant it was shown to, so
+    a signature that reaches another tenant finds nothing."""
+    return hashlib.sha256(f"{tenant}\x00signed\x00{signature}".encode()).hexdigest()
 
 
 class Traces(Protocol):

@@ -13,6 +13,7 @@ from typing import Any
 
 import httpx
 import trio
+from anthropic import Anthropic
 from openai import OpenAI
 
 from mlxcel.config import Settings
@@ -29,11 +30,17 @@ class FakeServer:
     url: str
     engine: FakeEngine
     settings: Settings
-    _clients: list[OpenAI] = field(default_factory=list)
+    _clients: list[OpenAI | Anthropic] = field(default_factory=list)
 
     def client(self, api_key: str = "sk-no-auth", **kwargs: Any) -> OpenAI:
         """An SDK client for this server (with `api_key`), closed when the test ends."""
         client = OpenAI(base_url=f"{self.url}/v1", api_key=api_key, max_retries=0, **kwargs)
+        self._clients.append(client)
+        return client
+
+    def anthropic(self, api_key: str | None = "sk-no-auth", **kwargs: Any) -> Anthropic:
+        """An `anthropic` SDK client for this server, closed when the test ends."""
+        client = Anthropic(base_url=self.url, api_key=api_key, max_retries=0, **kwargs)
         self._clients.append(client)
         return client
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import openai
@@ -159,3 +160,36 @@ async def test_no_lines_when_the_access_log_is_off(
     async with httpx.AsyncClient(base_url=server.url, timeout=30) as http:
         assert (await http.get("/health")).status_code == 200
     assert not [r for r in caplog.records if r.name == "mlxcel.access"]  # /health's neither
+
+
+async def test_a_message_and_its_stream_are_logged_with_their_usage(
+    fake_server: FakeServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    client = fake_server.anthropic()
+    asked = {
+        "model": "fake-model",
+        "max_tokens": 16,
+        "messages": [{"role": "user", "content": PROMPT}],
+    }
+    created = await in_thread(client.messages.create, **asked)
+    line = await next_line(caplog, 0)
+    assert (line["path"], line["status"]) == ("/v1/messages", "200")
+    assert line["id"] == "resp_" + created.id.removeprefix("msg_")
+    usage = created.usage
+    prompt = usage.input_tokens + usage.cache_read_input_tokens + usage.cache_creation_input_tokens
+    assert (int(line["in"]), int(line["out"])) == (prompt, usage.output_tokens)
+
+    def stream() -> Any:
+        with client.messages.stream(**asked) as events:
+            return events.get_final_message()
+
+    final = await in_thread(stream)
+    line = await next_line(caplog, 1)
+    assert (line["path"], line["status"], line["out"]) == (
+        "/v1/messages",
+        "200",
+        str(final.usage.output_tokens),
+    )
+    text = "\n".join(r.getMessage() for r in caplog.records if r.name == "mlxcel.access")
+    assert PROMPT not in text

@@ -2,7 +2,8 @@
 
 Schemathesis generates requests from `/openapi.json`, valid and invalid ones; whatever
 is sent, no answer is a 5xx, every JSON answer (and every event of a stream) is strict
-JSON, without NaN or Infinity, and every 4xx is the OpenAI error object. So that valid
+JSON, without NaN or Infinity, and every 4xx is the OpenAI error object (Anthropic's on
+its routes). So that valid
 requests get past the first lookup, some name the served model and the ids of a stored
 response and a conversation made just before. The run is bounded and derandomised: the
 same requests on every run.
@@ -50,8 +51,8 @@ def strict_json(data: bytes | str) -> Any:
     return json.loads(data, parse_constant=_reject_constant)
 
 
-def problem_with(response: schemathesis.Response) -> str | None:
-    """What is wrong with an answer, if anything."""
+def problem_with(response: schemathesis.Response, anthropic: bool = False) -> str | None:
+    """What is wrong with an answer, if anything (`anthropic`: on an Anthropic route)."""
     status = response.status_code
     if status >= 500:
         return f"server error {status}"
@@ -67,6 +68,8 @@ def problem_with(response: schemathesis.Response) -> str | None:
         return f"invalid JSON ({exc})"
     if status < 400:
         return None
+    if anthropic:
+        return _anthropic_problem(body, headers)
     error = body.get("error") if isinstance(body, dict) else None
     if not isinstance(error, dict) or set(error) != ERROR_KEYS:
         return "an error that is not the OpenAI error object"
@@ -74,6 +77,19 @@ def problem_with(response: schemathesis.Response) -> str | None:
         return "an error whose message or type is not a string"
     if not all(error[key] is None or isinstance(error[key], str) for key in ("param", "code")):
         return "an error whose param or code is neither a string nor null"
+    return None
+
+
+def _anthropic_problem(body: Any, headers: dict[str, list[str]]) -> str | None:
+    if not isinstance(body, dict) or set(body) != {"type", "error", "request_id"}:
+        return "an error that is not the Anthropic error object"
+    error = body["error"]
+    if not isinstance(error, dict) or set(error) != {"type", "message"}:
+        return "an Anthropic error whose `error` is not a type and a message"
+    if not all(isinstance(error[key], str) for key in error):
+        return "an Anthropic error whose type or message is not a string"
+    if body["request_id"] != (headers.get("request-id") or [None])[0]:
+        return "an Anthropic error whose request_id is not its request-id header"
     return None
 
 
@@ -102,6 +118,7 @@ def seed(session: requests.Session, base_url: str) -> dict[str, str]:
         "response_id": response.json()["id"],
         "conversation_id": conversation_id,
         "item_id": listed.json()["data"][0]["id"],
+        "model_id": MODEL,
     }
 
 
@@ -176,7 +193,8 @@ def _fuzz_operation(
         except requests.RequestException as exc:
             answer = f"no answer: {exc!r}"
         else:
-            problem = problem_with(response)
+            anthropic = operation.path.startswith("/v1/messages")
+            problem = problem_with(response, anthropic)
             if problem is None:
                 return
             answer = f"{problem}: {response.status_code} {response.content[:500]!r}"
@@ -198,5 +216,5 @@ async def test_fuzzing_every_operation_finds_no_server_error(
     outcome = await in_thread(fuzz, server.url)
     elapsed = time.monotonic() - started
     print(f"{outcome.calls} requests to {len(outcome.operations)} operations in {elapsed:.1f} s")
-    assert len(outcome.operations) == 21, outcome.operations
+    assert len(outcome.operations) == 24, outcome.operations
     assert not outcome.problems, "\n".join(outcome.problems)

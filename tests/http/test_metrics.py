@@ -291,3 +291,18 @@ async def test_only_get_scrapes(fake_server: FakeServer) -> None:
     assert refused.status_code == 405
     assert set(refused.json()["error"]) == {"message", "type", "param", "code"}
     await an_ordinary_request_completes(fake_server)
+
+
+async def test_the_messages_routes_are_counted_by_their_rules(fake_server: FakeServer) -> None:
+    """Anthropic's routes (Claude Code adds `?beta=true`): counted under their rules, and
+    their tokens in the same series as every route's."""
+    before = await scrape(fake_server)
+    body = {"model": "fake-model", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
+    async with httpx.AsyncClient(base_url=fake_server.url, timeout=30) as http:
+        for path in ("/v1/messages?beta=true", "/v1/messages/count_tokens"):
+            assert (await http.post(path, json=body)).status_code == 200
+        assert (await http.post("/v1/messages", json={"model": "fake-model"})).status_code == 400
+    after = await settled(fake_server, lambda s: requests(s, "/v1/messages", "400") >= 1)
+    assert requests(after, "/v1/messages", "200") == 1
+    assert requests(after, "/v1/messages/count_tokens", "200") == 1
+    assert after("mlxcel_output_tokens_total") - before("mlxcel_output_tokens_total") > 0

@@ -99,7 +99,7 @@ async def test_every_mounted_route_is_in_the_document(document: dict[str, Any]) 
     assert documented == mounted
     assert {path for path, _ in mounted if not path.startswith("/v1/")} == {
         path.removeprefix("/v1") for path, _ in mounted if path.startswith("/v1/")
-    } | {"/health"}
+    } | {"/health", "/"}  # mounted once: readiness, and the root clients probe
     operation_ids = [op["operationId"] for _, _, op in operations(document)]
     assert len(set(operation_ids)) == len(operation_ids)
 
@@ -162,6 +162,7 @@ async def test_path_and_page_parameters(document: dict[str, Any]) -> None:
 async def test_errors_are_one_openai_error_schema(
     fake_server: FakeServer, document: dict[str, Any]
 ) -> None:
+    """Anthropic's routes aside (`test_anthropic_routes_answer_anthropic_errors`)."""
     error_schema = document["components"]["schemas"]["Error"]
     assert set(error_schema["properties"]["error"]["required"]) == {
         "message",
@@ -172,11 +173,14 @@ async def test_errors_are_one_openai_error_schema(
     for path, method, operation in operations(document):
         statuses = set(operation["responses"])
         assert "200" in statuses
-        assert len(statuses) > 1 or path.endswith("openapi.json"), (path, method)
+        # Only the document and the root (open, with no input) never refuse.
+        assert len(statuses) > 1 or path.endswith("openapi.json") or path == "/", (path, method)
+        anthropic = path.removeprefix("/v1").startswith("/messages")
         for status, response in operation["responses"].items():
             if status != "200":
                 schema = response["content"]["application/json"]["schema"]
-                assert schema == {"$ref": SCHEMAS + "Error"}, (path, method, status)
+                kind = "AnthropicError" if anthropic else "Error"
+                assert schema == {"$ref": SCHEMAS + kind}, (path, method, status)
     # What the server answers fits it.
     async with httpx.AsyncClient(base_url=fake_server.url, timeout=30) as http:
         answers = [
@@ -200,3 +204,33 @@ async def test_the_document_needs_the_api_key_like_the_other_routes(
         assert answer.status_code == 200
         assert answer.json()["paths"]["/health"]["get"]["security"] == []
     assert (await fetch(server, "/health")).status_code == 200
+
+
+async def test_anthropic_routes_answer_anthropic_errors(
+    fake_server: FakeServer, document: dict[str, Any]
+) -> None:
+    for prefix in ("", "/v1"):
+        create = document["paths"][f"{prefix}/messages"]["post"]
+        assert create["requestBody"]["content"]["application/json"]["schema"] == {
+            "$ref": SCHEMAS + "MessagesBody"
+        }
+        assert {"400", "401", "404", "413", "429", "529"} <= set(create["responses"])
+        assert "Retry-After" in create["responses"]["529"]["headers"]
+        count = document["paths"][f"{prefix}/messages/count_tokens"]["post"]
+        assert count["requestBody"]["content"]["application/json"]["schema"] == {
+            "$ref": SCHEMAS + "CountTokensBody"
+        }
+    schemas = document["components"]["schemas"]
+    assert set(schemas["MessagesBody"]["required"]) == {"model", "messages", "max_tokens"}
+    assert set(schemas["CountTokensBody"]["required"]) == {"model", "messages"}
+    error_schema = schemas["AnthropicError"]
+    async with httpx.AsyncClient(base_url=fake_server.url, timeout=30) as http:
+        answers = [
+            await http.post("/v1/messages", json={"model": "fake-model"}),
+            await http.post("/v1/messages/count_tokens", json={"model": "x", "messages": []}),
+            await http.post("/v1/messages/nowhere", json={}),
+        ]
+    for r in answers:
+        assert r.status_code in (400, 404), r.text
+        jsonschema.validate(r.json(), error_schema)
+        assert r.json()["request_id"] == r.headers["request-id"]

@@ -1,8 +1,10 @@
 """The routes around the Responses API: models named by id, path or folder, the aliases
-without `/v1`, `/v1/models`, `/health` while the model loads, and API keys."""
+without `/v1`, `/v1/models` (in OpenAI's shape, or Anthropic's), the root, `/health`
+while the model loads, and API keys."""
 
 from __future__ import annotations
 
+import anthropic
 import httpx
 import openai
 import pytest
@@ -81,3 +83,32 @@ async def test_api_key_is_required_when_configured(start_fake_server: StartServe
         r = await http.get("/v1/models", headers={"Authorization": "Bearer secret-2"})
         assert r.status_code == 200
         assert (await http.get("/health")).status_code == 200
+
+
+async def test_models_in_anthropics_shape_with_anthropic_version(fake_server: FakeServer) -> None:
+    client = fake_server.anthropic()
+    page = await in_thread(client.models.list)
+    [model] = page.data
+    assert (model.type, model.id, model.display_name) == ("model", "fake-model", "fake-model")
+    assert model.created_at.tzinfo is not None  # RFC 3339, in UTC
+    assert (page.has_more, page.first_id, page.last_id) == (False, "fake-model", "fake-model")
+    by_name = await in_thread(client.models.retrieve, "FAKE-MODEL")
+    assert (by_name.id, by_name.type) == ("FAKE-MODEL", "model")  # as asked
+    with pytest.raises(anthropic.NotFoundError) as missing:
+        await in_thread(client.models.retrieve, "claude-nowhere")
+    assert missing.value.body["error"]["type"] == "not_found_error"  # type: ignore[index]
+    assert missing.value.request_id is not None
+    async with httpx.AsyncClient(base_url=fake_server.url, timeout=30) as http:
+        openai_shape = (await http.get("/v1/models/fake-model")).json()
+        assert openai_shape["object"] == "model"
+        assert "request-id" not in (await http.get("/v1/models")).headers
+
+
+async def test_the_root_answers_clients_that_probe_it(start_fake_server: StartServer) -> None:
+    server = await start_fake_server(api_keys=("secret-1",))
+    async with httpx.AsyncClient(base_url=server.url, timeout=30) as http:
+        assert (await http.head("/")).status_code == 200  # without a key
+        root = await http.get("/", headers={"anthropic-version": "2023-06-01"})
+        assert root.status_code == 200
+        assert root.json()["name"] == "mlxcel"
+        assert root.headers["request-id"].startswith("req_")

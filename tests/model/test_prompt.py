@@ -60,6 +60,22 @@ def test_function_calls_join_the_assistant_turn_and_outputs_are_tool_messages() 
     assert chat[2] == {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}
 
 
+def test_the_trace_before_a_call_is_the_call_turns_reasoning() -> None:
+    """A turn that calls without text first keeps its trace (templates show it in tool
+    loops), and a trace is read once: the next turn does not inherit it."""
+    items = [
+        Message("user", (InputText("weather?"),)),
+        Reasoning("I should look it up"),
+        FunctionCall("call_1", "get_weather", "{}"),
+        FunctionCallOutput("call_1", "sunny"),
+        Message("assistant", (OutputText("sunny"),)),
+    ]
+    chat = to_chat(None, items)
+    assert chat[1]["reasoning_content"] == "I should look it up"
+    assert chat[1]["tool_calls"][0]["id"] == "call_1"
+    assert "reasoning_content" not in chat[3]
+
+
 def test_a_namespaced_call_renders_under_its_flat_name() -> None:
     items = [
         Message("user", (InputText("who is 7?"),)),
