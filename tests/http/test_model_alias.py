@@ -1,6 +1,6 @@
 """`--model-alias PATTERN=NAME` on every route that takes a model name: a name matching a
 pattern is served (and echoed as sent), any other unknown name is a 404
-`model_not_found` that lists the patterns; an alias to a model not served stops the
+`model_not_found` (`not_found_error` on the Messages routes) that lists the patterns; an alias to a model not served stops the
 server at start."""
 
 from __future__ import annotations
@@ -75,3 +75,23 @@ async def test_an_alias_to_another_model_stops_the_server_at_start() -> None:
     with pytest.raises(ConfigError, match="qwen3-coder") as info, trio.fail_after(10):
         await serve(settings, fake_factory, ModelNames("fake-model", "/m/f"))
     assert "--model-alias" in info.value.message
+
+
+MESSAGES = {"max_tokens": 16, "messages": [{"role": "user", "content": "echo: via messages"}]}
+
+
+@pytest.mark.parametrize("path", ["/v1/messages", "/v1/messages/count_tokens"])
+async def test_the_messages_routes_take_aliases_and_answer_not_found_error(
+    start_fake_server: StartServer, path: str
+) -> None:
+    server = await start_fake_server(model_aliases=ALIASES)
+    r = await _post(server, path, {"model": "claude-opus-4-1", **MESSAGES})
+    assert r.status_code == 200, r.text
+    if path == "/v1/messages":
+        assert r.json()["model"] == "claude-opus-4-1"
+        assert r.json()["content"][0]["text"] == "via messages"
+    r = await _post(server, path, {"model": "gpt-4.1", **MESSAGES})
+    assert r.status_code == 404, r.text
+    assert r.json()["type"] == "error"
+    assert r.json()["error"]["type"] == "not_found_error"
+    assert "'fake-model', 'claude-*', 'gpt-?o'" in r.json()["error"]["message"]
