@@ -63,6 +63,7 @@ async def serve(
     if keyring is None:
         keyring = Keyring.load(settings.api_keys, settings.api_key_file)
     check_tool_parser(settings.tool_call_parser)
+    names = served_names(names, settings.model_aliases)
     if settings.tool_call_parser is not None:
         factory = functools.partial(_with_tool_parser, factory, settings.tool_call_parser)
     store_actor = StoreActor(
@@ -177,6 +178,15 @@ async def _drain(
         log.warning("stopping: ending the responses still in flight")
     await jobs.end_all()
     await scheduler.end_all()
+
+
+def served_names(names: ModelNames, aliases: tuple[tuple[str, str], ...]) -> ModelNames:
+    """The model's names with the `--model-alias` patterns: every route checks a
+    request's `model` against these (`prepare.intake.check_model`)."""
+    try:
+        return names.aliased(aliases)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def check_tool_parser(kind: str | None) -> None:

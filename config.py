@@ -19,6 +19,9 @@ class Settings:
     model: Path | None = None
     """A local MLX model folder; None means the embedded default model."""
     alias: str | None = None
+    model_aliases: tuple[tuple[str, str], ...] = ()
+    """`(PATTERN, NAME)` pairs from `--model-alias`: a request's `model` matching the glob
+    PATTERN is served by NAME, which must be the served model's (checked at start)."""
     host: str = "127.0.0.1"
     port: int = 8080
     ctx_size: int | None = None
@@ -120,6 +123,10 @@ class Settings:
             (self.rate_limit_rpm >= 0, "--rate-limit-rpm must be 0 (off) or more"),
             (self.rate_limit_tpm >= 0, "--rate-limit-tpm must be 0 (off) or more"),
             (self.daily_token_quota >= 0, "--daily-token-quota must be 0 (off) or more"),
+            (
+                all(p.strip() and n.strip() for p, n in self.model_aliases),
+                "--model-alias takes PATTERN=NAME, both non-empty (claude-*=my-model)",
+            ),
             (self.replica_lease_secs >= 0.3, "--replica-lease-secs must be at least 0.3"),
             (
                 bool(self.redis_key_prefix) and not set("{}\n") & set(self.redis_key_prefix),

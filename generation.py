@@ -7,8 +7,9 @@ the bottom beside `items.py`: it imports nothing of mlxcel but the items.
 
 from __future__ import annotations
 
+import fnmatch
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Protocol, TypeAlias
 
 import trio
@@ -83,16 +84,39 @@ class ModelInfo:
 
 @dataclass(frozen=True, slots=True)
 class ModelNames:
-    """The names a request's `model` may use for the loaded model."""
+    """The names a request's `model` may use for the loaded model: its alias, its folder's
+    path or name, and any name matching one of the `--model-alias` glob patterns (a
+    client that names models by its own tiers, `claude-*`, reaches the one served)."""
 
     alias: str
     path: str
+    patterns: tuple[str, ...] = ()
+    """Shell-style globs (`*`, `?`, `[...]`), matched without regard to case."""
 
     def matches(self, name: str) -> bool:
         wanted = name.strip().rstrip("/").lower()
         candidates = {self.alias.lower(), self.path.rstrip("/").lower()}
         candidates.add(self.path.rstrip("/").rsplit("/", 1)[-1].lower())
-        return wanted in candidates
+        if wanted in candidates:
+            return True
+        return any(fnmatch.fnmatchcase(wanted, p.lower()) for p in self.patterns)
+
+    def aliased(self, aliases: Sequence[tuple[str, str]]) -> ModelNames:
+        """These names with the `(PATTERN, NAME)` aliases added. One model is served, so
+        each NAME must be one of its names: an alias to anything else is a mistake the
+        server reports at start (ValueError), not a 404 on every request it would catch."""
+        for pattern, target in aliases:
+            if not self.matches(target):
+                raise ValueError(
+                    f"--model-alias {pattern}={target}: {target!r} is not the served model "
+                    f"(it answers to {self.alias!r} and its folder's name)"
+                )
+        fresh = tuple(p for p, _ in aliases if p not in self.patterns)
+        return replace(self, patterns=self.patterns + fresh)
+
+    def listed(self) -> list[str]:
+        """What a 404 names as available: the alias, then the patterns."""
+        return [self.alias, *self.patterns]
 
 
 class PromptCodec(Protocol):

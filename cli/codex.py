@@ -38,7 +38,7 @@ def codex_values(settings: Settings, base_url: str | None) -> dict[str, Any]:
     alias, window = model_names(settings)
     provider: dict[str, Any] = {
         "name": "mlxcel",
-        "base_url": base_url or f"http://{_url_host(settings.host)}:{settings.port}/v1",
+        "base_url": base_url or f"http://{url_host(settings.host)}:{settings.port}/v1",
         "wire_api": "responses",
     }
     if settings.api_keys or settings.api_key_file is not None:
@@ -71,7 +71,8 @@ def model_names(settings: Settings) -> tuple[str, int | None]:
     return names.alias, window
 
 
-def _url_host(host: str) -> str:
+def url_host(host: str) -> str:
+    """`--host` as a client on this machine writes it in a URL."""
     if host in ("0.0.0.0", "::", ""):  # listening everywhere: reach it locally
         return "127.0.0.1"
     return f"[{host}]" if ":" in host else host

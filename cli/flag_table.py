@@ -58,6 +58,17 @@ FLAGS: tuple[Flag, ...] = (
         "LLAMA_ARG_ALIAS",
         "name clients use in `model` (default: the model folder's name)",
     ),
+    Flag(
+        ("--model-alias",),
+        "model_alias",
+        str,
+        None,
+        "MLXCEL_MODEL_ALIAS",
+        "PATTERN=NAME: a request naming a model that matches the glob PATTERN "
+        "(`claude-*`) gets NAME, the served model; repeat it or comma-separate several; "
+        "without a match an unknown name is a 404",
+        repeat=True,
+    ),
     Flag(("--host",), "host", str, _DEFAULTS.host, "LLAMA_ARG_HOST", "address to listen on"),
     Flag(("--port",), "port", int, _DEFAULTS.port, "LLAMA_ARG_PORT", "port to listen on"),
     Flag(

@@ -81,12 +81,28 @@ def add_serve_flags(parser: argparse.ArgumentParser, environ: dict[str, str]) ->
     parser.add_argument("--version", action="version", version=f"mlxcel {__version__}")
 
 
+def model_aliases(values: list[str]) -> tuple[tuple[str, str], ...]:
+    """The `(PATTERN, NAME)` pairs of the `--model-alias` values (each may hold several,
+    comma-separated), split at the first `=`: a glob has no use for one."""
+    pairs = []
+    for value in values:
+        for part in (p.strip() for p in value.split(",")):
+            if not part:
+                continue
+            pattern, equals, name = part.partition("=")
+            if not equals:
+                raise ConfigError(f"--model-alias {part!r}: expected PATTERN=NAME")
+            pairs.append((pattern.strip(), name.strip()))
+    return tuple(pairs)
+
+
 def settings_from_args(args: argparse.Namespace) -> Settings:
     keys = tuple(k.strip() for value in args.api_key for k in value.split(",") if k.strip())
     origins = tuple(o.strip() for o in (args.cors_origins or "").split(",") if o.strip())
     return Settings(
         model=args.model,
         alias=args.alias,
+        model_aliases=model_aliases(args.model_alias),
         host=args.host,
         port=args.port,
         ctx_size=args.ctx_size,

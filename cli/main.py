@@ -56,14 +56,16 @@ def server_main(argv: Sequence[str] | None = None) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """`mlxcel serve [flags]` and `mlxcel fetch-model [...]`."""
     args = list(sys.argv[1:] if argv is None else argv)
-    commands = "serve, fetch-model, codex-config"
+    commands = "serve, fetch-model, codex-config, claude-config"
     if not args or args[0] in ("-h", "--help"):
         print(
-            "usage: mlxcel {serve,fetch-model,codex-config} ...\n\n"
-            "  serve         serve the Responses API (same flags as mlxcel-server)\n"
-            "  fetch-model   obtain and convert the embedded default model once\n"
-            "  codex-config  the Codex CLI config for a server with the same flags "
+            "usage: mlxcel {serve,fetch-model,codex-config,claude-config} ...\n\n"
+            "  serve          serve the Responses API (same flags as mlxcel-server)\n"
+            "  fetch-model    obtain and convert the embedded default model once\n"
+            "  codex-config   the Codex CLI config for a server with the same flags "
             "(--write merges it)\n"
+            "  claude-config  the Claude Code settings for a server with the same flags "
+            "(--write merges them)\n"
         )
         return 0 if args else 2
     if args[0] == "--version":
@@ -79,5 +81,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         from mlxcel.cli.codex import main as codex_config_main
 
         return codex_config_main(args[1:])
+    if args[0] == "claude-config":
+        from mlxcel.cli.claude import main as claude_config_main
+
+        return claude_config_main(args[1:])
     print(f"mlxcel: unknown command {args[0]!r} (commands: {commands})", file=sys.stderr)
     return 2

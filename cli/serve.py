@@ -12,7 +12,7 @@ from pathlib import Path
 
 import trio
 
-from mlxcel.app import check_tool_parser, serve
+from mlxcel.app import check_tool_parser, serve, served_names
 from mlxcel.config import Settings
 from mlxcel.errors import ConfigError
 from mlxcel.generation import ModelNames
@@ -72,6 +72,7 @@ def run(settings: Settings) -> None:
     check_tool_parser(settings.tool_call_parser)  # a bad name stops us before anything starts
     keyring = Keyring.load(settings.api_keys, settings.api_key_file)  # so does a bad key
     path, names = resolve_model(settings)
+    served_names(names, settings.model_aliases)  # so does an alias to another model
     from mlxcel.model.blas import load_fast_blas
 
     load_fast_blas()  # before anything imports mlx.core

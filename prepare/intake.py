@@ -76,7 +76,7 @@ async def intake_items(
 def check_model(names: ModelNames, asked: str) -> None:
     """404 for a `model` the loaded model does not answer to."""
     if not names.matches(asked):
-        raise ModelNotFound(asked, [names.alias])
+        raise ModelNotFound(asked, names.listed())
 
 
 def output_grammar(text: dict[str, JsonValue] | None, codec: PromptCodec) -> str | None:

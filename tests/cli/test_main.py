@@ -281,3 +281,16 @@ def test_cors_origins_from_flag_or_environment() -> None:
     both = settings(["--cors-origins", "https://app.example, http://localhost:5173"])
     assert both.cors_origins == ("https://app.example", "http://localhost:5173")
     assert settings([], {"MLXCEL_CORS_ORIGINS": "*"}).cors_origins == ("*",)
+
+
+def test_model_aliases_from_flags_or_environment() -> None:
+    assert settings([]).model_aliases == ()
+    given = settings(["--model-alias", "claude-*=qwen", "--model-alias", "gpt-4o = qwen, o3=q"])
+    assert given.model_aliases == (("claude-*", "qwen"), ("gpt-4o", "qwen"), ("o3", "q"))
+    env = {"MLXCEL_MODEL_ALIAS": "claude-*=from-env"}
+    assert settings([], env).model_aliases == (("claude-*", "from-env"),)
+    both = settings(["--model-alias", "x=y"], env).model_aliases
+    assert both == (("claude-*", "from-env"), ("x", "y"))  # combined, the variable's first
+    for bad in ("claude-*", "=qwen", "claude-*="):
+        with pytest.raises(ConfigError, match="--model-alias"):
+            settings(["--model-alias", bad])

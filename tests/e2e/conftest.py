@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from claude_code_cli import claude_executable
 from codex_cli import codex_executable
 from server_process import RealServer, start_server
 
@@ -49,3 +50,9 @@ def progress_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealSe
 def codex() -> Path:
     """The pinned Codex CLI, installed from the npm registry the first time."""
     return codex_executable()
+
+
+@pytest.fixture(scope="session")
+def claude() -> Path:
+    """The pinned Claude Code CLI, installed from the npm registry the first time."""
+    return claude_executable()
