@@ -26,7 +26,7 @@ class Sampling:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
-    """Draw only from the k most likely tokens (0: off); no HTTP route sets it yet."""
+    """Draw only from the k most likely tokens (0: off); the Messages API sets it."""
     max_tokens: int = 256
     seed: int | None = None
     grammar: str | None = None

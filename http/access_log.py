@@ -6,7 +6,8 @@ exchange is over (a stream's once its last event is sent), as `key=value` pairs:
 `id` is the response the exchange created or named, `key` the name of the API key it
 carried (a short hash for a key without a name; `-` without one), `in`/`out` its input
 and output tokens; a value not known is `-`. Never the key, never any request text: the
-path is logged as sent (percent-encoded), without its query.
+path is logged as sent (percent-encoded), and of its query only the parameters' names,
+with the values of those that are flags (`beta=true`, as Claude Code sends it).
 
 Routes tell the log what only they know through the exchange's note (`exchange_note`).
 """
@@ -29,6 +30,21 @@ log = logging.getLogger("mlxcel.access")
 NOTE_KEY = "mlxcel.note"
 """Where an exchange's scope keeps its note."""
 _PATH_SAFE = "/:@!$&'()*+,;=-._~%"
+
+_FLAG_PARAMS = frozenset({"beta", "stream"})
+"""Query parameters whose values are logged: switches, never text a client wrote."""
+
+
+def _query(raw: bytes) -> str:
+    """The query as logged: `?name` per parameter, `?name=value` for the flags."""
+    if not raw:
+        return ""
+    parts = []
+    for pair in raw.decode("latin-1").split("&"):
+        name, sep, value = pair.partition("=")
+        shown = f"{name}={value}" if sep and name in _FLAG_PARAMS and len(value) <= 8 else name
+        parts.append(quote(shown, safe="=%"))
+    return "?" + "&".join(parts)
 
 
 @dataclass(slots=True)
@@ -68,7 +84,7 @@ def log_exchange(scope: HTTPScope, status: int | None, seconds: float) -> None:
     raw = scope.get("raw_path") or scope["path"].encode()
     fields = {
         "method": quote(scope["method"], safe=""),
-        "path": quote(raw.decode("latin-1"), safe=_PATH_SAFE),
+        "path": quote(raw.decode("latin-1"), safe=_PATH_SAFE) + _query(scope["query_string"]),
         "status": "-" if status is None else str(status),
         "ms": f"{seconds * 1000:.1f}",
         "id": quote(note.response_id, safe="") if note.response_id else "-",

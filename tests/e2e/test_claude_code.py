@@ -61,7 +61,7 @@ class ClaudeScriptEngine(FakeEngine):
 @pytest.fixture
 def exchanges() -> Iterator[list[tuple[str, str, int | None]]]:
     """Every exchange the in-process server logs: (path, query string, status), as the
-    access log sees them (its line keeps the path and leaves the query out)."""
+    server saw them."""
     seen: list[tuple[str, str, int | None]] = []
     real = exchange.log_exchange
 
@@ -96,7 +96,7 @@ async def test_claude_code_completes_a_turn_on_the_fake_engine(
     assert not run.result["is_error"]
     assert messages_only(exchanges) == [("/v1/messages", "beta=true", 200)]
     logged = [r.getMessage() for r in caplog.records if r.name == "mlxcel.access"]
-    assert [line for line in logged if "path=/v1/messages " in line]
+    assert [line for line in logged if "path=/v1/messages?beta=true " in line]
     assert not [line for line in logged if " status=4" in line]
     assert "x-anthropic-billing-header" not in engine.last_prompt  # no nonce to strip
     assert "Bash" in engine.last_prompt  # its full tool set was read
@@ -139,4 +139,4 @@ async def test_claude_code_completes_a_turn_on_the_real_model(
     lines = progress_server.log.read_text().splitlines()[before:]
     access = [line for line in lines if "mlxcel.access" in line and "path=/health" not in line]
     assert access, lines
-    assert all("method=POST path=/v1/messages status=200" in line for line in access), access
+    assert all("method=POST path=/v1/messages?beta=true status=200" in line for line in access), access

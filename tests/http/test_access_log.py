@@ -109,7 +109,8 @@ async def test_lines_for_a_request_a_stream_a_401_and_a_404(
         r = await http.get("/v1/no/such/route?q=secret", headers=headers)
         assert r.status_code == 404
         line = await next_line(caplog, 3)
-        assert (line["method"], line["path"], line["status"]) == ("GET", "/v1/no/such/route", "404")
+        assert (line["method"], line["status"]) == ("GET", "404")
+        assert line["path"] == "/v1/no/such/route?q"  # the parameter's name, not its value
         assert (line["key"], line["id"], line["out"]) == (name, "-", "-")
 
         r = await http.get(f"/v1/responses/{created.id}", headers=headers)
