@@ -193,7 +193,7 @@ def _more(buf: Floats, order: Indices, missing: float, top_p: float, *, first: b
         running = np.cumsum(sample, dtype=np.float64)
         inside = int(np.searchsorted(running, top_p * float(running[-1]))) + 1
         more = max(more, inside * SAMPLE_STRIDE * 5 // 4 + FIRST_CANDIDATES)
-    return vocab if more > vocab // 4 else more  # a full sort costs little more by then
+    return int(vocab if more > vocab // 4 else more)  # a full sort costs little more by then
 
 
 def _largest(row: Floats, k: int) -> Indices:

@@ -139,4 +139,6 @@ async def test_claude_code_completes_a_turn_on_the_real_model(
     lines = progress_server.log.read_text().splitlines()[before:]
     access = [line for line in lines if "mlxcel.access" in line and "path=/health" not in line]
     assert access, lines
-    assert all("method=POST path=/v1/messages?beta=true status=200" in line for line in access), access
+    assert all("method=POST path=/v1/messages?beta=true status=200" in line for line in access), (
+        access
+    )

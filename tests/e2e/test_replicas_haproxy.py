@@ -70,17 +70,16 @@ def test_two_replicas_behind_haproxy_stream_store_and_chain(
                     response_id = event.response.id
             streamed = "".join(deltas)
 
-            # Incremental: several deltas, the first arriving well before the end (a
+            # Incremental: several deltas, arriving apart (a
             # proxy that buffered the stream would deliver every event at once).
             kinds = [kind for kind, _ in arrivals]
             assert kinds[0] == "response.created", kinds
             assert kinds[-1] == "response.completed", kinds
             assert len(deltas) >= 4, kinds
-            at = {kind: when for kind, when in reversed(arrivals)}  # each kind's first arrival
-            created, first_delta = at["response.created"], at["response.output_text.delta"]
-            completed = arrivals[-1][1]
-            decoding = completed - first_delta
-            assert decoding > 0.25 * (completed - created), (created, first_delta, completed)
+            # A decode step takes tens of milliseconds: deltas that arrive more than a step
+            # apart were not held back for the whole response.
+            times = [when for kind, when in arrivals if kind == "response.output_text.delta"]
+            assert times[-1] - times[0] > 0.02, times
             assert response_id.startswith("resp_")
 
             # Stored in Redis: every replica reads it back (round-robin reaches both).
