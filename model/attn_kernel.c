@@ -23,8 +23,8 @@
  * vector extensions). The exp is the same algorithm in all three: n =
  * round(x log2 e), r = x - n ln 2 (two-part ln 2), a degree-7 polynomial
  * (Cephes' expf, ~1 ulp), times 2^n (AVX-512: scalef; else two exponent
- * halves so that results down to the denormals and up to the overflow to inf
- * are right).
+ * halves, so that results up to the overflow to inf are right). Results below
+ * FLT_MIN are 0: no denormals, which Intel cores compute slowly.
  */
 #define _GNU_SOURCE
 #include "attn_kernel.h"
@@ -48,8 +48,8 @@
 #endif
 
 #define INLINE static inline __attribute__((always_inline))
-#define EXP_HI 89.0f   /* above: inf (2^128 overflows) */
-#define EXP_LO -104.0f /* below: 0 (under half the smallest denormal) */
+#define EXP_HI 89.0f  /* above: inf (2^128 overflows) */
+#define EXP_LO -87.33f /* below: 0, not a denormal (e^-87.34 < FLT_MIN) */
 #define LOG2E 1.44269504088896341f
 #define LN2_HI 0.693359375f
 #define LN2_LO -2.12194440e-4f
@@ -158,8 +158,8 @@ INLINE vf v_scale2(vf p, vf n) {
 
 #define R (RV * VL) /* query rows per block */
 
-INLINE vf v_exp(vf x) {
-  x = v_max(v_set1(EXP_LO), v_min(v_set1(EXP_HI), x));
+INLINE vf v_exp(vf x_in) {
+  const vf x = v_max(v_set1(EXP_LO), v_min(v_set1(EXP_HI), x_in));
   const vf n = v_round(v_mul(x, v_set1(LOG2E)));
   vf r = v_fma(n, v_set1(-LN2_HI), x);
   r = v_fma(n, v_set1(-LN2_LO), r);
@@ -170,7 +170,9 @@ INLINE vf v_exp(vf x) {
   p = v_fma(p, r, v_set1(1.6666665459e-1f));
   p = v_fma(p, r, v_set1(5.0000001201e-1f));
   p = v_add(v_fma(p, v_mul(r, r), r), v_set1(1.0f));
-  return v_scale2(p, n);
+  /* Results under FLT_MIN are flushed to 0: computing a denormal costs a microcode
+   * assist (~100 cycles) on Intel cores, and masked scores (-inf) are common. */
+  return v_lt(x_in, v_set1(EXP_LO), v_set1(0.0f), v_scale2(p, n));
 }
 
 /* f on n floats of x into y, the tail through a padded vector. */
@@ -335,27 +337,45 @@ static float *thread_scratch(size_t floats) {
   return tl_buf;
 }
 
-/* 0: no row sees a key of [j0, j0 + nk); 1: every row sees them all; 2: mixed. */
-static int bool_status(const block_t *B, long j0, long nk, long ss) {
-  int any = 0, all = 1;
+#define ONES8 0x0101010101010101ULL
+#define HAS_ZERO_BYTE(w) (((w)-ONES8) & ~(w)&0x8080808080808080ULL)
+
+/* One past the last key of [0, nk) that row mask m sees (0: none). */
+static long last_seen(const uint8_t *m, long nk, long ss) {
+  long j = nk;
+  while (j > 0 && !m[(j - 1) * ss]) j--;
+  return j;
+}
+
+/* 0: no row sees a key of [j0, j0 + *nk); 1: every row sees them all; 2: mixed,
+ * and then *nk is cut to one past the last key any row sees. Whole-block word
+ * checks first: most blocks are all seen. */
+static int bool_status(const block_t *B, long j0, long *nk, long ss) {
+  uint64_t zero = 0, any = 0;
   for (long lr = 0; lr < B->nr; lr++) {
     const uint8_t *m = (const uint8_t *)B->mrow[lr] + j0 * ss;
     long j = 0;
-    if (ss == 1) {
-      for (; j + 8 <= nk; j += 8) {
+    if (ss == 1)
+      for (; j + 8 <= *nk; j += 8) {
         uint64_t w;
         memcpy(&w, m + j, 8);
-        any |= w != 0;
-        if ((w - 0x0101010101010101ULL) & ~w & 0x8080808080808080ULL) all = 0; /* a zero byte */
+        zero |= HAS_ZERO_BYTE(w);
+        any |= w;
       }
+    for (; j < *nk; j++) {
+      zero |= m[j * ss] == 0;
+      any |= m[j * ss];
     }
-    for (; j < nk; j++) {
-      if (m[j * ss]) any = 1;
-      else all = 0;
-    }
-    if (any && !all) return 2;
   }
-  return any ? 1 : 0;
+  if (!any) return 0;
+  if (!zero) return 1;
+  long last = 0;
+  for (long lr = 0; lr < B->nr && last < *nk; lr++) {
+    const long row_last = last_seen((const uint8_t *)B->mrow[lr] + j0 * ss, *nk, ss);
+    last = row_last > last ? row_last : last;
+  }
+  *nk = last;
+  return 2;
 }
 
 static void apply_mask(const block_t *B, const mlxcel_attn_args *a, long j0, long nk) {
@@ -374,7 +394,15 @@ static void apply_mask(const block_t *B, const mlxcel_attn_args *a, long j0, lon
   } else if (a->mask_kind == MLXCEL_MASK_BOOL) {
     for (long lr = 0; lr < B->nr; lr++) {
       const uint8_t *m = (const uint8_t *)B->mrow[lr] + j0 * ss;
-      for (long j = 0; j < nk; j++)
+      long j = 0;
+      if (ss == 1) /* skip runs of eight keys the row sees */
+        for (uint64_t w; j + 8 <= nk; j += 8) {
+          memcpy(&w, m + j, 8);
+          if (!HAS_ZERO_BYTE(w)) continue;
+          for (long t = j; t < j + 8; t++)
+            if (!m[t]) St[t * R + lr] = -INFINITY;
+        }
+      for (; j < nk; j++)
         if (!m[j * ss]) St[j * R + lr] = -INFINITY;
     }
   } else {
@@ -527,11 +555,11 @@ static void attn_block(plan_t *P, long b, long g, long r0) {
   if (a->mask_kind == MLXCEL_MASK_CAUSAL) /* keys past the last row's position: never seen */
     kend = B.maxpos + 1.0f < (float)S ? (long)(B.maxpos + 1.0f) : S;
   for (long j0 = 0; j0 < kend; j0 += BK) {
-    const long nk = kend - j0 < BK ? kend - j0 : BK;
+    long nk = kend - j0 < BK ? kend - j0 : BK;
     int masked = a->mask_kind == MLXCEL_MASK_ADDITIVE ||
                  (a->mask_kind == MLXCEL_MASK_CAUSAL && (float)(j0 + nk - 1) > B.minpos);
     if (a->mask_kind == MLXCEL_MASK_BOOL) {
-      const int status = bool_status(&B, j0, nk, a->mask_strides[3]);
+      const int status = bool_status(&B, j0, &nk, a->mask_strides[3]);
       if (status == 0) continue; /* no row sees these keys: they add nothing */
       masked = status == 2;
     }
