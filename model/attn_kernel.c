@@ -13,7 +13,8 @@
  * major: row r is query position r / rep of query head r % rep, so one block
  * holds every query head that reads the same keys, and causal blocks stay
  * narrow). The scaled queries are packed transposed (Qt[d][r]), so a score
- * tile is VL rows by NK keys: one vector of Qt times a broadcast key element.
+ * tile is up to RV vectors of VL rows by NK keys, each step one vector of Qt
+ * times a broadcast key element.
  * The scores are kept transposed too (St[j][r]): the softmax's row maxima and
  * sums are then element-wise across key vectors, with no horizontal step.
  * The product with v is a register tile of MR rows by NV vectors of v.
@@ -194,12 +195,6 @@ INLINE void v_store_n(float *p, vf v, long n) {
   float t[VL];
   v_store(t, v);
   memcpy(p, t, (size_t)n * sizeof(float));
-}
-
-void mlxcel_exp(const float *x, float *y, long n) {
-#define EXP_BODY(i, c) v_store_n(y + (i), v_exp(v_load_n(x + (i), (c))), (c))
-  MAP_TAIL(n, EXP_BODY);
-#undef EXP_BODY
 }
 
 /* ------------------------------------------------------------------------

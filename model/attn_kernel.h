@@ -57,9 +57,6 @@ int mlxcel_attention(const mlxcel_attn_args *args);
  * contiguous arrays (out may alias neither input). */
 void mlxcel_swiglu(const float *gate, const float *up, float *out, long n);
 
-/* exp on n contiguous floats (the kernels' own exp; for tests). */
-void mlxcel_exp(const float *x, float *y, long n);
-
 #ifdef __cplusplus
 }
 #endif
