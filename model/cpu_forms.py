@@ -1,5 +1,9 @@
 """Faster, numerically equivalent forms of MLX's transcendental-heavy ops, for the CPU.
 
+Attention and SwiGLU go to mlxcel's compiled CPU kernels (``attn_kernel.c``: blockwise
+attention with an online softmax and a vectorised exp, on every core; loaded by
+``cpu_ext.py``) when they are available; the composed MLX forms below are the fallback.
+
 MLX's CPU backend evaluates ``exp`` and ``sigmoid`` with scalar code (about 22 and
 29 ns an element on this kind of machine) while ``power(2, x)`` is vectorised (about
 8 ns) and a multiply costs about 1 ns. A decode step of a batch spends most of its
@@ -37,6 +41,8 @@ import mlx.core as mx
 from mlx_lm.models import activations as _activations
 from mlx_lm.models import base as _base
 
+from mlxcel.model.cpu_ext import current_module, load_cpu_ext
+
 LOG2E = math.log2(math.e)
 """``exp(x) == 2 ** (x * LOG2E)``."""
 
@@ -58,8 +64,42 @@ def _swiglu_body(gate: mx.array, up: mx.array) -> mx.array:
 _swiglu_compiled = mx.compile(_swiglu_body, shapeless=True)
 
 
+_kernels_enabled = True
+"""Whether the forms may use the compiled kernels (see :func:`composed_forms`)."""
+
+
+def _kernels() -> Any:
+    """The compiled CPU kernels' module, or None (not loaded, unavailable or switched off)."""
+    return current_module() if _kernels_enabled else None
+
+
+@contextmanager
+def composed_forms() -> Iterator[None]:
+    """Run the block with the composed MLX forms instead of the compiled kernels.
+
+    For benchmarks and tests that compare the two; like :func:`reference_forms`, not for
+    use while another thread runs a model.
+    """
+    global _kernels_enabled
+    saved, _kernels_enabled = _kernels_enabled, False
+    try:
+        yield
+    finally:
+        _kernels_enabled = saved
+
+
 def fast_swiglu(gate: mx.array, up: mx.array) -> mx.array:
-    """``silu(gate) * up`` with the sigmoid's exponential written as a power of two."""
+    """``silu(gate) * up``: the compiled kernel for two float32 arrays of one shape, else
+    a compiled MLX form with the sigmoid's exponential written as a power of two."""
+    kernels = _kernels()
+    if (
+        kernels is not None
+        and gate.dtype == mx.float32
+        and up.dtype == mx.float32
+        and gate.shape == up.shape
+    ):
+        out: mx.array = kernels.swiglu(gate, up)
+        return out
     return _swiglu_compiled(gate, up)
 
 
@@ -134,6 +174,8 @@ def _fast_path_applies(queries: Any, keys: Any, values: Any, cache: Any, mask: A
         return False
     if isinstance(mask, str) and mask != "causal":
         return False
+    if isinstance(mask, mx.array) and mask.ndim > 4:
+        return False
     return bool(queries.ndim == 4 and queries.shape[1] % keys.shape[1] == 0)
 
 
@@ -146,14 +188,15 @@ def fast_sdpa(
     mask: mx.array | str | None,
     sinks: mx.array | None = None,
 ) -> mx.array:
-    """Attention as mlx-lm's ``scaled_dot_product_attention``, with an exp2 softmax.
+    """Attention as mlx-lm's ``scaled_dot_product_attention``: the compiled kernel, else an
+    exp2 softmax in composed MLX ops.
 
     Shapes: queries ``[B, H, L, D]``, keys and values ``[B, Hkv, S, D]`` with ``H`` a
     multiple of ``Hkv``; the mask is None, ``"causal"`` (query ``i`` sees keys up to
     ``S - L + i``), a boolean array (True = attend) or an additive float array, either
     broadcastable to ``[B, H, L, S]``. Grouped queries are reshaped to
     ``[B, Hkv, rep * L, D]`` so each key head serves one larger GEMM; keys and values
-    are never repeated. The softmax subtracts the row max, exponentiates as a power of
+    are never repeated. In the composed form, the softmax subtracts the row max, exponentiates as a power of
     two and divides after the product with the values (on ``L x D`` rather than
     ``L x S`` numbers). Quantized caches, attention sinks and non-float32 inputs go to
     the reference function unchanged.
@@ -162,6 +205,20 @@ def fast_sdpa(
         return REFERENCE_SDPA(
             queries, keys, values, cache=cache, scale=scale, mask=mask, sinks=sinks
         )
+    kernels = _kernels()
+    if kernels is not None and keys.shape[2] > 0 and keys.shape[0] == queries.shape[0]:
+        if mask is None or isinstance(mask, str):
+            out: mx.array = kernels.attention(queries, keys, values, scale, causal=mask is not None)
+        else:
+            out = kernels.attention(queries, keys, values, scale, mask=mask)
+        return out
+    return _composed_sdpa(queries, keys, values, scale, mask)
+
+
+def _composed_sdpa(
+    queries: mx.array, keys: mx.array, values: mx.array, scale: float, mask: mx.array | str | None
+) -> mx.array:
+    """:func:`fast_sdpa` in composed MLX ops, for when the compiled kernel is not there."""
     batch, heads, q_len, dim = queries.shape
     kv_heads, k_len = keys.shape[1], keys.shape[2]
     rep = heads // kv_heads
@@ -254,6 +311,7 @@ def install_cpu_forms(model: Any) -> bool:
     """
     if not on_cpu():
         return False
+    load_cpu_ext()  # the compiled kernels, when this machine can have them
     with _install_lock:
         for module_name in _model_modules(model):
             if _rebind(module_name, "fast") or module_name in _installed:

@@ -1,4 +1,5 @@
-// An MLX primitive that runs mlxcel's CPU quantized matmul (qmm_kernel.c).
+// An MLX primitive that runs mlxcel's CPU quantized matmul (qmm_kernel.c); registered on
+// the CPU kernels' extension module by cpu_ext.cpp.
 //
 // Why a primitive and not a C call on numpy views: a primitive is a node of MLX's lazy
 // graph, run in order on MLX's CPU stream like MLX's own ops, so a forward stays one
@@ -142,15 +143,15 @@ mx::array quantized_matmul(const mx::array& x, const mx::array& w, const mx::arr
 
 }  // namespace
 
-NB_MODULE(mlxcel_qmm_ext, m) {
-  m.doc() = "mlxcel's CPU quantized matmul as an MLX primitive";
+// Registers the quantized matmul's functions on the extension's module (cpu_ext.cpp).
+void register_qmm(nb::module_& m) {
   m.def("quantized_matmul", &quantized_matmul, "x"_a, "w"_a, "scales"_a, "biases"_a,
         "group_size"_a, "bits"_a,
         "x @ dequantize(w, scales, biases).T on MLX's CPU stream (affine, float32).");
   m.def("isa", []() { return std::string(mlxcel_qmm_isa()); },
-        "The instruction set the kernel was built for.");
+        "The instruction set the kernels were built for.");
   m.def("supports", [](int bits, int group_size) { return supports(bits, group_size); },
         "bits"_a, "group_size"_a, "Whether the kernel handles this bits/group_size pair.");
   m.def("set_threads", [](int n) { mlxcel_qmm_set_threads(n); }, "n"_a,
-        "Worker threads the kernel splits its rows over.");
+        "Worker threads the kernels split their work over.");
 }

@@ -323,6 +323,8 @@ typedef struct {
   const float *xg;    /* amx path: x summed per group */
   long mtiles;
   int wake; /* worth waking sleeping workers (else only spinning ones help) */
+  mlxcel_range_fn gfn; /* mlxcel_pool_for: the caller's function and its context */
+  void *gctx;
 } job_t;
 
 #if defined(QMM_VBMI) && !defined(QMM_NO_AMX) && (defined(__clang__) || __GNUC__ >= 11)
@@ -1151,6 +1153,29 @@ int mlxcel_qmm(const float *x, long m, long k, const uint32_t *w, const float *s
   pool_run(&J, m <= QMM_DMT ? direct_rows : panel_rows, split(&J, min_rows, QMM_NT), 0);
   return 0;
 }
+
+/* The pool for other kernels (attention, SwiGLU): fn(ctx, begin, end) over
+ * [0, n) in chunks of per_chunk, on every thread; one call at a time, like
+ * mlxcel_qmm, and never at the same time as it. */
+static void range_rows(const job_t *J, long n0, long n1, scratch_t *S) {
+  (void)S;
+  J->gfn(J->gctx, n0, n1);
+}
+
+void mlxcel_pool_for(mlxcel_range_fn fn, void *ctx, long n, long per_chunk, int wake) {
+  if (n <= 0) return;
+  if (per_chunk < 1) per_chunk = 1;
+  if (pool_start() < 1) {
+    fn(ctx, 0, n);
+    return;
+  }
+  if (per_chunk * T_MAXCHUNKS < n) per_chunk = (n + T_MAXCHUNKS - 1) / T_MAXCHUNKS;
+  job_t J = {.r_begin = 0, .r_end = n, .rows_per_chunk = per_chunk, .wake = wake, .gfn = fn,
+             .gctx = ctx};
+  pool_run(&J, range_rows, (n + per_chunk - 1) / per_chunk, 0);
+}
+
+int mlxcel_pool_threads(void) { return pool_start(); }
 
 const char *mlxcel_qmm_isa(void) {
 #if defined(QMM_ISA_AVX512)

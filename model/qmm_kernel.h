@@ -50,6 +50,18 @@ const char *mlxcel_qmm_isa(void);
  * in the process's affinity mask, at most 64). */
 void mlxcel_qmm_set_threads(int n);
 
+/* The kernel's thread pool, shared with the other CPU kernels of the
+ * extension (attn_kernel.c) so that one set of workers serves them all:
+ * calls fn(ctx, begin, end) over [0, n) in chunks of per_chunk rows, on the
+ * caller and the workers, and returns when every chunk is done. `wake`: the
+ * call is large enough to wake sleeping workers (tens of microseconds).
+ * Calls must not overlap each other or mlxcel_qmm. */
+typedef void (*mlxcel_range_fn)(void *ctx, long begin, long end);
+void mlxcel_pool_for(mlxcel_range_fn fn, void *ctx, long n, long per_chunk, int wake);
+
+/* Threads the pool runs on, the caller included (starts it if needed). */
+int mlxcel_pool_threads(void);
+
 #ifdef __cplusplus
 }
 #endif

@@ -358,21 +358,21 @@ def main(argv: list[str] | None = None) -> int:
     except (ModelFetchError, ValueError, OSError) as exc:
         print(f"mlxcel fetch-model: error: {exc}", file=sys.stderr)
         return 1
-    if spec.precision == "source":
-        _build_quantized_matmul()
+    _build_cpu_kernels()
     print(path)
     return 0
 
 
-def _build_quantized_matmul() -> None:
-    """Build the CPU quantized matmul now, at set-up, so the first server start need not.
+def _build_cpu_kernels() -> None:
+    """Build the CPU kernels (quantized matmul, attention, SwiGLU) now, at set-up, so the
+    first server start need not.
 
-    Never fails the command: without the kernel, quantized models run on MLX's own
-    (slower) quantized matmul, and the reason is logged.
+    Never fails the command: without the kernels, models run on MLX's own (slower)
+    operations, and the reason is logged.
     """
     from mlxcel.model.blas import load_fast_blas
 
     load_fast_blas()
-    from mlxcel.model.qmm import load_qmm
+    from mlxcel.model.cpu_ext import load_cpu_ext
 
-    load_qmm()
+    load_cpu_ext()

@@ -1,9 +1,15 @@
-"""The CPU forms against MLX's and mlx-lm's own ops: same numbers, same greedy tokens."""
+"""The CPU forms against MLX's and mlx-lm's own ops: same numbers, same greedy tokens.
+
+SwiGLU and attention are checked both ways they can run: through the compiled kernels
+(``cpu_ext``) and as composed MLX ops (the fallback without them).
+"""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, cast
 
 import pytest
@@ -21,10 +27,11 @@ import mlx.core as mx  # noqa: E402
 from mlx_lm.models import qwen2  # noqa: E402
 from mlx_lm.models.base import create_causal_mask  # noqa: E402
 
-from mlxcel.model import cpu_forms  # noqa: E402
+from mlxcel.model import cpu_ext, cpu_forms  # noqa: E402
 from mlxcel.model.cpu_forms import (  # noqa: E402
     REFERENCE_SDPA,
     REFERENCE_SWIGLU,
+    composed_forms,
     fast_log_softmax,
     fast_sdpa,
     fast_swiglu,
@@ -42,6 +49,17 @@ def clean_install() -> Iterator[None]:
     uninstall_cpu_forms()
 
 
+@pytest.fixture(params=["kernel", "composed"])
+def forms(request: pytest.FixtureRequest) -> Iterator[str]:
+    """Runs a test with the compiled kernels loaded, then with the composed MLX forms."""
+    if request.param == "kernel":
+        assert cpu_ext.load_cpu_ext().available
+        yield request.param
+    else:
+        with composed_forms():
+            yield request.param
+
+
 def bound(name: str) -> Any:
     """What the qwen2 model module's global `name` is bound to now."""
     return vars(qwen2)[name]
@@ -54,6 +72,7 @@ def assert_close(got: mx.array, want: mx.array, atol: float, rtol: float = 1e-5)
     assert bool(mx.allclose(got, want, rtol=rtol, atol=atol).item()), mx.max(mx.abs(got - want))
 
 
+@pytest.mark.usefixtures("forms")
 @pytest.mark.parametrize("shape", [(3,), (64, 1, 4864), (1, 37, 96), (2, 5, 1, 7)])
 @pytest.mark.parametrize("spread", [1.0, 8.0])
 def test_swiglu_matches_reference(shape: tuple[int, ...], spread: float) -> None:
@@ -62,6 +81,7 @@ def test_swiglu_matches_reference(shape: tuple[int, ...], spread: float) -> None
     assert_close(fast_swiglu(gate, up), REFERENCE_SWIGLU(gate, up), atol=1e-6)
 
 
+@pytest.mark.usefixtures("forms")
 def test_swiglu_is_finite_and_exact_enough_at_extremes() -> None:
     gate = mx.array([-3.0e38, -1e30, -1000.0, -150.0, -88.0, -20.0, 0.0, 20.0, 88.0, 1e30, 3e38])
     for up in (mx.ones_like(gate), mx.full(gate.shape, 1e30), mx.full(gate.shape, -2.5)):
@@ -81,6 +101,7 @@ def sdpa_pair(
     return got, want
 
 
+@pytest.mark.usefixtures("forms")
 @pytest.mark.parametrize(
     ("batch", "heads", "kv_heads", "q_len", "k_len"),
     [
@@ -99,6 +120,7 @@ def test_sdpa_matches_reference(
     assert_close(got, want, atol=2e-6)
 
 
+@pytest.mark.usefixtures("forms")
 def test_sdpa_causal_with_cached_keys_lets_query_i_see_keys_up_to_offset_plus_i() -> None:
     # L < S: the 4 queries sit at positions 6..9 of 10 keys. Reference and fast form
     # agree, and each differs from attending everything (so the offset mattered).
@@ -108,6 +130,7 @@ def test_sdpa_causal_with_cached_keys_lets_query_i_see_keys_up_to_offset_plus_i(
     assert not bool(mx.allclose(got[:, :, :-1], everything[:, :, :-1]).item())
 
 
+@pytest.mark.usefixtures("forms")
 @pytest.mark.parametrize(("q_len", "offset"), [(1, 40), (12, 20), (16, 0)])
 def test_sdpa_left_padded_bool_masks_match_even_for_fully_masked_rows(
     q_len: int, offset: int
@@ -121,6 +144,7 @@ def test_sdpa_left_padded_bool_masks_match_even_for_fully_masked_rows(
     assert_close(got, want, atol=2e-6)
 
 
+@pytest.mark.usefixtures("forms")
 def test_sdpa_per_head_bool_mask_and_additive_mask() -> None:
     mask = mx.random.uniform(shape=(2, 6, 5, 9)) > 0.3
     got, want = sdpa_pair(2, 6, 3, 5, 9, mask)
@@ -130,11 +154,54 @@ def test_sdpa_per_head_bool_mask_and_additive_mask() -> None:
     assert_close(got, want, atol=2e-6)
 
 
+@pytest.mark.usefixtures("forms")
 def test_sdpa_with_extreme_scores_stays_finite_and_equal() -> None:
-    got, want = sdpa_pair(2, 8, 2, 7, 33, "causal", spread=12.0)  # scores in the thousands
-    assert_close(got, want, atol=1e-5)
+    # Scores in the hundreds are rounded to ~1e-5 of themselves and a weight exp(s - max)
+    # moves as much as its score: the two agree to a few ulp of the largest score (~800).
+    got, want = sdpa_pair(2, 8, 2, 7, 33, "causal", spread=12.0)
+    assert_close(got, want, atol=4e-4)
 
 
+def recording_kernels(calls: list[str]) -> Any:
+    """The loaded kernels, with each call of attention or SwiGLU noted in `calls`."""
+    real = cpu_ext.load_cpu_ext().module
+    assert real is not None
+
+    def note(name: str) -> Any:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            calls.append(name)
+            return getattr(real, name)(*args, **kwargs)
+
+        return call
+
+    return SimpleNamespace(attention=note("attention"), swiglu=note("swiglu"))
+
+
+def test_the_forms_use_the_kernels_when_loaded_and_fall_back_without(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    calls: list[str] = []
+    status = cpu_ext.CpuExtStatus(recording_kernels(calls), "avx512", "recording")
+    monkeypatch.setattr(cpu_ext, "_status", status)
+    gate, up = mx.random.normal((2, 50)), mx.random.normal((2, 50))
+    mask = create_causal_mask(5, offset=20, left_padding=mx.array([0, 4]))
+    for kernel in (True, False):  # loaded, then unavailable
+        got, want = sdpa_pair(2, 14, 2, 5, 25, mask)
+        assert_close(got, want, atol=2e-6)
+        got, want = sdpa_pair(1, 4, 2, 3, 70, "causal")
+        assert_close(got, want, atol=2e-6)
+        assert_close(fast_swiglu(gate, up), REFERENCE_SWIGLU(gate, up), atol=1e-6)
+        assert calls == (["attention", "attention", "swiglu"] if kernel else [])
+        calls.clear()
+        monkeypatch.setattr(cpu_ext, "_status", cpu_ext.CpuExtStatus(None, None, "off"))
+    monkeypatch.setattr(cpu_ext, "_status", status)
+    with composed_forms():
+        sdpa_pair(1, 4, 2, 3, 7, None)
+        fast_swiglu(gate, up)
+    assert calls == []
+
+
+@pytest.mark.usefixtures("forms")
 def test_sdpa_hands_what_it_does_not_cover_to_the_reference() -> None:
     queries = mx.random.normal((1, 4, 3, 32)).astype(mx.float16)
     keys = mx.random.normal((1, 2, 3, 32)).astype(mx.float16)
@@ -281,3 +348,49 @@ def test_greedy_tokens_are_identical_on_the_default_model() -> None:
     assert is_ready(path), "the default model is missing: run `mlxcel fetch-model` first"
     model, tokenizer = load(str(Path(path)))[:2]
     compare_greedy(model, tokenizer, n=24, library=False)
+
+
+def long_prompt(tokenizer: Any, functions: int) -> list[int]:
+    """A code-review request over `functions` small functions (~25 tokens each)."""
+    code = "\n".join(
+        f"def f{i}(x):\n    return x * {i} + {i * i % 97} if x > {i % 13} else None"
+        for i in range(functions)
+    )
+    message = f"Review this code and list its bugs:\n{code}"
+    chat = [{"role": "user", "content": message}]
+    return list(tokenizer.apply_chat_template(chat, add_generation_prompt=True))
+
+
+def first_difference(ours: list[int], theirs: list[int]) -> int | None:
+    return next((i for i, (a, b) in enumerate(zip(ours, theirs, strict=True)) if a != b), None)
+
+
+def test_greedy_tokens_after_a_long_prompt_are_identical_with_the_kernels() -> None:
+    """64 greedy tokens after a ~2,000-token prompt on the default model, through the
+    compiled attention and SwiGLU and through mlx-lm's own ops: read in 512-token chunks
+    (causal masks), and as a left-padded batch of two (boolean masks)."""
+    from mlx_lm.generate import generate_step
+    from mlx_lm.utils import load
+
+    from mlxcel.model.qmm import install_quantized_forms
+
+    path = default_model_dir()
+    assert is_ready(path), "the default model is missing: run `mlxcel fetch-model` first"
+    model, tokenizer = load(str(Path(path)))[:2]
+    prompt, shorter = long_prompt(tokenizer, 80), long_prompt(tokenizer, 60)
+    assert 1900 <= len(prompt) <= 2200
+    assert len(shorter) < len(prompt)
+    assert install_quantized_forms(model) > 0  # as the engine: the products on the CPU kernel
+    assert install_cpu_forms(model)
+    assert cpu_ext.load_cpu_ext().available
+    runs = []
+    kinds: tuple[AbstractContextManager[None], ...] = (nullcontext(), reference_forms())
+    for forms in kinds:
+        with forms:
+            steps = generate_step(mx.array(prompt), model, max_tokens=64, prefill_step_size=512)
+            single = [int(token) for token, _ in steps]
+            batch = greedy_padded_loop(model, [prompt, shorter], 64)
+        runs.append([single, *batch])
+    for ours, theirs in zip(*runs, strict=True):
+        first = first_difference(ours, theirs)
+        assert first is None, f"first differ at token {first}: {ours[first:]} / {theirs[first:]}"

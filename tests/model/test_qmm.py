@@ -1,14 +1,14 @@
 """The CPU quantized matmul as an MLX primitive: same products as MLX's, and a clean fallback.
 
 Every build this CPU can run (AVX-512, AVX2, and the plain C one) is compiled into the
-test's own directory and compared with ``mx.dequantize`` followed by a float32 matmul,
+session's own directory (``conftest.py``) and compared with ``mx.dequantize`` followed by a float32 matmul,
 for every bits/group pair, row counts from 1 to 600, odd shapes and strided inputs.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
 
@@ -21,11 +21,10 @@ load_fast_blas()  # before mlx.core is imported below
 import mlx.core as mx  # noqa: E402
 import mlx.nn as nn  # noqa: E402
 
-from mlxcel.model import qmm  # noqa: E402
-from mlxcel.model.qmm_build import (  # noqa: E402
+from mlxcel.model import cpu_ext, qmm  # noqa: E402
+from mlxcel.model.cpu_ext_build import (  # noqa: E402
     ISA_NEEDS,
-    QmmBuildError,
-    build,
+    CpuExtBuildError,
     choose_isa,
     cpu_flags,
 )
@@ -39,11 +38,8 @@ ROWS = (1, 2, 3, 7, 16, 33, 64, 600)
 
 
 @pytest.fixture(scope="module", params=ISAS)
-def ext(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> ModuleType:
-    built = build(request.param, root=tmp_path_factory.mktemp(f"qmm-{request.param}"))
-    module = qmm._import(built.path)
-    assert module.isa() == request.param
-    return module
+def ext(request: pytest.FixtureRequest, cpu_ext_for: Callable[[str], ModuleType]) -> ModuleType:
+    return cpu_ext_for(request.param)
 
 
 def quantized(n: int, k: int, bits: int, group: int, seed: int = 0) -> tuple[mx.array, ...]:
@@ -119,6 +115,7 @@ def test_what_it_does_not_take_is_refused(ext: ModuleType) -> None:
 
 def test_isa_choice_follows_the_cpu_and_the_override(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("MLXCEL_QMM_ISA", raising=False)
+    monkeypatch.delenv("MLXCEL_CPU_ISA", raising=False)
     assert choose_isa(frozenset()) is None
     assert choose_isa(ISA_NEEDS["avx2"]) == "avx2"
     assert choose_isa(ISA_NEEDS["avx2"] | ISA_NEEDS["avx512"]) == "avx512"
@@ -127,8 +124,12 @@ def test_isa_choice_follows_the_cpu_and_the_override(monkeypatch: pytest.MonkeyP
     monkeypatch.setenv("MLXCEL_QMM_ISA", "avx2")
     assert choose_isa(frozenset()) == "avx2"
     monkeypatch.setenv("MLXCEL_QMM_ISA", "sse9")
-    with pytest.raises(QmmBuildError):
+    with pytest.raises(CpuExtBuildError):
         choose_isa()
+    monkeypatch.setenv("MLXCEL_CPU_ISA", "generic")  # the newer name wins over the older
+    assert choose_isa(ISA_NEEDS["avx512"]) == "generic"
+    monkeypatch.setenv("MLXCEL_CPU_ISA", "off")
+    assert choose_isa(ISA_NEEDS["avx512"]) is None
 
 
 class Tiny(nn.Module):
@@ -145,10 +146,10 @@ class Tiny(nn.Module):
 
 @pytest.fixture
 def fresh_status() -> Iterator[None]:
-    saved = qmm._status
-    qmm._status = None
+    saved = cpu_ext._status
+    cpu_ext._status = None
     yield
-    qmm._status = saved
+    cpu_ext._status = saved
 
 
 def tiny_model() -> Tiny:
@@ -174,25 +175,26 @@ def test_a_quantized_model_computes_the_same_through_the_kernel() -> None:
 def test_without_the_kernel_models_keep_mlx_own_path_and_say_so(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
+    monkeypatch.delenv("MLXCEL_CPU_ISA", raising=False)
     monkeypatch.setenv("MLXCEL_QMM_ISA", "off")
     model = tiny_model()
     tokens = mx.array([[3, 4]])
     before = model(tokens)
-    with caplog.at_level(logging.WARNING, logger="mlxcel.model.qmm"):
+    with caplog.at_level(logging.WARNING, logger="mlxcel.model.cpu_ext"):
         assert qmm.install_quantized_forms(model) == 0
-    assert "Quantized matmul: MLX's own" in caplog.text
+    assert "CPU kernels: MLX's own operations" in caplog.text
     assert type(model.proj) is nn.QuantizedLinear
     assert mx.array_equal(model(tokens), before).item()
 
 
 @pytest.mark.usefixtures("fresh_status")
 def test_a_build_that_fails_falls_back(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.setenv("MLXCEL_QMM_ISA", "generic")
+    monkeypatch.setenv("MLXCEL_CPU_ISA", "generic")
     monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
     monkeypatch.setattr(
-        "mlxcel.model.qmm_build.built_path", lambda isa, root=None: tmp_path / "x.so"
+        "mlxcel.model.cpu_ext_build.built_path", lambda isa, root=None: tmp_path / "x.so"
     )
     monkeypatch.setattr("mlxcel.model.blas_build.shutil.which", lambda name: None)
-    status = qmm.load_qmm()
+    status = cpu_ext.load_cpu_ext()
     assert not status.available
     assert "could not be built" in status.note

@@ -1,4 +1,8 @@
-"""Compile the CPU quantized matmul (``qmm_kernel.c``) and its MLX primitive (``qmm_ext.cpp``).
+"""Compile mlxcel's CPU kernels into one extension of MLX primitives (``mlxcel_cpu_ext``).
+
+The kernels: the quantized matmul (``qmm_kernel.c``, primitive in ``qmm_ext.cpp``), and
+attention and SwiGLU (``attn_kernel.c``, primitives in ``attn_ext.cpp``); ``cpu_ext.cpp``
+makes them one Python module, so they share one build, one load and one thread pool.
 
 The extension is built once per machine into the user cache, with the compiler the
 BLAS shim uses, against the headers and library the installed ``mlx`` wheel ships and
@@ -6,11 +10,11 @@ the sources of ``nanobind`` (the binding library MLX itself is built with: an ar
 passed from Python reaches the primitive as MLX's own C++ type only when both sides
 share nanobind's ABI, hence the pinned range in ``pyproject.toml``).
 
-The kernel is compiled for one instruction set, chosen here from the CPU's flags:
+The kernels are compiled for one instruction set, chosen here from the CPU's flags:
 ``avx512`` (F, BW, VL with BMI2 and FMA), else ``avx2`` (with FMA, BMI2 and F16C).
-A CPU with neither gets no build and the model keeps MLX's own quantized matmul.
-``MLXCEL_QMM_ISA`` forces ``avx512``, ``avx2`` or ``generic`` (plain C, for tests),
-or ``off``.
+A CPU with neither gets no build and the model keeps MLX's own operations.
+``MLXCEL_CPU_ISA`` (or its older name ``MLXCEL_QMM_ISA``) forces ``avx512``, ``avx2`` or
+``generic`` (plain C, for tests), or ``off``.
 """
 
 from __future__ import annotations
@@ -32,9 +36,13 @@ from mlxcel.model.blas_build import find_compiler
 log = logging.getLogger(__name__)
 
 HERE = Path(__file__).parent
-SOURCES = (HERE / "qmm_kernel.c", HERE / "qmm_kernel.h", HERE / "qmm_ext.cpp")
-MODULE = "mlxcel_qmm_ext"
-"""The extension's module name (``NB_MODULE`` in ``qmm_ext.cpp``)."""
+KERNELS = (HERE / "qmm_kernel.c", HERE / "attn_kernel.c")
+BINDINGS = (HERE / "cpu_ext.cpp", HERE / "qmm_ext.cpp", HERE / "attn_ext.cpp")
+SOURCES = (*KERNELS, *BINDINGS, HERE / "qmm_kernel.h", HERE / "attn_kernel.h")
+MODULE = "mlxcel_cpu_ext"
+"""The extension's module name (``NB_MODULE`` in ``cpu_ext.cpp``)."""
+ISA_VARIABLES = ("MLXCEL_CPU_ISA", "MLXCEL_QMM_ISA")
+"""The environment variables that force an instruction set, the first set one winning."""
 
 #: Compiler flags per instruction set, and the CPU flags each needs.
 ISA_FLAGS: dict[str, tuple[str, ...]] = {
@@ -49,19 +57,19 @@ ISA_NEEDS: dict[str, frozenset[str]] = {
 
 
 def compile_flags(isa: str, flags: frozenset[str] | None = None) -> tuple[str, ...]:
-    """The kernel's flags for ``isa``; AVX-512 adds VBMI's byte shifts where the CPU has them."""
+    """The kernels' flags for ``isa``; AVX-512 adds VBMI's byte shifts where the CPU has them."""
     have = cpu_flags() if flags is None else flags
     extra = ("-mavx512vbmi",) if isa == "avx512" and "avx512vbmi" in have else ()
     return ISA_FLAGS[isa] + extra
 
 
-class QmmBuildError(RuntimeError):
-    """The extension could not be built; the model keeps MLX's own quantized matmul."""
+class CpuExtBuildError(RuntimeError):
+    """The extension could not be built; the model keeps MLX's own operations."""
 
 
 @dataclass(frozen=True)
-class QmmBuild:
-    """A built extension: where it is and which instruction set its kernel uses."""
+class CpuExtBuild:
+    """A built extension: where it is and which instruction set its kernels use."""
 
     path: Path
     isa: str
@@ -81,13 +89,16 @@ def cpu_flags() -> frozenset[str]:
 
 def choose_isa(flags: frozenset[str] | None = None) -> str | None:
     """The instruction set to build for, or None for none (keep MLX's own path)."""
-    forced = os.environ.get("MLXCEL_QMM_ISA", "").strip().lower()
-    if forced in ("off", "none"):
-        return None
-    if forced:
-        if forced not in ISA_FLAGS:
-            raise QmmBuildError(f"MLXCEL_QMM_ISA={forced!r}: expected one of {sorted(ISA_FLAGS)}")
-        return forced
+    for variable in ISA_VARIABLES:
+        forced = os.environ.get(variable, "").strip().lower()
+        if forced in ("off", "none"):
+            return None
+        if forced:
+            if forced not in ISA_FLAGS:
+                raise CpuExtBuildError(
+                    f"{variable}={forced!r}: expected one of {sorted(ISA_FLAGS)} or off"
+                )
+            return forced
     have = cpu_flags() if flags is None else flags
     for isa in ("avx512", "avx2"):
         if ISA_NEEDS[isa] <= have:
@@ -98,7 +109,7 @@ def choose_isa(flags: frozenset[str] | None = None) -> str | None:
 def _nanobind_root() -> Path:
     spec = importlib.util.find_spec("nanobind")
     if spec is None or spec.origin is None:
-        raise QmmBuildError("the nanobind package is not installed")
+        raise CpuExtBuildError("the nanobind package is not installed")
     return Path(spec.origin).parent
 
 
@@ -124,11 +135,11 @@ def _digest(isa: str) -> str:
 def built_path(isa: str, root: Path | None = None) -> Path:
     """Where the extension for ``isa`` lives in the cache (built or not)."""
     suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
-    base = root if root is not None else cache_dir() / "qmm"
+    base = root if root is not None else cache_dir() / "cpu_ext"
     return base / f"{isa}-{_digest(isa)}" / f"{MODULE}{suffix}"
 
 
-def build(isa: str, root: Path | None = None) -> QmmBuild:
+def build(isa: str, root: Path | None = None) -> CpuExtBuild:
     """Build the extension for ``isa`` into the cache, once; returns where it is.
 
     Compilation writes to a private temporary directory and renames the result into
@@ -136,33 +147,36 @@ def build(isa: str, root: Path | None = None) -> QmmBuild:
     """
     target = built_path(isa, root)
     if target.exists():
-        return QmmBuild(target, isa)
+        return CpuExtBuild(target, isa)
     nb, mlx_root = _nanobind_root(), _mlx_root()
     cc = find_compiler()
     cxx = os.environ.get("CXX") or _cxx_for(cc)
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".build-", dir=target.parent) as tmp:
-        kernel_obj = Path(tmp) / "qmm_kernel.o"
-        run_compiler(
-            [cc, "-O3", "-std=c11", "-fPIC", "-pthread", *compile_flags(isa), "-c",
-             str(HERE / "qmm_kernel.c"), "-o", str(kernel_obj)],
-            what="quantized matmul kernel",
-        )  # fmt: skip
+        objects = []
+        for kernel in KERNELS:
+            obj = Path(tmp) / f"{kernel.stem}.o"
+            run_compiler(
+                [cc, "-O3", "-std=c11", "-fPIC", "-pthread", *compile_flags(isa), "-c",
+                 str(kernel), "-o", str(obj)],
+                what=f"CPU kernel {kernel.name}",
+            )  # fmt: skip
+            objects.append(str(obj))
         out = Path(tmp) / target.name
         lib_dir = mlx_root / "lib"
         run_compiler(
             [cxx, "-O2", "-std=c++20", "-fPIC", "-shared", "-pthread", "-fvisibility=hidden",
              "-DNB_DOMAIN=mlx", "-DNDEBUG", f"-I{sysconfig.get_paths()['include']}",
              f"-I{nb / 'include'}", f"-I{nb / 'ext' / 'robin_map' / 'include'}",
-             f"-I{mlx_root / 'include'}", f"-I{HERE}", str(HERE / "qmm_ext.cpp"),
-             str(nb / "src" / "nb_combined.cpp"), str(kernel_obj), f"-L{lib_dir}", "-lmlx",
+             f"-I{mlx_root / 'include'}", f"-I{HERE}", *(str(b) for b in BINDINGS),
+             str(nb / "src" / "nb_combined.cpp"), *objects, f"-L{lib_dir}", "-lmlx",
              f"-Wl,-rpath,{lib_dir}", "-o", str(out)],
-            what="quantized matmul extension",
+            what="CPU kernels extension",
             timeout=600,
         )  # fmt: skip
         os.replace(out, target)
-    log.info("Built the quantized matmul extension (%s) in %s", isa, target)
-    return QmmBuild(target, isa)
+    log.info("Built the CPU kernels extension (%s) in %s", isa, target)
+    return CpuExtBuild(target, isa)
 
 
 def run_compiler(cmd: list[str], *, what: str, timeout: float = 300) -> None:
@@ -170,9 +184,9 @@ def run_compiler(cmd: list[str], *, what: str, timeout: float = 300) -> None:
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
     except (OSError, subprocess.TimeoutExpired) as exc:
-        raise QmmBuildError(f"{what}: {exc}") from exc
+        raise CpuExtBuildError(f"{what}: {exc}") from exc
     if proc.returncode != 0:
-        raise QmmBuildError(f"{what} did not compile: {proc.stderr.strip()[:800]}")
+        raise CpuExtBuildError(f"{what} did not compile: {proc.stderr.strip()[:800]}")
 
 
 def _cxx_for(cc: str) -> str:

@@ -1,0 +1,16 @@
+// mlxcel's CPU kernels as one Python extension of MLX primitives: the quantized matmul
+// (qmm_ext.cpp over qmm_kernel.c), attention and SwiGLU (attn_ext.cpp over attn_kernel.c).
+// One extension, so the kernels share one build, one load and one thread pool.
+
+#include <nanobind/nanobind.h>
+
+namespace nb = nanobind;
+
+void register_qmm(nb::module_& m);
+void register_attention(nb::module_& m);
+
+NB_MODULE(mlxcel_cpu_ext, m) {
+  m.doc() = "mlxcel's CPU kernels (quantized matmul, attention, SwiGLU) as MLX primitives";
+  register_qmm(m);
+  register_attention(m);
+}

@@ -1,0 +1,31 @@
+"""Fixtures of the model tests: the CPU kernels' extension built once per instruction set
+per session (each build takes a compiler run of about ten seconds), in the session's own
+directory rather than the user cache."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from types import ModuleType
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def cpu_ext_for(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], ModuleType]:
+    """Builds (once) and imports the extension for an instruction set."""
+    built: dict[str, ModuleType] = {}
+
+    def get(isa: str) -> ModuleType:
+        if isa not in built:
+            from mlxcel.model.blas import load_fast_blas
+
+            load_fast_blas()  # before mlx.core is imported by the modules below
+            from mlxcel.model.cpu_ext import import_extension
+            from mlxcel.model.cpu_ext_build import build
+
+            path = build(isa, root=tmp_path_factory.mktemp(f"cpu-ext-{isa}")).path
+            built[isa] = import_extension(path)
+            assert built[isa].isa() == isa
+        return built[isa]
+
+    return get

@@ -1,0 +1,83 @@
+"""Loading the CPU kernels' extension: once per process, and never a kernel that fails its
+self-check against MLX's own ops."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from types import ModuleType, SimpleNamespace
+from typing import Any
+
+import pytest
+
+from mlxcel.model.blas import load_fast_blas
+
+pytestmark = pytest.mark.mlx
+
+load_fast_blas()  # before mlx.core is imported below
+
+import mlx.core as mx  # noqa: E402
+
+from mlxcel.model import cpu_ext  # noqa: E402
+from mlxcel.model.cpu_ext_build import CpuExtBuild  # noqa: E402
+
+
+@pytest.fixture
+def fresh_status() -> Iterator[None]:
+    saved = cpu_ext._status
+    cpu_ext._status = None
+    yield
+    cpu_ext._status = saved
+
+
+def loading(monkeypatch: pytest.MonkeyPatch, module: Any) -> None:
+    """Make the loader find `module` as the built extension."""
+    monkeypatch.setenv("MLXCEL_CPU_ISA", "generic")
+    monkeypatch.setattr(cpu_ext, "build", lambda isa: CpuExtBuild(Path("x.so"), isa))
+    monkeypatch.setattr(cpu_ext, "import_extension", lambda path: module)
+
+
+def broken(real: ModuleType, name: str) -> SimpleNamespace:
+    """The real kernels, but `name` off by a little."""
+    kernels = {n: getattr(real, n) for n in ("quantized_matmul", "attention", "swiglu")}
+    good = kernels[name]
+    kernels[name] = lambda *args, **kwargs: good(*args, **kwargs) + 1e-2
+    return SimpleNamespace(**kernels)
+
+
+@pytest.mark.usefixtures("fresh_status")
+@pytest.mark.parametrize("name", ["quantized_matmul", "attention", "swiglu"])
+def test_a_kernel_that_computes_wrong_is_never_used(
+    name: str,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    cpu_ext_for: Callable[[str], ModuleType],
+) -> None:
+    loading(monkeypatch, broken(cpu_ext_for("generic"), name))
+    with caplog.at_level(logging.WARNING, logger="mlxcel.model.cpu_ext"):
+        status = cpu_ext.load_cpu_ext()
+    assert not status.available
+    assert "self-check" in status.note
+    assert "CPU kernels: MLX's own operations" in caplog.text
+    assert cpu_ext.current_module() is None
+
+
+@pytest.mark.usefixtures("fresh_status")
+def test_the_kernels_load_once_per_process(
+    monkeypatch: pytest.MonkeyPatch, cpu_ext_for: Callable[[str], ModuleType]
+) -> None:
+    real = cpu_ext_for("generic")
+    imports: list[Any] = []
+    loading(monkeypatch, real)
+    monkeypatch.setattr(cpu_ext, "import_extension", lambda path: imports.append(path) or real)
+    assert cpu_ext.current_module() is None  # never loads by itself
+    first = cpu_ext.load_cpu_ext()
+    assert first.available
+    assert first.isa == "generic"
+    assert cpu_ext.load_cpu_ext() is first
+    module = cpu_ext.current_module()
+    assert module is real
+    assert len(imports) == 1
+    q = mx.ones((1, 2, 3, 8))
+    assert module.attention(q, q, q, 0.5).shape == (1, 2, 3, 8)
