@@ -1,13 +1,13 @@
 """The MLX engine: continuous batching with our own step policy over mlx-lm's models.
 
 A step has two phases, and the model actor delivers each one's tokens before the next
-runs. `decode` feeds every running row its last token and, in the same forward
-(`flat_forward`), the prompt chunk the step's budget allows (`step_plan`); it samples
-the rows' next tokens. `prefill` then samples the first token of each prompt the chunk
-finished, which joins the decode batch for the next step. With nothing decoding, or a
-model whose forward cannot be shared, `prefill` reads the chunk in a forward of its own.
-So decoding never waits behind more prompt than the budget allows, the weights are read
-once a step, and no forward is spent on a first token.
+runs. `decode` feeds every running row (`decode_batch`) its last token and, in the same
+forward (`flat_forward`), the prompt chunk the step's budget allows (`step_plan`). Then
+`prefill` samples the first token of each prompt the chunk finished, which joins the
+decode batch. With nothing decoding, or a model whose forward cannot be shared, `prefill`
+reads the chunk in a forward of its own. So decoding never waits behind more prompt than
+the budget allows, the weights are read once a step, and no forward is spent on a first
+token.
 
 Prompts wait in a FIFO and are admitted to reading a few at a time; the prefix cache is
 consulted at admission, not at insert, so a request queued while a shared prefix is
@@ -29,7 +29,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from mlxcel.generation import PrefillProgress, Sampling, SequenceSpec, TokenStep
+from mlxcel.generation import PrefillProgress, SequenceSpec, TokenStep
 from mlxcel.model.constrained import GrammarCompiler, GrammarMasks
 from mlxcel.model.step_plan import MAX_PREFILL_ROWS, Chunk, StepBudget, Waiting, plan_chunk
 
@@ -39,43 +39,16 @@ import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 
 from mlxcel.model import flat_forward, forward
+from mlxcel.model.decode_batch import DecodeBatch
+from mlxcel.model.engine_row import Row
 from mlxcel.model.forward import KV
 from mlxcel.model.prefix_cache import CacheKind, PrefixCache, common_prefix
-from mlxcel.model.sampling import Rng, Sampler, row_generator, token_logprob
+from mlxcel.model.sampling import Sampler, row_generator, token_logprob
 
 log = logging.getLogger(__name__)
 
 SHARED_PREFIX = 32
 """Uncached prompt tokens two waiting prompts must share for one to wait for the other."""
-
-
-@dataclass
-class _Row:
-    """One sequence, from insert to its last token."""
-
-    spec: SequenceSpec
-    detokenizer: Any
-    matcher: Any | None
-    """The grammar's matcher (structured output), fed every token the row samples."""
-    cache: KV | None = None
-    """Its own KV state while its prompt is read (None before admission)."""
-    cached: int = 0
-    """Prompt tokens taken from the prefix cache."""
-    read: int = 0
-    """Prompt tokens in its KV state (cached ones included)."""
-    fed: list[int] = field(default_factory=list)
-    """Generated tokens in the decode batch's KV state, in order."""
-    last: int = 0
-    """The token the next decode step feeds."""
-    rng: Rng = field(default_factory=row_generator)  # its own: draws independent of the batch
-
-    @property
-    def prompt(self) -> tuple[int, ...]:
-        return self.spec.prompt
-
-    @property
-    def sampling(self) -> Sampling:
-        return self.spec.sampling
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,19 +71,22 @@ class MlxEngine:
     sampler: Sampler = field(default_factory=Sampler)
     flat: bool = False
     """Decode rows and the step's prompt chunk share one forward (`flat_forward`)."""
-    _waiting: deque[_Row] = field(default_factory=deque)
+    _waiting: deque[Row] = field(default_factory=deque)
     """Inserted, not yet admitted to reading (FIFO)."""
-    _reading: dict[int, _Row] = field(default_factory=dict)
+    _reading: dict[int, Row] = field(default_factory=dict)
     """Admitted, prompt being read, in admission order."""
-    _decoding: list[_Row] = field(default_factory=list)
-    """Rows of the decode batch, in the batch's order."""
-    _batch: KV | None = None
+    _running: DecodeBatch[Row] = field(default_factory=DecodeBatch)
+    """The decoding rows and their KV states."""
     _read: _ChunkRead | None = None
     """The chunk the decode forward read, its first tokens not yet sampled."""
     _stop: frozenset[int] = frozenset()
     _suspect: bool = False
     """A step failed: KV states may not match their tokens, so none are kept until
     every sequence is gone."""
+
+    def __post_init__(self) -> None:
+        if not self.flat:  # one forward, so one batched state
+            self._running.max_groups = 1
 
     # --- the engine protocol -------------------------------------------------------
 
@@ -122,23 +98,24 @@ class MlxEngine:
         if sampling.grammar is not None and self.grammars is not None:
             matcher = self.grammars.matcher(sampling.grammar)
         rng = row_generator(sampling.seed)
-        self._waiting.append(_Row(spec, self.tokenizer.detokenizer, matcher, rng=rng))
+        self._waiting.append(Row(spec, self.tokenizer.detokenizer, matcher, rng=rng))
 
     def decode(self) -> list[TokenStep]:
         """One token for every running row; where the model allows it, the same forward
         reads the step's prompt chunk too (its first tokens come with `prefill`)."""
-        if not self._decoding:
+        if not self._running:
             return []
         started = time.perf_counter()
         self._suspect = True
-        rows = self._decoding
-        assert self._batch is not None
-        lasts = [r.last for r in rows]
+        rows = self._running.rows
+        groups = self._running.groups()
         chunk = self._plan(separate=False) if self.flat else None
-        if chunk is None:
-            logits = forward.decode_logits(self.model, lasts, self._batch)
-        else:
-            logits, self._read = self._read_with(chunk, lasts)
+        if chunk is not None:
+            logits, self._read = self._read_with(chunk, groups)
+        elif len(groups) == 1:
+            logits = forward.decode_logits(self.model, [r.last for r in rows], groups[0].cache)
+        else:  # several states (`decode_batch`): still one forward
+            logits = _joined(flat_forward.step_logits(self.model, groups))
         tokens, logprobs = self._sample(logits, rows)
         self._suspect = False
         steps: list[TokenStep] = []
@@ -150,8 +127,8 @@ class MlxEngine:
             if step.finish is None:
                 keep.append(i)
             else:
-                self._keep(row, self._tokens(row), forward.extract(self._batch, i), "assistant")
-        self._filter(keep)
+                self._keep(row, row.tokens, self._running.extract(i), "assistant")
+        self._running.keep(keep)
         read = 0 if chunk is None else chunk.tokens
         self.budget.observe(len(rows), read, time.perf_counter() - started)
         return steps
@@ -161,7 +138,7 @@ class MlxEngine:
         decode forward's chunk, or, with nothing decoding (or a model that cannot share
         a forward), a chunk read now within the budget."""
         done, self._read = self._read, None
-        if done is None and (not self._decoding or not self.flat):
+        if done is None and (not self._running or not self.flat):
             chunk = self._plan(separate=True)
             if chunk is not None:
                 started = time.perf_counter()
@@ -191,18 +168,18 @@ class MlxEngine:
             if keep and reading.cache is not None and reading.read > reading.cached:
                 self._keep(reading, list(reading.prompt[: reading.read]), reading.cache, "user")
             return
-        for i, row in enumerate(self._decoding):
+        rows = self._running.rows
+        for i, row in enumerate(rows):
             if row.spec.seq_id == seq_id:
-                if keep and self._batch is not None:
-                    extracted = forward.extract(self._batch, i)
-                    self._keep(row, self._tokens(row), extracted, "assistant")
-                self._filter([j for j in range(len(self._decoding)) if j != i])
+                if keep:
+                    self._keep(row, row.tokens, self._running.extract(i), "assistant")
+                self._running.keep([j for j in range(len(rows)) if j != i])
                 break
         if not self.has_work():
             self._suspect = False
 
     def has_work(self) -> bool:
-        return bool(self._waiting or self._reading or self._decoding)
+        return bool(self._waiting or self._reading or self._running)
 
     def idle(self) -> None:
         # MLX keeps freed buffers for reuse; after a burst that is the KV caches of a
@@ -214,7 +191,7 @@ class MlxEngine:
         self.prefix_cache = None
         self._waiting.clear()
         self._reading.clear()
-        self._decoding, self._batch = [], None
+        self._running.clear()
 
     # --- reading prompts ----------------------------------------------------------
 
@@ -222,27 +199,27 @@ class MlxEngine:
         """The chunk this step reads, within the budget (`separate`: in its own forward)."""
         self._admit()
         waiting = [Waiting(k, len(r.prompt) - r.read) for k, r in self._reading.items()]
-        batch = len(self._decoding) + len(self._reading) + len(self._waiting)
-        budget = self.budget.tokens(len(self._decoding), batch, separate=separate)
+        decoding = len(self._running)
+        batch = decoding + len(self._reading) + len(self._waiting)
+        budget = self.budget.tokens(decoding, batch, separate=separate)
         return plan_chunk(waiting, budget)
 
-    def _parts(self, chunk: Chunk) -> tuple[list[_Row], list[tuple[int, ...]], list[bool]]:
+    def _parts(self, chunk: Chunk) -> tuple[list[Row], list[tuple[int, ...]], list[bool]]:
         """The chunk's rows, the tokens each reads, and whether that ends its prompt."""
         rows = [self._reading[k] for k in chunk.keys]
         parts = [r.prompt[r.read : r.read + n] for r, n in zip(rows, chunk.reads, strict=True)]
         ending = [r.read + n == len(r.prompt) for r, n in zip(rows, chunk.reads, strict=True)]
         return rows, parts, ending
 
-    def _read_with(self, chunk: Chunk, lasts: list[int]) -> tuple[mx.array, _ChunkRead]:
+    def _read_with(
+        self, chunk: Chunk, groups: list[flat_forward.Group]
+    ) -> tuple[mx.array, _ChunkRead]:
         """One forward: the decode rows' next logits, and the chunk read."""
-        assert self._batch is not None
         rows, parts, ending = self._parts(chunk)
         opened = forward.open_chunk(parts, [r.cache for r in rows if r.cache is not None])
-        decode = flat_forward.Group(
-            [[t] for t in lasts], self._batch, [(i, 0) for i in range(len(lasts))]
-        )
         reading = flat_forward.Group(opened.tokens, opened.cache, opened.want(ending))
-        logits, firsts = flat_forward.step_logits(self.model, [decode, reading])
+        *decoded, firsts = flat_forward.step_logits(self.model, [*groups, reading])
+        logits = _joined(decoded)
         caches = forward.close_chunk(opened)
         mx.eval(logits, firsts, [layer.state for kv in caches for layer in kv])
         ended = [i for i, e in enumerate(ending) if e]
@@ -262,7 +239,7 @@ class MlxEngine:
 
     @staticmethod
     def _advance(
-        rows: list[_Row], chunk: Chunk, caches: list[KV], ended: list[int], logits: list[mx.array]
+        rows: list[Row], chunk: Chunk, caches: list[KV], ended: list[int], logits: list[mx.array]
     ) -> _ChunkRead:
         """Move the rows past what the chunk read; what it finished, with the logits."""
         for row, n, cache in zip(rows, chunk.reads, caches, strict=True):
@@ -278,7 +255,7 @@ class MlxEngine:
         firsts = [row for _, row in alive]
         tokens, logprobs = self._sample(mx.stack([read.logits[n] for n, _ in alive]), firsts)
         steps: list[TokenStep] = []
-        joining: list[_Row] = []
+        joining: list[Row] = []
         for n, (row, token) in enumerate(zip(firsts, tokens, strict=True)):
             del self._reading[row.spec.seq_id]
             step = self._emit(row, token, logprobs.get(n), first=True)
@@ -295,7 +272,7 @@ class MlxEngine:
     def _admit(self) -> None:
         """Move waiting prompts to reading, oldest first, up to `MAX_PREFILL_ROWS`; one
         that shares an uncached prefix with a prompt being read waits for it."""
-        held: list[_Row] = []
+        held: list[Row] = []
         while self._waiting and len(self._reading) < MAX_PREFILL_ROWS:
             row = self._waiting.popleft()
             if self._shares_uncached(row):
@@ -311,11 +288,11 @@ class MlxEngine:
             self._reading[row.spec.seq_id] = row
         self._waiting.extendleft(reversed(held))
         if self.prefix_cache is not None:  # live sequences count against the budget too
-            live = forward.nbytes(self._batch)
+            live = self._running.nbytes()
             live += sum(forward.nbytes(r.cache) for r in self._reading.values())
             self.prefix_cache.fit(live)
 
-    def _shares_uncached(self, row: _Row) -> bool:
+    def _shares_uncached(self, row: Row) -> bool:
         if self.prefix_cache is None:
             return False
         for other in self._reading.values():
@@ -328,7 +305,7 @@ class MlxEngine:
 
     # --- rows --------------------------------------------------------------------
 
-    def _sample(self, logits: mx.array, rows: list[_Row]) -> tuple[list[int], dict[int, Any]]:
+    def _sample(self, logits: mx.array, rows: list[Row]) -> tuple[list[int], dict[int, Any]]:
         matchers, rngs = [r.matcher for r in rows], [r.rng for r in rows]
         if self.grammars is not None and any(m is not None for m in matchers):
             if self.masks is None or self.masks.vocab_size != logits.shape[-1]:
@@ -340,7 +317,7 @@ class MlxEngine:
                 matcher.consume_token(token)
         return tokens, logprobs
 
-    def _emit(self, row: _Row, token: int, vector: Any, *, first: bool) -> TokenStep:
+    def _emit(self, row: Row, token: int, vector: Any, *, first: bool) -> TokenStep:
         """The step reporting `token` for `row`, with its text and finish."""
         count = len(row.fed) + 1
         finish: Any = None
@@ -366,34 +343,26 @@ class MlxEngine:
     def _decode(self, ids: list[int]) -> str:
         return str(self.tokenizer.decode(ids))
 
-    def _join(self, rows: list[_Row]) -> None:
+    def _join(self, rows: list[Row]) -> None:
         """Rows whose prompt is read join the decode batch; their prompts' KV states are
         kept for later requests (the batch holds a copy)."""
         if not rows:
             return
-        caches = [r.cache for r in rows if r.cache is not None]
-        self._batch = forward.extend(self._batch, forward.merge(caches))
-        self._decoding.extend(rows)
+        self._running.join(rows, [r.cache for r in rows if r.cache is not None])
         for row in rows:
             self._keep_prompt(row)
 
-    def _keep_prompt(self, row: _Row) -> None:
+    def _keep_prompt(self, row: Row) -> None:
         if row.cache is not None and row.read > row.cached:
             self._keep(row, list(row.prompt), row.cache, "user")
         row.cache = None
 
-    def _filter(self, keep: list[int]) -> None:
-        if len(keep) == len(self._decoding):
-            return
-        self._decoding = [self._decoding[i] for i in keep]
-        self._batch = None if self._batch is None else forward.keep_rows(self._batch, keep)
-
-    @staticmethod
-    def _tokens(row: _Row) -> list[int]:
-        """The tokens a decoding row's KV state holds."""
-        return [*row.prompt, *row.fed]
-
-    def _keep(self, row: _Row, tokens: list[int], cache: KV, kind: CacheKind) -> None:
+    def _keep(self, row: Row, tokens: list[int], cache: KV, kind: CacheKind) -> None:
         """Keep a KV state of `row`'s as an entry of its tenant's."""
         if self.prefix_cache is not None and tokens and not self._suspect:
             self.prefix_cache.store(tokens, cache, kind, row.spec.tenant)
+
+
+def _joined(parts: list[mx.array]) -> mx.array:
+    """The decode groups' logits as one `[B, V]`, in the batch's row order."""
+    return parts[0] if len(parts) == 1 else mx.concatenate(parts)

@@ -209,7 +209,7 @@ def test_a_prompt_removed_between_its_last_chunk_and_its_first_token_is_dropped(
     loaded = load(tiny_path, prefill_step_size=64)
     engine: Any = loaded.engine
     engine.insert(SequenceSpec(1, prompt(loaded, "short"), Sampling(0, max_tokens=50)))
-    while not engine._decoding:
+    while not engine._running:
         engine.step()
     engine.insert(SequenceSpec(2, prompt(loaded, "another one"), Sampling(0, max_tokens=5)))
     engine.decode()  # the decode forward reads sequence 2's whole prompt ...
@@ -220,4 +220,33 @@ def test_a_prompt_removed_between_its_last_chunk_and_its_first_token_is_dropped(
     after = run_to_end(loaded)
     assert set(after) == {1}
     assert after[1][-1].finish == "length"
+    engine.close()
+
+
+def test_a_long_prompt_joining_short_rows_decodes_as_it_would_alone(tiny_path: Path) -> None:
+    """The long row decodes in a KV state of its own beside the short rows'
+    (`decode_batch`); everyone's greedy tokens are those of running alone."""
+    loaded = load(tiny_path, max_batch=4, prefill_step_size=64)
+    engine: Any = loaded.engine
+    short = {i: prompt(loaded, f"short question {i}") for i in (1, 2, 3)}
+    long_prompt = prompt(loaded, " ".join(f"line {k} of a long document" for k in range(90)))
+    assert len(long_prompt) > 1.5 * max(len(p) for p in short.values()) + 256
+    alone: dict[int, list[int]] = {}
+    for seq_id, p in [*short.items(), (4, long_prompt)]:
+        engine.insert(SequenceSpec(seq_id, p, Sampling(temperature=0, max_tokens=24)))
+        alone[seq_id] = [s.token for s in run_to_end(loaded)[seq_id]]
+    for seq_id, p in short.items():
+        engine.insert(SequenceSpec(10 + seq_id, p, Sampling(temperature=0, max_tokens=24)))
+    together: dict[int, list[int]] = {}
+    groups_seen = 0
+    for _ in range(500):
+        if not engine.has_work():
+            break
+        for step in engine.step():
+            together.setdefault(step.seq_id, []).append(step.token)
+        if len(together.get(11, [])) == 2:
+            engine.insert(SequenceSpec(14, long_prompt, Sampling(temperature=0, max_tokens=24)))
+        groups_seen = max(groups_seen, len(engine._running.groups()))
+    assert groups_seen == 2
+    assert {k - 10: v for k, v in together.items()} == alone
     engine.close()
