@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from mlxcel.cli.codex import url_host
+from mlxcel.cli.config_file import replace_text
 from mlxcel.cli.flags import add_serve_flags, settings_from_args
 from mlxcel.config import Settings
 from mlxcel.errors import ConfigError, MlxcelError
@@ -121,12 +122,7 @@ def write(path: Path, env: Mapping[str, str]) -> None:
     """Merge `env` into the settings file at `path` (created if missing), replaced
     atomically, readable by its owner only (it may hold the key)."""
     existing = path.read_text() if path.is_file() else ""
-    merged = merge(existing, env)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(path.name + ".mlxcel-partial")
-    partial.write_text(merged)
-    partial.chmod(0o600)
-    partial.replace(path)
+    replace_text(path, merge(existing, env), private=True)
 
 
 def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:

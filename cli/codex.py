@@ -18,6 +18,7 @@ from typing import Any
 
 import tomlkit
 
+from mlxcel.cli.config_file import replace_text
 from mlxcel.cli.flags import add_serve_flags, settings_from_args
 from mlxcel.config import Settings
 from mlxcel.errors import ConfigError, MlxcelError
@@ -112,11 +113,7 @@ def codex_home(environ: Mapping[str, str]) -> Path:
 def write(path: Path, values: Mapping[str, Any]) -> None:
     """Merge `values` into the file at `path` (created if missing), replaced atomically."""
     existing = path.read_text() if path.is_file() else ""
-    merged = merge(existing, values)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(path.name + ".mlxcel-partial")
-    partial.write_text(merged)
-    partial.replace(path)
+    replace_text(path, merge(existing, values))
 
 
 def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:

@@ -17,36 +17,18 @@ from pathlib import Path
 from typing import Any
 
 import trio
+from npm_package import NpmPackage
 
 from codex_cli import CLOSED
 
-CLAUDE_CODE_VERSION = "2.1.332"
-PACKAGE = "@anthropic-ai/claude-code"
-PREFIX = Path(__file__).resolve().parent.parent / ".claude-code-cli"
-
-
-def installed_version() -> str | None:
-    manifest = PREFIX / "node_modules" / "@anthropic-ai" / "claude-code" / "package.json"
-    if not manifest.is_file():
-        return None
-    return str(json.loads(manifest.read_text())["version"])
+CLAUDE_CODE = NpmPackage("@anthropic-ai/claude-code", "2.1.332", ".claude-code-cli")
 
 
 def claude_executable() -> Path:
-    """The pinned Claude Code's launcher (a native binary the package ships), installed
-    first if it is missing or another version."""
-    if installed_version() != CLAUDE_CODE_VERSION:
-        npm = ["npm", "install", "--no-audit", "--no-fund", "--prefix", str(PREFIX)]
-        subprocess.run(
-            [*npm, f"{PACKAGE}@{CLAUDE_CODE_VERSION}"],
-            check=True,
-            capture_output=True,
-            timeout=900,
-        )
-    assert installed_version() == CLAUDE_CODE_VERSION
-    claude = PREFIX / "node_modules" / ".bin" / "claude"
+    """The pinned Claude Code's launcher (a native binary the package ships)."""
+    claude = CLAUDE_CODE.executable("claude")
     shown = subprocess.run([str(claude), "--version"], capture_output=True, text=True, timeout=60)
-    assert shown.stdout.startswith(CLAUDE_CODE_VERSION), shown.stdout + shown.stderr
+    assert shown.stdout.startswith(CLAUDE_CODE.version), shown.stdout + shown.stderr
     return claude
 
 

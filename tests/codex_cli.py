@@ -6,7 +6,6 @@ reachable (every proxy variable points at a closed local port, loopback excepted
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
@@ -16,37 +15,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import trio
+from npm_package import NpmPackage
 
-CODEX_VERSION = "0.171.0"
-PREFIX = Path(__file__).resolve().parent.parent / ".codex-cli"
-
-
-def installed_version() -> str | None:
-    manifest = PREFIX / "node_modules" / "@openai" / "codex" / "package.json"
-    if not manifest.is_file():
-        return None
-    return str(json.loads(manifest.read_text())["version"])
+CODEX = NpmPackage("@openai/codex", "0.171.0", ".codex-cli")
 
 
 def codex_executable() -> Path:
-    """The pinned Codex CLI's launcher, installed first if it is missing or another version."""
-    if installed_version() != CODEX_VERSION:
-        subprocess.run(
-            [
-                "npm",
-                "install",
-                "--no-audit",
-                "--no-fund",
-                "--prefix",
-                str(PREFIX),
-                f"@openai/codex@{CODEX_VERSION}",
-            ],
-            check=True,
-            capture_output=True,
-            timeout=900,
-        )
-    assert installed_version() == CODEX_VERSION
-    return PREFIX / "node_modules" / ".bin" / "codex"
+    """The pinned Codex CLI's launcher."""
+    return CODEX.executable("codex")
 
 
 CLOSED = "http://127.0.0.1:9"
