@@ -16,6 +16,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema, model_validator
 
 from mlxcel.errors import InvalidRequest
+from mlxcel.http.files import InputFilePart
 from mlxcel.http.objects import REASONING_PREFIX
 from mlxcel.items import (
     Compaction,
@@ -71,9 +72,12 @@ class InputImagePart(_Model):
 
 
 ContentPartIn = Annotated[
-    InputTextPart | OutputTextPart | RefusalPart | InputImagePart, Field(discriminator="type")
+    InputTextPart | OutputTextPart | RefusalPart | InputImagePart | InputFilePart,
+    Field(discriminator="type"),
 ]
-OutputPartIn = Annotated[InputTextPart | InputImagePart, Field(discriminator="type")]
+OutputPartIn = Annotated[
+    InputTextPart | InputImagePart | InputFilePart, Field(discriminator="type")
+]
 
 
 class MessageIn(_Model):
@@ -274,13 +278,18 @@ ITEM_TAGS = frozenset(
         "refusal",
         "reasoning_text",
         "input_image",
+        "input_file",
         "item_reference",
     }
 )
 
 
-def _part(part: InputTextPart | OutputTextPart | RefusalPart | InputImagePart) -> ContentPart:
+def _part(
+    part: InputTextPart | OutputTextPart | RefusalPart | InputImagePart | InputFilePart,
+) -> ContentPart:
     match part:
+        case InputFilePart(text=text):
+            return InputText(text)
         case InputImagePart(image_url=url, file_id=file_id, detail=detail):
             return InputImage(url, file_id, detail or "auto")
         case InputTextPart(text=text):

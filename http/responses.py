@@ -11,6 +11,7 @@ from quart import Blueprint, Response
 from mlxcel.errors import InvalidRequest
 from mlxcel.http.access_log import exchange_note, note_record
 from mlxcel.http.body import read_model
+from mlxcel.http.files import check_file_urls
 from mlxcel.http.guards import current_tenant
 from mlxcel.http.handles import Handles, handles, json_response
 from mlxcel.http.objects import response_json
@@ -39,6 +40,7 @@ async def create_response() -> Response:
     model = h.served()
     if body.truncation != "auto":  # else the oldest turns are dropped to fit
         check_item_count(body.input, model.info.context_length)  # before any work on it
+    check_file_urls(body.input, h.policy.image_placeholders)
     if body.background:
         _check_background(h, body)
     params = await off_loop(response_params, body, tenant=current_tenant())
@@ -84,6 +86,7 @@ async def count_input_tokens() -> Response:
     model = h.served()
     if body.truncation != "auto":
         check_item_count(body.input, model.info.context_length)
+    check_file_urls(body.input, h.policy.image_placeholders)
     params = await off_loop(response_params, body, model=h.names.alias, tenant=current_tenant())
     tokens = await input_token_count(params, model, policy=h.policy, store=h.store, echo=h.echo)
     return json_response({"object": "response.input_tokens", "input_tokens": tokens})
