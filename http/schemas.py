@@ -138,7 +138,8 @@ class ConversationUpdateBody(_Model):
 
 
 class ConversationItemsBody(_Model):
-    items: list[InputItemIn] = Field(min_length=1, max_length=20)
+    items: list[ResponseInputItemIn] = Field(min_length=1, max_length=20)
+    """Items, or references to the tenant's stored response items (`item_reference`)."""
 
 
 class InputTokensBody(CreateResponseBody):
