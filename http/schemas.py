@@ -82,13 +82,23 @@ class CreateResponseBody(_BoundedInput):
     service_tier: ServiceTier | None = None
     safety_identifier: str | None = Field(default=None, max_length=128)
     prompt_cache_retention: Literal["in_memory", "24h"] | None = None
+    prompt: JsonValue = None
+    """A stored prompt template: there are none here, so a 400 rather than a reply
+    written without it."""
     chat_template_kwargs: dict[str, JsonValue] | None = None
     """Passed straight to the chat template (e.g. `enable_thinking`); `reasoning.effort`
     is deliberately not mapped to it."""
     context_management: list[CompactionSetting] | None = Field(default=None, max_length=1)
 
     @model_validator(mode="after")
-    def _verbosity(self) -> CreateResponseBody:
+    def _checked(self) -> CreateResponseBody:
+        if self.prompt is not None:
+            raise InvalidRequest(
+                "Prompt templates ('prompt') are not stored on this server; send the "
+                "prompt as 'instructions' and 'input'.",
+                param="prompt",
+                code="unsupported_parameter",
+            )
         verbosity = (self.text or {}).get("verbosity")
         if verbosity is not None and verbosity not in VERBOSITY:
             raise InvalidRequest(
