@@ -114,6 +114,22 @@ async def test_include_logprobs_and_encrypted_reasoning(fake_server: FakeServer)
     assert "\x01assistant\x02another plananswer" in fake_server.engine.prompts[-1]
 
 
+async def test_streamed_reasoning_items_carry_it_when_asked(fake_server: FakeServer) -> None:
+    client = fake_server.client()
+    said = "echo: <think>streamed plan</think> answer"
+
+    def stream(include: list[Any]) -> tuple[list[Any], Any]:
+        with client.responses.stream(model="fake-model", input=said, include=include) as s:
+            return list(s), s.get_final_response()
+
+    for include, shown in ((["reasoning.encrypted_content"], True), ([], False)):
+        events, final = await in_thread(stream, include)
+        done = [e.item for e in events if e.type == "response.output_item.done"]
+        assert done[0].type == "reasoning"
+        assert (done[0].encrypted_content is not None) is shown
+        assert done[0].encrypted_content == final.output[0].encrypted_content
+
+
 async def test_without_include_no_encrypted_content(fake_server: FakeServer) -> None:
     said = "echo: <think>secret plan</think> answer"
     resp = await in_thread(fake_server.client().responses.create, model="fake-model", input=said)

@@ -9,6 +9,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
+import trio
 
 from mlxcel.http.responses import TRUNCATED_HEADER
 from mlxcel.http.schemas import CreateResponseBody
@@ -135,6 +136,28 @@ async def test_stream_and_input_tokens_honour_it(fake_server: FakeServer) -> Non
         )
     assert counted.status_code == 200
     assert counted.json()["input_tokens"] <= 4096 - 1024
+
+
+async def test_a_background_job_is_truncated_as_it_is_queued(fake_server: FakeServer) -> None:
+    client = fake_server.client()
+    history = [*turns(12), {"role": "user", "content": "echo: later"}]
+    raw = await in_thread(
+        client.responses.with_raw_response.create,
+        model="fake-model",
+        input=history,
+        truncation="auto",
+        background=True,
+    )
+    assert int(raw.headers[TRUNCATED_HEADER]) > 0
+    queued = raw.parse()
+    for _ in range(500):
+        final = await in_thread(client.responses.retrieve, queued.id)
+        if final.status not in ("queued", "in_progress"):
+            break
+        await trio.sleep(0.02)
+    assert final.status == "completed"
+    assert final.output_text == "later"
+    assert final.truncation == "auto"
 
 
 async def test_a_100k_item_input_is_cut_quickly(fake_server: FakeServer) -> None:
