@@ -8,16 +8,12 @@ from __future__ import annotations
 
 from quart import Blueprint, Response, request
 
-from mlxcel.errors import InvalidRequest, NotFound
+from mlxcel.errors import NotFound
 from mlxcel.http.body import read_model
-from mlxcel.http.conversations import changed_conversation, existing_conversation
-from mlxcel.http.guards import current_tenant
-from mlxcel.http.handles import handles, json_response
-from mlxcel.http.item_schemas import to_entries
+from mlxcel.http.conversations import added_items, changed_conversation, existing_conversation
+from mlxcel.http.handles import json_response
 from mlxcel.http.objects import conversation_json, item_json
 from mlxcel.http.schemas import ConversationItemsBody, list_page
-from mlxcel.items import Item, ItemReference
-from mlxcel.prepare.history import resolve_items
 from mlxcel.store.tables import AddItems, RemoveItem
 
 conversation_items = Blueprint("conversation_items", __name__)
@@ -33,10 +29,7 @@ async def list_conversation_items(conversation_id: str) -> Response:
 async def create_conversation_items(conversation_id: str) -> Response:
     conversation = await existing_conversation(conversation_id)
     body = await read_model(ConversationItemsBody)
-    sent, references = to_entries(body.items)
-    store, tenant = handles().store, current_tenant()
-    items = await resolve_items(sent, references, store, tenant, param="items")
-    _check_new(conversation.items, items, references)
+    items = await added_items(body.items, conversation.items)
     await changed_conversation(conversation_id, AddItems(items))
     data = [item_json(i) for i in items]
     return json_response(
@@ -48,21 +41,6 @@ async def create_conversation_items(conversation_id: str) -> Response:
             "has_more": False,
         }
     )
-
-
-def _check_new(
-    held: tuple[Item, ...], items: tuple[Item, ...], references: tuple[ItemReference, ...]
-) -> None:
-    """A referenced item is added once: its id names one item of the conversation."""
-    seen = {item.id for item in held}
-    for reference in references:
-        if reference.id in seen:
-            raise InvalidRequest(
-                f"Item with id '{reference.id[:64]}' is already in the conversation.",
-                param=f"items[{reference.index}].id",
-                code="duplicate_item",
-            )
-        seen.add(reference.id)
 
 
 @conversation_items.get("/conversations/<conversation_id>/items/<item_id>")

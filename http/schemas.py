@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, JsonValue, model_validator
 
 from mlxcel.errors import InvalidRequest
-from mlxcel.http.item_schemas import InputItemIn, ResponseInputItemIn, _Model, check_parts
+from mlxcel.http.item_schemas import ResponseInputItemIn, _Model, check_parts
 from mlxcel.items import Item
 
 MAX_COMPACT_THRESHOLD = 100_000_000
@@ -139,7 +139,7 @@ Metadata = dict[Annotated[str, Field(max_length=64)], Annotated[str, Field(max_l
 
 
 class ConversationCreateBody(_Model):
-    items: list[InputItemIn] | None = Field(default=None, max_length=20)
+    items: list[ResponseInputItemIn] | None = Field(default=None, max_length=20)
     metadata: Metadata | None = Field(default=None, max_length=16)
 
 

@@ -87,3 +87,18 @@ async def test_bad_references_are_400_and_change_nothing(start_fake_server: Star
         assert (await http.get(f"{server.url}/health")).status_code == 200
     resp = await in_thread(a.responses.create, model="fake-model", input="echo: still fine")
     assert resp.output_text == "still fine"
+
+
+async def test_a_conversation_is_created_with_references(start_fake_server: StartServer) -> None:
+    server = await start_fake_server()
+    client = server.client()
+    first = await in_thread(client.responses.create, model="fake-model", input="echo: seed")
+    ref = {"type": "item_reference", "id": first.output[0].id}
+    conversation = await in_thread(client.conversations.create, items=[ref])
+    listed = await in_thread(client.conversations.items.list, conversation.id)
+    assert [i.id for i in listed.data] == [first.output[0].id]
+    for items in ([{"type": "item_reference", "id": "msg_missing"}], [ref, ref]):
+        with pytest.raises(openai.BadRequestError) as refused:
+            await in_thread(client.conversations.create, items=items)
+        assert refused.value.param is not None
+        assert refused.value.param.startswith("items[")
