@@ -215,6 +215,8 @@ class ToolUse:
     """Flat names of namespaced functions, to (namespace, name)."""
     custom: frozenset[str] = frozenset()
     """Flat names of `custom` tools: their calls are `custom_tool_call`s."""
+    max_calls: int | None = None
+    """At most this many calls are shown (`max_tool_calls`); later ones are ignored."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -247,6 +249,8 @@ class GenerationRequest:
     prelude: Prelude | None = None
     """Work the slot does first (compaction): it yields the request to generate, under
     the same id, once a slot has taken this one; `prompt` is then the uncompacted one."""
+    truncated_items: int = 0
+    """Rendered items `truncation: "auto"` dropped so the prompt fits the window."""
     spend: SpendTokens | None = None
     """Charges the response's input and output tokens to the key that asked for it
     (its token limits), once the response has ended; None when no limit counts them."""

@@ -268,6 +268,11 @@ class RequestEcho:
     truncation: str = "disabled"
     user: str | None = None
     conversation_id: str | None = None
+    max_tool_calls: int | None = None
+    safety_identifier: str | None = None
+    prompt_cache_key: str | None = None
+    prompt_cache_retention: str | None = None
+    include: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, JsonValue, model_validator
 
 from mlxcel.errors import InvalidRequest, UnsupportedFeature
+from mlxcel.http.files import ChatFilePart
 from mlxcel.http.item_schemas import _Model, check_parts
 from mlxcel.items import (
     ContentPart,
@@ -60,7 +61,9 @@ class ImagePart(_Model):
     image_url: ImageUrl
 
 
-UserContent = str | list[Annotated[TextPart | ImagePart, Field(discriminator="type")]]
+UserContent = (
+    str | list[Annotated[TextPart | ImagePart | ChatFilePart, Field(discriminator="type")]]
+)
 
 
 class SystemMessage(_Model):
@@ -338,8 +341,8 @@ def _assistant(message: AssistantMessage, index: int) -> list[Item]:
     return items
 
 
-def _user_part(part: TextPart | ImagePart) -> ContentPart:
-    if isinstance(part, TextPart):
+def _user_part(part: TextPart | ImagePart | ChatFilePart) -> ContentPart:
+    if isinstance(part, TextPart | ChatFilePart):
         return InputText(part.text)
     return InputImage(part.image_url.url, detail=part.image_url.detail or "auto")
 

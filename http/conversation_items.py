@@ -1,4 +1,8 @@
-"""A conversation's items (`/v1/conversations/{id}/items`): list, add, retrieve, delete."""
+"""A conversation's items (`/v1/conversations/{id}/items`): list, add, retrieve, delete.
+
+Added items may be `item_reference`s: an input or output item of one of the tenant's
+stored responses, added under its own id (a 400 for an id not found, or one the
+conversation already holds)."""
 
 from __future__ import annotations
 
@@ -6,9 +10,8 @@ from quart import Blueprint, Response, request
 
 from mlxcel.errors import NotFound
 from mlxcel.http.body import read_model
-from mlxcel.http.conversations import changed_conversation, existing_conversation
+from mlxcel.http.conversations import added_items, changed_conversation, existing_conversation
 from mlxcel.http.handles import json_response
-from mlxcel.http.item_schemas import to_items
 from mlxcel.http.objects import conversation_json, item_json
 from mlxcel.http.schemas import ConversationItemsBody, list_page
 from mlxcel.store.tables import AddItems, RemoveItem
@@ -24,9 +27,9 @@ async def list_conversation_items(conversation_id: str) -> Response:
 
 @conversation_items.post("/conversations/<conversation_id>/items")
 async def create_conversation_items(conversation_id: str) -> Response:
-    await existing_conversation(conversation_id)
+    conversation = await existing_conversation(conversation_id)
     body = await read_model(ConversationItemsBody)
-    items = to_items(body.items)
+    items = await added_items(body.items, conversation.items)
     await changed_conversation(conversation_id, AddItems(items))
     data = [item_json(i) for i in items]
     return json_response(

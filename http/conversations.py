@@ -1,12 +1,14 @@
 """The Conversations API (`/v1/conversations`), backed by the store's transcripts.
 
 It lets clients such as the Agents SDK's `OpenAIConversationsSession` keep a transcript
-on the server and pass it to `/v1/responses` as `conversation`.
+on the server and pass it to `/v1/responses` as `conversation`. Items added (at creation
+or later) may be `item_reference`s to the tenant's stored response items.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 
 from quart import Blueprint, Response
 
@@ -14,10 +16,12 @@ from mlxcel.errors import InvalidRequest
 from mlxcel.http.body import read_model
 from mlxcel.http.guards import current_tenant
 from mlxcel.http.handles import handles, json_response
-from mlxcel.http.item_schemas import to_items
+from mlxcel.http.item_schemas import InputItem, ItemReferenceIn, to_entries
 from mlxcel.http.objects import conversation_json
 from mlxcel.http.schemas import ConversationCreateBody, ConversationUpdateBody
-from mlxcel.items import Conversation, new_conversation_id
+from mlxcel.items import Conversation, Item, new_conversation_id
+from mlxcel.prepare.history import resolve_items
+from mlxcel.prepare.offload import off_loop
 from mlxcel.store.actor import StoreHandle, conversation_not_found
 from mlxcel.store.tables import ConversationChange, Refused, SetMetadata
 
@@ -66,7 +70,7 @@ async def create_conversation() -> Response:
         id=new_conversation_id(),
         created_at=int(time.time()),
         metadata=dict(body.metadata or {}),
-        items=to_items(body.items or []),
+        items=await added_items(body.items or []),
     )
     if not await _store().put_conversation(conversation, tenant=current_tenant()):
         raise InvalidRequest(
@@ -93,6 +97,26 @@ async def delete_conversation(conversation_id: str) -> Response:
     await existing_conversation(conversation_id)
     await _store().delete_conversation(conversation_id, tenant=current_tenant())
     return json_response({"id": conversation_id, "object": "conversation.deleted", "deleted": True})
+
+
+async def added_items(
+    raw: Sequence[InputItem | ItemReferenceIn], held: tuple[Item, ...] = ()
+) -> tuple[Item, ...]:
+    """Items to add to a conversation that holds `held`: `item_reference`s become the
+    tenant's stored response items they name, each once (a 400 for an id not found, or
+    one the conversation already holds)."""
+    sent, references = await off_loop(to_entries, raw)
+    items = await resolve_items(sent, references, _store(), current_tenant(), param="items")
+    seen = {item.id for item in held}
+    for reference in references:
+        if reference.id in seen:
+            raise InvalidRequest(
+                f"Item with id '{reference.id[:64]}' is already in the conversation.",
+                param=f"items[{reference.index}].id",
+                code="duplicate_item",
+            )
+        seen.add(reference.id)
+    return items
 
 
 def _store() -> StoreHandle:

@@ -16,6 +16,8 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema, model_validator
 
 from mlxcel.errors import InvalidRequest
+from mlxcel.http.files import InputFilePart
+from mlxcel.http.objects import REASONING_PREFIX
 from mlxcel.items import (
     Compaction,
     ContentPart,
@@ -70,9 +72,12 @@ class InputImagePart(_Model):
 
 
 ContentPartIn = Annotated[
-    InputTextPart | OutputTextPart | RefusalPart | InputImagePart, Field(discriminator="type")
+    InputTextPart | OutputTextPart | RefusalPart | InputImagePart | InputFilePart,
+    Field(discriminator="type"),
 ]
-OutputPartIn = Annotated[InputTextPart | InputImagePart, Field(discriminator="type")]
+OutputPartIn = Annotated[
+    InputTextPart | InputImagePart | InputFilePart, Field(discriminator="type")
+]
 
 
 class MessageIn(_Model):
@@ -123,6 +128,22 @@ class ReasoningIn(_Model):
     type: Literal["reasoning"]
     id: str | None = None
     content: list[ReasoningContentIn] | None = None
+    encrypted_content: str | None = None
+    """The trace, when this server wrote it (`include: ["reasoning.encrypted_content"]`);
+    another server's opaque blob carries nothing this model can read and is ignored."""
+
+    @property
+    def trace(self) -> str:
+        """The trace's text: from `content`, else from an `encrypted_content` of ours."""
+        text = "".join(c.text for c in self.content or [])
+        blob = self.encrypted_content or ""
+        if text or not blob.startswith(REASONING_PREFIX):
+            return text
+        encoded = blob[len(REASONING_PREFIX) :]
+        try:
+            return base64.urlsafe_b64decode(encoded + "=" * (-len(encoded) % 4)).decode()
+        except (ValueError, binascii.Error):
+            return ""
 
 
 def _default_message_type(value: Any) -> Any:
@@ -257,13 +278,18 @@ ITEM_TAGS = frozenset(
         "refusal",
         "reasoning_text",
         "input_image",
+        "input_file",
         "item_reference",
     }
 )
 
 
-def _part(part: InputTextPart | OutputTextPart | RefusalPart | InputImagePart) -> ContentPart:
+def _part(
+    part: InputTextPart | OutputTextPart | RefusalPart | InputImagePart | InputFilePart,
+) -> ContentPart:
     match part:
+        case InputFilePart(text=text):
+            return InputText(text)
         case InputImagePart(image_url=url, file_id=file_id, detail=detail):
             return InputImage(url, file_id, detail or "auto")
         case InputTextPart(text=text):
@@ -340,9 +366,8 @@ def to_items(raw_input: str | Sequence[InputItem]) -> tuple[Item, ...]:
                 items.append(
                     FunctionCallOutput(call_id, parts_text(sent), item_id, sent, custom=True)
                 )
-            case ReasoningIn(id=item_id, content=content):
-                text = "".join(c.text for c in content or [])
-                items.append(Reasoning(text, id=item_id or new_id("rs")))
+            case ReasoningIn(id=item_id):
+                items.append(Reasoning(raw.trace, id=item_id or new_id("rs")))
             case CompactionIn(encrypted_content=content, id=item_id):
                 preserved = to_items(content.preserved)
                 items.append(Compaction(content.summary, preserved, id=item_id or new_id("cmp")))

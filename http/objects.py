@@ -78,7 +78,18 @@ def part_json(part: ContentPart) -> dict[str, Any]:
     raise AssertionError(part)
 
 
-def item_json(item: Item) -> dict[str, Any]:
+REASONING_PREFIX = "mlx-reasoning."
+"""Marks an `encrypted_content` this server wrote: the trace as base64url, not encrypted
+(its text is in `content` too); a client sends it back when it keeps no other state."""
+
+
+def reasoning_content(text: str) -> str:
+    """A trace as the `encrypted_content` a client may send back (`include`)."""
+    return REASONING_PREFIX + base64.urlsafe_b64encode(text.encode()).decode().rstrip("=")
+
+
+def item_json(item: Item, *, encrypted: bool = False) -> dict[str, Any]:
+    """The item's JSON; `encrypted`: a reasoning item carries `encrypted_content`."""
     match item:
         case Message():
             return {
@@ -120,13 +131,16 @@ def item_json(item: Item) -> dict[str, Any]:
             encoded = base64.urlsafe_b64encode(json.dumps(content).encode()).rstrip(b"=")
             return {"id": item.id, "type": "compaction", "encrypted_content": encoded.decode()}
         case Reasoning():
-            return {
+            reasoning = {
                 "id": item.id,
                 "type": "reasoning",
                 "summary": [],
                 "content": [{"type": "reasoning_text", "text": item.text}],
                 "status": item.status,
             }
+            if encrypted:
+                reasoning["encrypted_content"] = reasoning_content(item.text)
+            return reasoning
     raise AssertionError(item)
 
 
@@ -134,6 +148,7 @@ def response_json(record: ResponseRecord) -> dict[str, Any]:
     """The Responses API object for a record, as the `openai` SDK's `Response` parses it."""
     echo = record.echo
     usage = record.usage
+    encrypted = "reasoning.encrypted_content" in echo.include
     body: dict[str, Any] = {
         "id": record.id,
         "object": "response",
@@ -149,7 +164,7 @@ def response_json(record: ResponseRecord) -> dict[str, Any]:
         "instructions": echo.instructions,
         "max_output_tokens": echo.max_output_tokens,
         "model": echo.model,
-        "output": [item_json(i) for i in record.output],
+        "output": [item_json(i, encrypted=encrypted) for i in record.output],
         "parallel_tool_calls": echo.parallel_tool_calls,
         "previous_response_id": echo.previous_response_id,
         "reasoning": echo.reasoning
@@ -166,6 +181,12 @@ def response_json(record: ResponseRecord) -> dict[str, Any]:
         "usage": None if usage is None else usage_json(usage),
         "user": echo.user,
         "metadata": echo.metadata,
+        "max_tool_calls": echo.max_tool_calls,
+        # One way of serving here: whatever tier was asked, it ran as the standard one.
+        "service_tier": "default",
+        "safety_identifier": echo.safety_identifier,
+        "prompt_cache_key": echo.prompt_cache_key,
+        "prompt_cache_retention": echo.prompt_cache_retention,
     }
     if echo.conversation_id is not None:
         body["conversation"] = {"id": echo.conversation_id}

@@ -11,6 +11,7 @@ from quart import Blueprint, Response
 from mlxcel.errors import InvalidRequest
 from mlxcel.http.access_log import exchange_note, note_record
 from mlxcel.http.body import read_model
+from mlxcel.http.files import check_file_urls
 from mlxcel.http.guards import current_tenant
 from mlxcel.http.handles import Handles, handles, json_response
 from mlxcel.http.objects import response_json
@@ -26,6 +27,10 @@ from mlxcel.respond.events import ResponseCreated
 
 responses = Blueprint("responses", __name__)
 
+TRUNCATED_HEADER = "x-truncated-input-items"
+"""On a request that sent `truncation`: how many of the oldest rendered input items were
+dropped so the prompt fits the context window (0 when none were)."""
+
 
 @responses.post("/responses")
 @rate_limited
@@ -33,20 +38,23 @@ async def create_response() -> Response:
     body = await read_model(CreateResponseBody)
     h = handles()
     model = h.served()
-    check_item_count(body.input, model.info.context_length)  # before any work on the input
+    if body.truncation != "auto":  # else the oldest turns are dropped to fit
+        check_item_count(body.input, model.info.context_length)  # before any work on it
+    check_file_urls(body.input, h.policy.image_placeholders)
     if body.background:
         _check_background(h, body)
     params = await off_loop(response_params, body, tenant=current_tenant())
     prepared = await prepare_response(params, model, policy=h.policy, store=h.store, echo=h.echo)
     generation = await metered(prepared)
+    truncated = {TRUNCATED_HEADER: str(generation.truncated_items)} if body.truncation else {}
     if params.background:
         record = await h.jobs.submit(generation)
         note_record(record)
-        return json_response(response_json(record))
+        return _with_headers(json_response(response_json(record)), truncated)
     if not body.stream:
         record = await h.scheduler.generate(generation)
         note_record(record)
-        return json_response(response_json(record))
+        return _with_headers(json_response(response_json(record)), truncated)
     note_record(generation.record)  # its usage once the stream ends
     stream = h.scheduler.stream(generation)
     bind_to_exchange(stream)
@@ -60,8 +68,13 @@ async def create_response() -> Response:
             note=exchange_note(),
         ),
         content_type="text/event-stream",
-        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **truncated},
     )
+
+
+def _with_headers(response: Response, headers: dict[str, str]) -> Response:
+    response.headers.update(headers)
+    return response
 
 
 @responses.post("/responses/input_tokens")
@@ -71,7 +84,9 @@ async def count_input_tokens() -> Response:
     if body.model is not None:
         check_model(h.names, body.model)  # a 404 before the 503 of a model still loading
     model = h.served()
-    check_item_count(body.input, model.info.context_length)
+    if body.truncation != "auto":
+        check_item_count(body.input, model.info.context_length)
+    check_file_urls(body.input, h.policy.image_placeholders)
     params = await off_loop(response_params, body, model=h.names.alias, tenant=current_tenant())
     tokens = await input_token_count(params, model, policy=h.policy, store=h.store, echo=h.echo)
     return json_response({"object": "response.input_tokens", "input_tokens": tokens})

@@ -15,10 +15,26 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, JsonValue, model_validator
 
 from mlxcel.errors import InvalidRequest
-from mlxcel.http.item_schemas import InputItemIn, ResponseInputItemIn, _Model, check_parts
+from mlxcel.http.item_schemas import ResponseInputItemIn, _Model, check_parts
 from mlxcel.items import Item
 
 MAX_COMPACT_THRESHOLD = 100_000_000
+
+Includable = Literal[
+    "file_search_call.results",
+    "web_search_call.results",
+    "web_search_call.action.sources",
+    "message.input_image.image_url",
+    "computer_call_output.output.image_url",
+    "code_interpreter_call.outputs",
+    "reasoning.encrypted_content",
+    "message.output_text.logprobs",
+]
+"""The `include` values the `openai` SDK knows (`ResponseIncludable`); others are a 400,
+as on the hosted API. Only the last two change a response here: the hosted tools the
+rest name never run on this server."""
+ServiceTier = Literal["auto", "default", "flex", "scale", "priority", "fast", "ultrafast"]
+VERBOSITY = ("low", "medium", "high")
 
 
 class CompactionSetting(_Model):
@@ -60,12 +76,37 @@ class CreateResponseBody(_BoundedInput):
     previous_response_id: str | None = None
     conversation: str | dict[str, JsonValue] | None = None
     user: str | None = None
-    prompt_cache_key: str | None = None
-    include: list[str] | None = None
+    prompt_cache_key: str | None = Field(default=None, max_length=1024)
+    include: list[Includable] | None = None
+    max_tool_calls: int | None = Field(default=None, ge=1)
+    service_tier: ServiceTier | None = None
+    safety_identifier: str | None = Field(default=None, max_length=128)
+    prompt_cache_retention: Literal["in_memory", "24h"] | None = None
+    prompt: JsonValue = None
+    """A stored prompt template: there are none here, so a 400 rather than a reply
+    written without it."""
     chat_template_kwargs: dict[str, JsonValue] | None = None
     """Passed straight to the chat template (e.g. `enable_thinking`); `reasoning.effort`
     is deliberately not mapped to it."""
     context_management: list[CompactionSetting] | None = Field(default=None, max_length=1)
+
+    @model_validator(mode="after")
+    def _checked(self) -> CreateResponseBody:
+        if self.prompt is not None:
+            raise InvalidRequest(
+                "Prompt templates ('prompt') are not stored on this server; send the "
+                "prompt as 'instructions' and 'input'.",
+                param="prompt",
+                code="unsupported_parameter",
+            )
+        verbosity = (self.text or {}).get("verbosity")
+        if verbosity is not None and verbosity not in VERBOSITY:
+            raise InvalidRequest(
+                f"Invalid 'text.verbosity': expected one of {', '.join(VERBOSITY)}.",
+                param="text.verbosity",
+                code="invalid_value",
+            )
+        return self
 
     @property
     def compact_threshold(self) -> int | None:
@@ -98,7 +139,7 @@ Metadata = dict[Annotated[str, Field(max_length=64)], Annotated[str, Field(max_l
 
 
 class ConversationCreateBody(_Model):
-    items: list[InputItemIn] | None = Field(default=None, max_length=20)
+    items: list[ResponseInputItemIn] | None = Field(default=None, max_length=20)
     metadata: Metadata | None = Field(default=None, max_length=16)
 
 
@@ -107,7 +148,8 @@ class ConversationUpdateBody(_Model):
 
 
 class ConversationItemsBody(_Model):
-    items: list[InputItemIn] = Field(min_length=1, max_length=20)
+    items: list[ResponseInputItemIn] = Field(min_length=1, max_length=20)
+    """Items, or references to the tenant's stored response items (`item_reference`)."""
 
 
 class InputTokensBody(CreateResponseBody):

@@ -46,8 +46,9 @@ _FINISHED = {
 }
 
 
-def event_json(event: ResponseEvent) -> dict[str, Any]:
-    """The event's JSON without its sequence number."""
+def event_json(event: ResponseEvent, *, encrypted: bool = False) -> dict[str, Any]:
+    """The event's JSON without its sequence number; `encrypted`: a finished reasoning
+    item carries `encrypted_content` (`include: ["reasoning.encrypted_content"]`)."""
     match event:
         case ResponseCreated(record):
             return {"type": "response.created", "response": response_json(record)}
@@ -62,7 +63,7 @@ def event_json(event: ResponseEvent) -> dict[str, Any]:
             return {
                 "type": f"response.output_item.{kind}",
                 "output_index": event.output_index,
-                "item": item_json(event.item),
+                "item": item_json(event.item, encrypted=encrypted and kind == "done"),
             }
         case ContentPartAdded() | ContentPartDone():
             kind = "added" if isinstance(event, ContentPartAdded) else "done"
@@ -124,11 +125,14 @@ class SseEncoder:
     def __init__(self, *, progress: bool = True) -> None:
         self._sequence = 0
         self._progress = progress
+        self._encrypted = False  # the stream's first event tells
 
     def encode(self, event: ResponseEvent) -> bytes:
         if isinstance(event, KeepAlive) and not self._progress:
             return KEEPALIVE_FRAME
-        body = event_json(event)
+        if isinstance(event, ResponseCreated):
+            self._encrypted = "reasoning.encrypted_content" in event.record.echo.include
+        body = event_json(event, encrypted=self._encrypted)
         body["sequence_number"] = self._sequence
         self._sequence += 1
         data = json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False)

@@ -48,7 +48,10 @@ async def input_token_count(
 ) -> int:
     """The prompt tokens a Responses API request renders to, prepared as it would be."""
     params, history, items = await _intake(params, model, policy, store, echo)
-    _, prompt = await off_loop(render, params, history, model.codec, items)
+    context_length = model.info.context_length
+    _, prompt, _ = await off_loop(
+        render, params, history, model.codec, items, context_length=context_length
+    )
     return len(prompt)
 
 

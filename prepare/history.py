@@ -96,9 +96,10 @@ async def resolve_items(
     references: tuple[ItemReference, ...],
     store: StoreHandle,
     tenant: str,
+    param: str = "input",
 ) -> tuple[Item, ...]:
     """`items` with the stored items `references` name put back in their places; an id no
-    stored response of the tenant holds is a 400 naming that place."""
+    stored response of the tenant holds is a 400 naming that place (in `param`)."""
     if not references:
         return items
     found = await store.find_items(frozenset(r.id for r in references), tenant=tenant)
@@ -107,7 +108,7 @@ async def resolve_items(
             disabled = "" if store.responses_limits.enabled else " (response storage is off)"
             raise InvalidRequest(
                 f"Item with id '{reference.id[:64]}' not found{disabled}.",
-                param=f"input[{reference.index}].id",
+                param=f"{param}[{reference.index}].id",
                 code="item_not_found",
             )
     named = {r.index: found[r.id] for r in references}

@@ -7,11 +7,13 @@ request is a 400 before any slot is taken.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import time
 from collections.abc import Sequence
 from typing import Any
 
-from mlxcel.errors import ContextLengthExceeded, InvalidRequest, ModelNotFound, UnsupportedFeature
+from mlxcel.errors import ContextLengthExceeded, InvalidRequest, ModelNotFound
 from mlxcel.generation import GenerationRequest, ModelNames, PromptCodec, Sampling, ServedModel
 from mlxcel.items import (
     Compaction,
@@ -29,6 +31,7 @@ from mlxcel.prepare.limits import check_input_size
 from mlxcel.prepare.offload import off_loop
 from mlxcel.prepare.params import ResponseParams
 from mlxcel.prepare.tools import tool_use
+from mlxcel.prepare.truncation import fit, note_dropped, output_reserve
 from mlxcel.store.echo import EchoHandle
 
 # The server sets these itself when it renders a prompt.
@@ -66,9 +69,12 @@ async def intake_items(
     """The request's input items, checked against the window, with remembered
     reasoning restored; the heavy parts run off the event loop."""
     context_length = model.info.context_length
-    items = await off_loop(
-        input_items, params.input, params.instructions, params.tools, history, context_length
-    )
+    if params.truncation != "auto":  # else the oldest turns are dropped to fit
+        items = await off_loop(
+            input_items, params.input, params.instructions, params.tools, history, context_length
+        )
+    else:
+        items = params.input
     items = await restore_signed(params, items, echo)
     return await restore_reasoning(params, model.names.alias, items, echo)
 
@@ -124,17 +130,13 @@ def render(
     items: tuple[Item, ...] | None = None,
     definitions: list[dict[str, Any]] | None = None,
     tail: tuple[Item, ...] = (),
-) -> tuple[tuple[Item, ...], list[int]]:
-    """The request's own input items and the prompt tokens of history + input (+ `tail`,
-    such as the compaction that stands in for them).
+    context_length: int = 0,
+) -> tuple[tuple[Item, ...], list[int], int]:
+    """The request's own input items, the prompt tokens of history + input (+ `tail`,
+    such as the compaction that stands in for them), and how many of the rendered items
+    `truncation: "auto"` dropped to fit `context_length` (0: no truncation).
 
     `definitions` are the chat-template tools when the caller already worked them out."""
-    if params.truncation == "auto":
-        raise UnsupportedFeature(
-            'Only `truncation: "disabled"` is supported.',
-            param="truncation",
-            code="unsupported_value",
-        )
     reserved = RESERVED_TEMPLATE_KWARGS & set(params.chat_template_kwargs or {})
     if reserved:
         raise InvalidRequest(
@@ -149,13 +151,18 @@ def render(
     items = params.input if items is None else items
     if params.raw:
         text = "".join(item.text for item in items if isinstance(item, Message))
-        return items, codec.encode(text)
-    prompt = codec.render(
-        to_chat(params.instructions, history + items + tail),
-        definitions or None,
-        params.chat_template_kwargs,
-    )
-    return items, prompt
+        return items, codec.encode(text), 0
+
+    def rendered(kept: Sequence[Item]) -> list[int]:
+        chat = to_chat(params.instructions, kept)
+        return codec.render(chat, definitions or None, params.chat_template_kwargs)
+
+    if params.truncation != "auto" or not context_length:
+        return items, rendered(history + items + tail), 0
+    budget = context_length - output_reserve(params.max_output_tokens, context_length)
+    fixed = len(params.instructions or "") + len(json.dumps(definitions or []))
+    fitted = fit(history + items + tail, rendered, budget, fixed)
+    return items, fitted.prompt, fitted.dropped
 
 
 def build_request(
@@ -183,11 +190,16 @@ def build_request(
         parallel=params.parallel_tool_calls,
         skip=params.ignored_tools,
     )
+    if tools is not None and params.max_tool_calls is not None:
+        tools = dataclasses.replace(tools, max_calls=params.max_tool_calls)
     tail = (compaction,) if compaction is not None else ()
-    items, prompt = render(params, history, codec, items, definitions, tail)
+    items, prompt, dropped = render(
+        params, history, codec, items, definitions, tail, info.context_length
+    )
     max_tokens = _output_room(params, len(prompt), info.context_length, fits=fits)
     echo = _request_echo(params)
     response_id, created_at = identity or (new_id("resp"), int(time.time()))
+    note_dropped(response_id, dropped, len(prompt))
     record = ResponseRecord(
         id=response_id,
         created_at=created_at,
@@ -215,6 +227,7 @@ def build_request(
         tools=tools,
         reasoning_opened=not params.raw and codec.opens_reasoning(params.chat_template_kwargs),
         echo_prefix=echo_prefix(params, model.names.alias, items),
+        truncated_items=dropped,
     )
 
 
@@ -256,4 +269,10 @@ def _request_echo(params: ResponseParams) -> RequestEcho:
         user=params.user,
         conversation_id=conversation_id(params.conversation),
         background=bool(params.background),
+        truncation=params.truncation or "disabled",
+        max_tool_calls=params.max_tool_calls,
+        safety_identifier=params.safety_identifier,
+        prompt_cache_key=params.prompt_cache_key,
+        prompt_cache_retention=params.prompt_cache_retention,
+        include=tuple(params.include),
     )

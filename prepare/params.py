@@ -40,6 +40,10 @@ class ResponseParams:
     user: str | None = None
     prompt_cache_key: str | None = None
     include: tuple[str, ...] = ()
+    max_tool_calls: int | None = None
+    """At most this many tool calls in the reply; later ones are not emitted."""
+    safety_identifier: str | None = None
+    prompt_cache_retention: str | None = None
     chat_template_kwargs: dict[str, JsonValue] | None = None
     compact_threshold: int | None = None
     """Compact first at this many rendered input tokens (`context_management`)."""

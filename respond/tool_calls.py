@@ -3,7 +3,7 @@ reports them, as `function_call` or `custom_tool_call` items and their stream ev
 
 The `ResponseBuilder` owns the output list and the message text; this part owns the open
 calls. Calls the response was not offered, and calls beyond the first when
-`parallel_tool_calls` is off, are ignored: their later events change nothing.
+`parallel_tool_calls` is off, or beyond `max_tool_calls`, are ignored: their later events change nothing.
 """
 
 from __future__ import annotations
@@ -89,10 +89,12 @@ class ToolCalls:
         return events
 
     def _one_call_made(self) -> bool:
-        """Another call would break `parallel_tool_calls: false`."""
-        if self._tools.parallel:
+        """Another call would break `parallel_tool_calls: false` or `max_tool_calls`."""
+        cap = 1 if not self._tools.parallel else self._tools.max_calls
+        if cap is None:
             return False
-        return bool(self._calls) or any(isinstance(i, FunctionCall) for i in self._output)
+        made = len(self._calls) + sum(isinstance(i, FunctionCall) for i in self._output)
+        return made >= cap
 
     def _arguments(self, index: int, delta: str) -> list[ResponseEvent]:
         call = self._calls[index]

@@ -130,6 +130,11 @@ request_echoes = st.builds(
     truncation=st.sampled_from(["disabled", "auto"]),
     user=st.none() | texts,
     conversation_id=st.none() | texts,
+    max_tool_calls=st.none() | counts,
+    safety_identifier=st.none() | texts,
+    prompt_cache_key=st.none() | texts,
+    prompt_cache_retention=st.none() | st.sampled_from(["in_memory", "24h"]),
+    include=st.lists(texts, max_size=2).map(tuple),
 )
 response_records = st.builds(
     ResponseRecord,

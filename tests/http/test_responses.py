@@ -186,7 +186,11 @@ async def test_unknown_top_level_fields_are_ignored(fake_server: FakeServer) -> 
         ({"model": "fake-model", "input": "hi", "max_output_tokens": "many"}, "max_output_tokens"),
         ({"model": "fake-model", "input": [{"role": "robot", "content": "x"}]}, "input[0]"),
         ({"model": "fake-model", "input": [{"type": "input_image", "image_url": "x"}]}, "input[0]"),
-        ({"model": "fake-model", "input": "hi", "truncation": "auto"}, "truncation"),
+        ({"model": "fake-model", "input": "hi", "truncation": "sometimes"}, "truncation"),
+        ({"model": "fake-model", "input": "hi", "include": ["everything"]}, "include"),
+        ({"model": "fake-model", "input": "hi", "text": {"verbosity": "loud"}}, "text.verbosity"),
+        ({"model": "fake-model", "input": "hi", "max_tool_calls": 0}, "max_tool_calls"),
+        ({"model": "fake-model", "input": "hi", "prompt": {"id": "pmpt_1"}}, "prompt"),
         (
             {"model": "fake-model", "input": "hi", "tools": [{"type": "web_search"}]},
             "tools[0].type",

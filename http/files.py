@@ -1,0 +1,205 @@
+"""File content parts (`input_file`; Chat Completions' `file`): a document the client
+sends becomes text the model reads, headed by its filename.
+
+Only `file_data` is read: a base64 data URL (`data:<type>;base64,…`), or bare base64
+whose type the filename's extension tells. Plain text, Markdown, CSV and JSON are read
+as UTF-8; a PDF's text is extracted with pypdf. Any other type is a 400 naming it, as is
+a `file_id` (there is no files API here). A `file_url` is never fetched, as input images
+are never fetched: under `--images placeholder` the model reads a note that the file was
+not read, under `--images reject` it is a 400 (`check_file_urls`).
+
+Bounded like every other input: `MAX_FILE_BYTES` decoded bytes per file (checked on the
+base64's length before decoding), `MAX_PDF_PAGES` pages, `MAX_FILE_CHARS` characters of
+text per file; pypdf itself bounds each stream's decompressed size (75 MB by default), so
+a compression bomb stops there. Malformed input of any kind is a 400, never a 500.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import io
+import logging
+import mimetypes
+from collections.abc import Iterator
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from mlxcel.errors import InvalidRequest
+
+log = logging.getLogger(__name__)
+
+MAX_FILE_BYTES = 16 * 1024 * 1024
+MAX_FILE_CHARS = 1_000_000
+MAX_PDF_PAGES = 1000
+PDF = "application/pdf"
+TEXT_TYPES = frozenset(
+    {"application/json", "application/x-ndjson", "application/csv", "application/markdown"}
+)
+"""Besides `text/*`: the types read as UTF-8 text."""
+EXTENSIONS = {".md": "text/markdown", ".markdown": "text/markdown", ".jsonl": "application/json"}
+FILE_URL_NOTE = "[file omitted: {name} was sent by URL, and this server does not fetch URLs]"
+
+
+def file_text(
+    file_data: str | None, file_url: str | None, file_id: str | None, filename: str | None
+) -> str:
+    """What the model reads for one file part (a ValueError, which validation reports at
+    the part's place, for anything it cannot read)."""
+    if file_id is not None and file_data is None:
+        raise ValueError("'file_id' cannot be used: this server has no files API; send 'file_data'")
+    if file_data is None:
+        if file_url is None:
+            raise ValueError("an input_file needs 'file_data' (or a 'file_url')")
+        return FILE_URL_NOTE.format(name=filename or file_url[:200])
+    kind, payload = _split_data(file_data, filename)
+    data = _decoded(payload)
+    name = filename or "untitled"
+    text = _pdf_text(data) if kind == PDF else _utf8(data, kind)
+    if len(text) > MAX_FILE_CHARS:
+        raise ValueError(
+            f"the text of file {name[:100]!r} is {len(text)} characters; at most "
+            f"{MAX_FILE_CHARS} are read from one file"
+        )
+    return f"[file: {name}]\n{text}\n[end of file: {name}]"
+
+
+def _split_data(file_data: str, filename: str | None) -> tuple[str, str]:
+    """The media type and the base64 payload."""
+    if file_data.startswith("data:"):
+        header, comma, payload = file_data.partition(",")
+        if not comma or not header.endswith(";base64"):
+            raise ValueError("'file_data' must be a base64 data URL (data:<type>;base64,…)")
+        kind = header[len("data:") : -len(";base64")].split(";")[0].strip().lower()
+    else:
+        payload, kind = file_data, _guessed(filename)
+    if not (kind == PDF or kind.startswith("text/") or kind in TEXT_TYPES):
+        raise ValueError(
+            f"files of type {kind[:100]!r} cannot be read; send text, Markdown, CSV, JSON or PDF"
+        )
+    return kind, payload
+
+
+def _guessed(filename: str | None) -> str:
+    """The type a filename's extension names ("" when none does)."""
+    if not filename:
+        raise ValueError(
+            "bare base64 'file_data' needs a 'filename' whose extension names its type"
+        )
+    suffix = "." + filename.rsplit(".", 1)[-1].lower() if "." in filename else ""
+    return EXTENSIONS.get(suffix) or mimetypes.guess_type("f" + suffix)[0] or "unknown"
+
+
+def _decoded(payload: str) -> bytes:
+    if len(payload) // 4 * 3 > MAX_FILE_BYTES:
+        raise ValueError(f"the file is larger than the {MAX_FILE_BYTES}-byte limit for one file")
+    try:
+        return base64.b64decode(payload, validate=True)
+    except (binascii.Error, ValueError):
+        raise ValueError("'file_data' is not valid base64") from None
+
+
+def _utf8(data: bytes, kind: str) -> str:
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError:
+        raise ValueError(f"the {kind} file is not UTF-8 text") from None
+
+
+def _pdf_text(data: bytes) -> str:
+    """The text of each page, in order; a note when there is none (a scan)."""
+    from pypdf import PdfReader  # imported on first use: most servers never read a PDF
+
+    if not data.startswith(b"%PDF-"):
+        raise ValueError("the file sent as application/pdf is not a PDF")
+    try:
+        reader = PdfReader(io.BytesIO(data))
+        if len(reader.pages) > MAX_PDF_PAGES:
+            raise ValueError(f"the PDF has {len(reader.pages)} pages; at most {MAX_PDF_PAGES}")
+        text = "\n\n".join(_pages(reader))
+    except ValueError:
+        raise
+    except Exception as exc:  # pypdf raises many kinds on a damaged file
+        log.info("a PDF could not be read: %s: %s", type(exc).__name__, exc)
+        raise ValueError(f"the PDF could not be read ({type(exc).__name__})") from None
+    return text.strip() or "(this PDF has no text that can be extracted: it may be a scan)"
+
+
+def _pages(reader: Any) -> Iterator[str]:
+    read = 0
+    for page in reader.pages:
+        text = page.extract_text() or ""
+        read += len(text)
+        yield text
+        if read > MAX_FILE_CHARS:
+            return  # already too long: the caller refuses it
+
+
+def check_file_urls(raw_input: object, placeholders: bool, param: str = "input") -> None:
+    """400 for a `file_url` part when the server answers input it cannot read with a 400
+    (`--images reject`): it fetches no URL, of an image or a file."""
+    if placeholders or not isinstance(raw_input, list):
+        return
+    for n, item in enumerate(raw_input):
+        for key in ("content", "output"):
+            parts = getattr(item, key, None)
+            for k, part in enumerate(parts if isinstance(parts, list) else ()):
+                if getattr(part, "file_url", None) is None or getattr(part, "file_data", None):
+                    continue
+                raise InvalidRequest(
+                    "The input names a file by URL, but this server does not fetch URLs "
+                    "(--images reject); send the file as 'file_data'.",
+                    param=f"{param}[{n}].{key}[{k}].file_url",
+                    code="unsupported_file_url",
+                )
+
+
+class ChatFile(BaseModel):
+    """Chat Completions' `file` object: `file_data` (with a `filename`) or a `file_id`."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True, strict=True)
+    file_data: str | None = None
+    file_id: str | None = None
+    filename: str | None = Field(default=None, max_length=1024)
+
+
+class ChatFilePart(BaseModel):
+    """`{"type": "file", "file": {...}}` in a Chat Completions user message, read into
+    `text` as validation runs."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True, strict=True)
+    type: Literal["file"]
+    file: ChatFile
+    text: str = ""
+
+    @model_validator(mode="after")
+    def _read(self) -> ChatFilePart:
+        file = self.file
+        text = file_text(file.file_data, None, file.file_id, file.filename)
+        object.__setattr__(self, "text", text)  # what the model reads, whatever was sent
+        return self
+
+
+class InputFilePart(BaseModel):
+    """`input_file`: a document, read into `text` as validation runs."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True, strict=True)
+
+    type: Literal["input_file"]
+    file_data: str | None = None
+    file_url: str | None = None
+    file_id: str | None = None
+    filename: str | None = Field(default=None, max_length=1024)
+    text: str = ""
+    """What the model reads: set from the file, whatever a client sent under this name."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _read(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        fields = [data.get(k) for k in ("file_data", "file_url", "file_id", "filename")]
+        if not all(v is None or isinstance(v, str) for v in fields):
+            return {**data, "text": ""}  # the wrong types, which validation reports
+        return {**data, "text": file_text(*fields)}
