@@ -110,6 +110,7 @@ class MlxEngine:
         rows = self._running.rows
         groups = self._running.groups()
         chunk = self._plan(separate=False) if self.flat else None
+        scores = sum(r.held for r in rows) + self._scores(chunk)
         if chunk is not None:
             logits, self._read = self._read_with(chunk, groups)
         elif len(groups) == 1:
@@ -130,7 +131,7 @@ class MlxEngine:
                 self._keep(row, row.tokens, self._running.extract(i), "assistant")
         self._running.keep(keep)
         read = 0 if chunk is None else chunk.tokens
-        self.budget.observe(len(rows), read, time.perf_counter() - started)
+        self.budget.observe(len(rows), read, time.perf_counter() - started, scores)
         return steps
 
     def prefill(self) -> list[TokenStep]:
@@ -141,9 +142,9 @@ class MlxEngine:
         if done is None and (not self._running or not self.flat):
             chunk = self._plan(separate=True)
             if chunk is not None:
-                started = time.perf_counter()
+                started, scores = time.perf_counter(), self._scores(chunk)
                 done = self._read_alone(chunk)
-                self.budget.observe(0, chunk.tokens, time.perf_counter() - started)
+                self.budget.observe(0, chunk.tokens, time.perf_counter() - started, scores)
         return [] if done is None else self._finish(done)
 
     def step(self) -> list[TokenStep]:
@@ -201,8 +202,20 @@ class MlxEngine:
         waiting = [Waiting(k, len(r.prompt) - r.read) for k, r in self._reading.items()]
         decoding = len(self._running)
         batch = decoding + len(self._reading) + len(self._waiting)
-        budget = self.budget.tokens(decoding, batch, separate=separate)
+        context = sum(r.held for r in self._running.rows) / max(1, decoding)
+        offset = next((r.read for r in self._reading.values()), 0)  # the oldest sets the length
+        budget = self.budget.tokens(
+            decoding, batch, separate=separate, context=context, offset=offset
+        )
         return plan_chunk(waiting, budget)
+
+    def _scores(self, chunk: Chunk | None) -> int:
+        """The chunk's attention scores (padding included), per layer and head: each of
+        its tokens attends to every position before it."""
+        if chunk is None:
+            return 0
+        n = chunk.length
+        return sum(n * self._reading[k].read + n * n // 2 for k in chunk.keys)
 
     def _parts(self, chunk: Chunk) -> tuple[list[Row], list[tuple[int, ...]], list[bool]]:
         """The chunk's rows, the tokens each reads, and whether that ends its prompt."""

@@ -1,4 +1,5 @@
-"""What an engine step costs: `fixed + per_row · rows + per_token · prompt_tokens`.
+"""What an engine step costs: `fixed + per_row · rows + per_token · prompt_tokens +
+per_kscore · attention_scores / 1000`.
 
 A step is one forward over the decode rows' tokens and the prompt tokens read with
 them. Whatever it computes, a forward reads all the weights: on a CPU that fixed part
@@ -6,7 +7,10 @@ is as large as a one-row decode step, so a cost counted per token alone mistakes
 a per-token cost (about twice the true one, with small chunks) and buys half the prompt
 a step could read. The three parts are fitted here by least squares, none negative,
 from the engine's own measurements of recent steps, the newer weighing more (a machine
-gets busier, a context grows).
+gets busier, a context grows). The fourth part is attention's: a token attends to every
+position before it, so a chunk deep into a long prompt, or rows far into their
+replies, cost more per token than the same shapes at the start; counted apart, the
+budget buys fewer tokens deep in a prompt instead of overrunning the step there.
 
 Pure Python: the engine measures, this module fits.
 """
@@ -26,29 +30,40 @@ DECAY = 0.95
 """Weight of a step, relative to the step after it."""
 
 
+Sample = tuple[int, int, float, float]
+"""A measured step: `(rows, prompt_tokens, kscores, ms)`; kscores are the step's
+attention scores (query-key pairs, per layer and head) in thousands."""
+
+
 @dataclass(frozen=True, slots=True)
 class StepCost:
-    """Fitted milliseconds of a step: `fixed + per_row · rows + per_token · tokens`."""
+    """Fitted milliseconds of a step: `fixed + per_row · rows + per_token · tokens +
+    per_kscore · kscores`."""
 
     fixed: float
     per_row: float
     per_token: float
+    per_kscore: float = 0.0
 
-    def ms(self, rows: int, tokens: int = 0) -> float:
-        return self.fixed + self.per_row * rows + self.per_token * tokens
+    def ms(self, rows: int, tokens: int = 0, kscores: float = 0.0) -> float:
+        return (
+            self.fixed + self.per_row * rows + self.per_token * tokens + self.per_kscore * kscores
+        )
 
 
 @dataclass
 class StepCostModel:
-    """The running fit over the last `WINDOW` steps' `(rows, tokens, ms)`."""
+    """The running fit over the last `WINDOW` steps."""
 
-    samples: deque[tuple[int, int, float]] = field(default_factory=lambda: deque(maxlen=WINDOW))
+    samples: deque[Sample] = field(default_factory=lambda: deque(maxlen=WINDOW))
     _fit: StepCost | None = None
 
-    def observe(self, rows: int, tokens: int, seconds: float) -> None:
+    def observe(self, rows: int, tokens: int, seconds: float, scores: int = 0) -> None:
+        """A step of `rows` decode rows and `tokens` prompt tokens, `scores` attention
+        scores in all, took `seconds`."""
         if rows <= 0 and tokens <= 0:
             return
-        self.samples.append((rows, tokens, 1000 * seconds))
+        self.samples.append((rows, tokens, scores / 1000, 1000 * seconds))
         self._fit = None
 
     def cost(self) -> StepCost | None:
@@ -63,25 +78,26 @@ class StepCostModel:
         return self._fit
 
 
-def fit(samples: Sequence[tuple[int, int, float]]) -> StepCost:
-    """Weighted non-negative least squares over `(rows, tokens, ms)`, oldest first."""
+def fit(samples: Sequence[Sample]) -> StepCost:
+    """Weighted non-negative least squares over the samples, oldest first."""
     n = len(samples)
     weights = [DECAY ** (n - 1 - i) for i in range(n)]
     columns = (
         [1.0] * n,
-        [float(r) for r, _, _ in samples],
-        [float(t) for _, t, _ in samples],
+        [float(r) for r, _, _, _ in samples],
+        [float(t) for _, t, _, _ in samples],
+        [k for _, _, k, _ in samples],
     )
-    y = [ms for _, _, ms in samples]
+    y = [ms for _, _, _, ms in samples]
     best: tuple[float, list[float]] | None = None
     # The best non-negative solution is an unconstrained one on some subset of the
-    # parts with the others at zero: three parts, seven subsets.
-    for size in (3, 2, 1):
-        for subset in itertools.combinations(range(3), size):
+    # parts with the others at zero: four parts, fifteen subsets.
+    for size in (4, 3, 2, 1):
+        for subset in itertools.combinations(range(4), size):
             solved = _least_squares([columns[j] for j in subset], y, weights)
             if solved is None or min(solved) < 0:
                 continue
-            coef = [0.0, 0.0, 0.0]
+            coef = [0.0, 0.0, 0.0, 0.0]
             for j, value in zip(subset, solved, strict=True):
                 coef[j] = value
             error = sum(
@@ -90,18 +106,18 @@ def fit(samples: Sequence[tuple[int, int, float]]) -> StepCost:
             )
             if best is None or error < best[0] - 1e-9:
                 best = (error, coef)
-    fixed, per_row, per_token = best[1] if best is not None else (0.0, 0.0, 0.0)
-    read = any(t > 0 for _, t, _ in samples)
+    fixed, per_row, per_token, per_kscore = best[1] if best is not None else [0.0] * 4
+    read = any(t > 0 for _, t, _, _ in samples)
     if not read or per_token <= 0:
         one_row = fixed + per_row if per_row > 0 else max(y) / max(1, max(columns[1]))
         per_token = max(per_token, one_row / 32)
     per_row = max(per_row, per_token)
     # The floors moved the line: the fixed part takes up what is left, on average.
     residual = sum(
-        w * (ms - per_row * r - per_token * t)
-        for w, (r, t, ms) in zip(weights, samples, strict=True)
+        w * (ms - per_row * r - per_token * t - per_kscore * k)
+        for w, (r, t, k, ms) in zip(weights, samples, strict=True)
     ) / sum(weights)
-    return StepCost(max(0.0, residual), per_row, per_token)
+    return StepCost(max(0.0, residual), per_row, per_token, per_kscore)
 
 
 def _least_squares(

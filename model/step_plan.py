@@ -15,6 +15,7 @@ Pure Python, no MLX: the engine measures and executes, this module decides.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -107,28 +108,54 @@ class StepBudget:
     max_step_ms: float = 0.0
     costs: StepCostModel = field(default_factory=StepCostModel)
 
-    def observe(self, rows: int, tokens: int, seconds: float) -> None:
-        """A step decoded `rows` rows and read `tokens` prompt tokens in `seconds`."""
-        self.costs.observe(min(rows, self.full_batch), tokens, seconds)
+    def observe(self, rows: int, tokens: int, seconds: float, scores: int = 0) -> None:
+        """A step decoded `rows` rows and read `tokens` prompt tokens in `seconds`,
+        `scores` attention scores in all."""
+        self.costs.observe(min(rows, self.full_batch), tokens, seconds, scores)
 
-    def step_ms(self, batch: int) -> float | None:
-        """How long a step should last while a batch of `batch` rows is being built
-        (None while nothing has been measured)."""
+    def step_ms(self, batch: int, context: float = 0.0) -> float | None:
+        """How long a step should last while a batch of `batch` rows is being built,
+        rows holding `context` tokens on average (None while nothing has been measured)."""
         if self.max_step_ms > 0:
             return self.max_step_ms
         cost = self.costs.cost()
-        return None if cost is None else STEP_OVER_DECODE * cost.ms(min(batch, self.full_batch))
+        if cost is None:
+            return None
+        rows = min(batch, self.full_batch)
+        return STEP_OVER_DECODE * cost.ms(rows, 0, rows * context / 1000)
 
-    def tokens(self, decoding: int, batch: int | None = None, *, separate: bool = False) -> int:
-        """Prompt tokens the next step may read beside `decoding` rows, `batch` rows to
-        decode once the waiting prompts are read (default: a full batch); `separate`:
-        in a forward of their own, which pays the fixed part again."""
+    def tokens(
+        self,
+        decoding: int,
+        batch: int | None = None,
+        *,
+        separate: bool = False,
+        context: float = 0.0,
+        offset: int = 0,
+    ) -> int:
+        """Prompt tokens the next step may read beside `decoding` rows holding `context`
+        tokens on average, `batch` rows to decode once the waiting prompts are read
+        (default: a full batch), the chunk starting `offset` tokens into its prompt;
+        `separate`: in a forward of their own, which pays the fixed part again."""
         if decoding <= 0:
             return self.cap
-        step = self.step_ms(self.full_batch if batch is None else max(batch, decoding))
+        step = self.step_ms(self.full_batch if batch is None else max(batch, decoding), context)
         cost = self.costs.cost()
         if step is None or cost is None:
             return self.cap
-        spent = cost.ms(decoding) + (cost.fixed if separate else 0.0)
-        allowed = int((step - spent) / cost.per_token)
+        spent = cost.ms(decoding, 0, decoding * context / 1000)
+        left = step - spent - (cost.fixed if separate else 0.0)
+        allowed = int(_affordable(left, cost.per_token, cost.per_kscore, offset))
         return max(MIN_PREFILL_TOKENS, min(self.cap, allowed))
+
+
+def _affordable(ms: float, per_token: float, per_kscore: float, offset: int) -> float:
+    """The most tokens `t` a chunk at `offset` may read in `ms`: each costs `per_token`
+    and attends to the `offset + i` positions before it, `t · offset + t² / 2` scores."""
+    if ms <= 0:
+        return 0.0
+    a = per_kscore / 2000
+    b = per_token + per_kscore * offset / 1000
+    if a <= 0:
+        return ms / b
+    return (-b + math.sqrt(b * b + 4 * a * ms)) / (2 * a)

@@ -6,6 +6,7 @@ import random
 
 import pytest
 
+from mlxcel.model.step_cost import StepCost
 from mlxcel.model.step_plan import (
     MAX_PADDING,
     MIN_PREFILL_TOKENS,
@@ -136,3 +137,25 @@ def test_the_step_is_sized_for_the_batch_being_built_not_the_slots() -> None:
     assert budget.step_ms(16) == pytest.approx(1.5 * (180 + 17 * 16), rel=0.02)
     assert budget.tokens(12, 16) < budget.tokens(12) / 3
     assert budget.tokens(12, 200) == budget.tokens(12)  # never beyond the slots
+
+
+def test_a_chunk_deep_in_a_long_prompt_gets_fewer_tokens_in_the_same_step() -> None:
+    budget = StepBudget(cap=4096, full_batch=64)
+    cost = StepCost(fixed=100.0, per_row=4.0, per_token=2.0, per_kscore=0.3)
+    for rows, tokens, offset in (
+        (16, 0, 0),
+        (32, 0, 0),
+        (16, 128, 0),
+        (16, 256, 3000),
+        (0, 512, 0),
+    ):
+        kscores = (rows * 300 + tokens * offset + tokens * tokens / 2) / 1000
+        budget.observe(rows, tokens, cost.ms(rows, tokens, kscores) / 1000, int(kscores * 1000))
+    step = budget.step_ms(16, context=300)
+    assert step is not None
+    shallow = budget.tokens(16, 16, context=300, offset=0)
+    deep = budget.tokens(16, 16, context=300, offset=6000)
+    assert deep < 0.6 * shallow
+    for offset, tokens in ((0, shallow), (6000, deep)):  # each fills the step, no more
+        kscores = (16 * 300 + tokens * offset + tokens * tokens / 2) / 1000
+        assert cost.ms(16, tokens, kscores) == pytest.approx(step, rel=0.02)
