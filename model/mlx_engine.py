@@ -114,7 +114,7 @@ class MlxEngine:
         if chunk is not None:
             logits, self._read = self._read_with(chunk, groups)
         elif len(groups) == 1:
-            logits = forward.decode_logits(self.model, [r.last for r in rows], groups[0].cache)
+            logits = _decode_alone(self.model, groups[0])
         else:  # several states (`decode_batch`): still one forward
             logits = _joined(flat_forward.step_logits(self.model, groups))
         tokens, logprobs = self._sample(logits, rows)
@@ -374,6 +374,13 @@ class MlxEngine:
         """Keep a KV state of `row`'s as an entry of its tenant's."""
         if self.prefix_cache is not None and tokens and not self._suspect:
             self.prefix_cache.store(tokens, cache, kind, row.spec.tenant)
+
+
+def _decode_alone(model: Any, group: flat_forward.Group) -> mx.array:
+    """One decode state's logits by the model's own forward, for its rows' slots only."""
+    logits = forward.decode_logits(model, [t[0] for t in group.tokens], group.cache)
+    live = [slot for slot, _ in group.want]
+    return logits if len(live) == len(group.tokens) else logits[mx.array(live)]
 
 
 def _joined(parts: list[mx.array]) -> mx.array:

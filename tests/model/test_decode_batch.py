@@ -105,3 +105,32 @@ def test_positions_follow_the_rows_across_groups() -> None:
     b.keep([])
     assert len(b) == 0
     assert b.groups() == []
+
+
+def test_a_row_that_ends_leaves_its_slot_vacant_and_a_joining_row_takes_it() -> None:
+    b = batch()
+    rows = [FakeRow(i, 300 + 10 * i) for i in range(4)]
+    join(b, rows)
+    b.keep([0, 2, 3])  # row 1 ends: nothing is copied
+    (group,) = b._groups
+    assert group.slots[1] is None
+    assert [w for w in b.groups()[0].want] == [(0, 0), (2, 0), (3, 0)]
+    before = group.cache[0].keys
+    newcomer = FakeRow(7, 250)
+    join(b, [newcomer])
+    assert group.slots[1] is newcomer
+    assert group.cache[0].keys.shape == before.shape  # written in place, not rebuilt
+    assert [r.name for r in b.rows] == [0, 7, 2, 3]
+    for i, row in enumerate(b.rows):
+        assert held_values(b.extract(i)) == held_values(state(row))
+
+
+def test_a_group_mostly_vacant_is_rebuilt_and_an_empty_one_dropped() -> None:
+    b = batch()
+    join(b, [FakeRow(i, 300) for i in range(5)])
+    join(b, [FakeRow(9, 2000)])
+    b.keep([0, 1, 2])  # rows 3, 4 and 9 end
+    assert [len(g.slots) for g in b._groups] == [5]
+    b.keep([0])  # four of five vacant: rebuilt with its one row
+    assert [len(g.slots) for g in b._groups] == [1]
+    assert held_values(b.extract(0)) == held_values(state(FakeRow(0, 300)))
