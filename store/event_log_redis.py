@@ -3,7 +3,9 @@ reads, so a resume is served wherever it lands while another replica runs the jo
 
 A log is the stream `evs:<id>` (entry `<seq + 1>-0` holds frame `seq` in its field `f`)
 and the hash `evm:<id>` (`count`, `truncated`, and `ended` once its terminal frame is
-in). The logs' bytes are summed in `ev:bytes` (each log's in the hash `ev:sizes`); the
+in). A log is ended by its job, or, when the job's replica died, by the first reader
+that finds the job ended; one left unended goes a day after its last frame. The logs'
+bytes are summed in `ev:bytes` (each log's in the hash `ev:sizes`); the
 ended logs are ordered by their end in `ev:ended` (dropped first for room) and by their
 expiry in `ev:exp` (dropped by the next append or read once due). Appends and reads are
 one script each, so the bounds hold whichever replica writes.
@@ -23,6 +25,9 @@ from mlxcel.store.event_log import Doorbell, EventLimits, LogSlice
 from mlxcel.store.redis import _FAILURES, RedisBackend
 from mlxcel.store.redis_scripts import script
 
+UNENDED_LOG_SECS = 86_400
+"""A log not ended this long after its last frame is dropped: its job's replica died
+(the job was reaped elsewhere) and no reader ended it."""
 BLOCK_MS = 1000
 """How long one `XREAD BLOCK` waits (shielded, well within the command timeout)."""
 
@@ -42,7 +47,8 @@ APPEND = script(
     _DROP
     + r"""
 -- ARGV[3]: id, [4]: first, [5]: max events, [6]: max bytes, [7]: end ttl ('' when the
--- log goes on), [8..]: frames. -1 when not appended, else 1 kept / 0 dropped.
+-- log goes on), [8..]: frames, then the life of a log left unended. -1 when not
+-- appended, else 1 kept / 0 dropped.
 local id, first = ARGV[3], tonumber(ARGV[4])
 local meta, stream = k('evm:' .. id), k('evs:' .. id)
 local had = redis.call('HGET', meta, 'count')
@@ -52,8 +58,8 @@ if not had then
   had = 0
 end
 if tonumber(had) ~= first or redis.call('HEXISTS', meta, 'ended') == 1 then return -1 end
-local n, size, kept = #ARGV - 7, 0, 0
-for i = 8, #ARGV do size = size + #ARGV[i] end
+local n, size, kept = #ARGV - 8, 0, 0
+for i = 8, 7 + n do size = size + #ARGV[i] end
 if redis.call('HGET', meta, 'truncated') == '0' then
   local budget = tonumber(ARGV[6])
   local used = tonumber(redis.call('GET', k('ev:bytes')) or '0')
@@ -70,7 +76,7 @@ if redis.call('HGET', meta, 'truncated') == '0' then
     redis.call('DEL', stream)
     redis.call('HSET', meta, 'truncated', 1)
   else
-    for i = 8, #ARGV do
+    for i = 8, 7 + n do
       redis.call('XADD', stream, (first + i - 7) .. '-0', 'f', ARGV[i])
     end
     redis.call('HINCRBY', k('ev:sizes'), id, size)
@@ -83,7 +89,13 @@ if ARGV[7] ~= '' then
   redis.call('HSET', meta, 'ended', ARGV[2])
   redis.call('ZADD', k('ev:ended'), NOW, id)
   local ttl = tonumber(ARGV[7])
-  if ttl > 0 then redis.call('ZADD', k('ev:exp'), NOW + ttl, id) end
+  if ttl > 0 then
+    redis.call('ZADD', k('ev:exp'), NOW + ttl, id)
+  else
+    redis.call('ZREM', k('ev:exp'), id)
+  end
+else
+  redis.call('ZADD', k('ev:exp'), NOW + tonumber(ARGV[8 + n]), id)
 end
 return kept
 """
@@ -133,6 +145,7 @@ class RedisEventLog:
             str(limits.max_bytes),
             ending,
             *frames,
+            str(UNENDED_LOG_SECS),
         )
         self._bell.ring(response_id)
         return int(kept) == 1

@@ -84,13 +84,17 @@ class SqliteEventLog:
 
     # --- on the store's thread, in a transaction ---------------------------------------
 
-    @staticmethod
-    def _create(now: float, db: sqlite3.Connection) -> None:
+    def _create(self, now: float, db: sqlite3.Connection) -> None:
         for statement in TABLES.split(";"):
             if statement.strip():
                 db.execute(statement)
-        # Their writers are gone (one server per file): the logs end as their jobs do.
-        db.execute("UPDATE event_logs SET ended_at = ? WHERE ended_at IS NULL", (now,))
+        # Their writers are gone (one server per file), and their jobs were ended at this
+        # open: a reader ends each log with its job's object; all go within the TTL.
+        ttl = max(self.limits.ttl_secs, self.limits.ephemeral_ttl_secs)
+        db.execute(
+            "UPDATE event_logs SET expires_at = ? WHERE ended_at IS NULL",
+            (now + ttl if self.limits.ttl_secs > 0 else None,),
+        )
 
     def _append(
         self,
