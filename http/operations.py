@@ -137,7 +137,14 @@ OPERATIONS: dict[str, Operation] = {
         body=CompactBody,
         refusals=("404", "429", "503"),
     ),
-    "retrieve_response": Operation("Retrieve a stored response", "responses", "The response."),
+    "retrieve_response": Operation(
+        "Retrieve a stored response, or stream a background one's events again",
+        "responses",
+        "The response; with the query `stream=true` (a background response only), its "
+        "server-sent events numbered above `starting_after` (all without it), as first "
+        "written, then the live ones until its end.",
+        streams=True,
+    ),
     "delete_response": Operation(
         "Delete a stored response", "responses", '`{"id", "object": "response.deleted"}`.'
     ),
