@@ -15,9 +15,9 @@ import trio
 from quart import Response, request
 
 from mlxcel.actors.job_events import terminal_frame
-from mlxcel.errors import InvalidRequest, NotFound
+from mlxcel.errors import InvalidRequest, NotFound, StoreUnavailable
 from mlxcel.http.handles import Handles
-from mlxcel.http.sse import KEEPALIVE_FRAME, numbered_frame
+from mlxcel.http.sse import KEEPALIVE_FRAME, numbered_frame, sse_frame
 from mlxcel.items import ResponseRecord
 from mlxcel.store.event_log import EventLog, LogSlice
 
@@ -102,12 +102,20 @@ class ResumeBody:
         return self
 
     async def __anext__(self) -> bytes:
+        try:
+            return await self._next()
+        except StoreUnavailable:
+            return self._error("store_unavailable", "The store stopped answering; resume later.")
+
+    async def _next(self) -> bytes:
         quiet_since = trio.current_time()
         while not self._done:
-            found = self._slice or await self._events.read(self._id, self._after, READ_FRAMES)
+            found = self._slice or await self._read()
             self._slice = None
-            if found is None or found.truncated:
-                break  # dropped for room or cut short while read: nothing more to send
+            if found is None:
+                break  # dropped for room: nothing more to send
+            if found.truncated:
+                return self._error("event_log_truncated", "The event log passed its bounds.")
             now = trio.current_time()
             if found.frames:
                 self._grew_at = now
@@ -125,6 +133,15 @@ class ResumeBody:
             with trio.move_on_after(WAIT_SECS):
                 await self._events.wait(self._id, self._after)
         raise StopAsyncIteration
+
+    async def _read(self) -> LogSlice | None:
+        return await self._events.read(self._id, self._after, READ_FRAMES)
+
+    def _error(self, code: str, message: str) -> bytes:
+        """The `error` event that ends a stream cut short (unnumbered: not of the log);
+        the SDKs raise it, and the client resumes after the last event it saw."""
+        self._done = True
+        return sse_frame({"type": "error", "code": code, "message": message, "param": None})
 
     async def _end_if_stale(self, count: int) -> None:
         """End the log with the stored object when its job's process stopped before it

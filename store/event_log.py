@@ -17,6 +17,7 @@ responses' TTL, or the ephemeral TTL for `store: false`), then dropped.
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections import OrderedDict
 from collections.abc import Callable
@@ -133,6 +134,8 @@ class MemoryEventLog:
         self._logs: dict[str, _Log] = {}
         self._ended: OrderedDict[str, None] = OrderedDict()
         """The ended logs, the longest ended first: the first dropped for room."""
+        self._expiries: list[tuple[float, str]] = []
+        """(expiry, id) of the ended logs that expire, soonest first (some already gone)."""
         self._bytes = 0
         self._bell = Doorbell()
 
@@ -152,6 +155,8 @@ class MemoryEventLog:
                 log.ended = True
                 log.expires = self._clock() + end_ttl if end_ttl > 0 else math.inf
                 self._ended[response_id] = None
+                if end_ttl > 0:
+                    heapq.heappush(self._expiries, (log.expires, response_id))
             self._bell.ring(response_id)
             return kept
         finally:
@@ -194,9 +199,11 @@ class MemoryEventLog:
 
     def _expire(self) -> None:
         now = self._clock()
-        gone = [rid for rid in self._ended if self._logs[rid].expires <= now]
-        for response_id in gone:
-            self._drop(response_id)
+        while self._expiries and self._expiries[0][0] <= now:
+            expires, response_id = heapq.heappop(self._expiries)
+            log = self._logs.get(response_id)
+            if log is not None and log.expires == expires:  # not a later log of that id
+                self._drop(response_id)
 
     def _drop(self, response_id: str) -> None:
         log = self._logs.pop(response_id)

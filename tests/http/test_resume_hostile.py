@@ -270,3 +270,45 @@ async def test_metrics_count_resumes(fake_server: FakeServer) -> None:
     async with httpx.AsyncClient(base_url=fake_server.url, timeout=30) as http:
         text = (await http.get("/metrics")).text
     assert "mlxcel_response_resumes_total 3.0" in text
+
+
+async def test_a_reader_of_a_log_cut_short_gets_an_error_event(
+    start_fake_server: StartServer,
+) -> None:
+    server = await start_fake_server(FakeEngine(step_delay=0.05), max_events_per_response=16)
+    response_id = await background(server)
+
+    def follow() -> list[Any]:
+        with server.client().responses.retrieve(response_id, stream=True) as stream:
+            return list(stream)
+
+    events = await in_thread(follow)
+    assert [e.sequence_number for e in events[:-1]] == list(range(len(events) - 1))
+    assert events[-1].type == "error"
+    assert events[-1].code == "event_log_truncated"
+    await an_ordinary_request_completes(server)
+
+
+async def test_a_cancel_ends_a_followed_stream_with_the_cancelled_object(
+    start_fake_server: StartServer,
+) -> None:
+    engine = FakeEngine(step_delay=0.002)
+    engine.hold("w0")
+    server = await start_fake_server(engine)
+    response_id = await background(server, LONG.removeprefix("echo: "))
+    seen: list[Any] = []
+
+    def follow() -> None:
+        with server.client().responses.retrieve(response_id, stream=True) as stream:
+            seen.extend(stream)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(in_thread, follow)
+        with trio.fail_after(10):
+            while not any(e.type == "response.output_text.delta" for e in seen):  # noqa: ASYNC110
+                await trio.sleep(0.01)
+        cancelled = await in_thread(server.client().responses.cancel, response_id)
+    assert cancelled.status == "cancelled"
+    assert seen[-1].type == "response.failed"
+    assert seen[-1].response.model_dump() == cancelled.model_dump()
+    engine.release()
