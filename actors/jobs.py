@@ -94,6 +94,8 @@ class _Job:
     waiters: list[trio.MemorySendChannel[ResponseRecord | None]] = field(default_factory=list)
     recorder: EventRecorder | None = None
     """Writes its event log, when the store keeps one."""
+    fenced: bool = False
+    """Its end was stored by another (it was reaped): not its to write."""
 
 
 class JobSupervisor:
@@ -277,13 +279,13 @@ class JobSupervisor:
                         job.recorder.close()  # the recorder appends the rest, then returns
             with trio.CancelScope(shield=True):
                 try:
-                    final = await self._keep(final, job.owner)
+                    final = await self._keep(final, job)
                 except (StoreUnavailable, trio.ClosedResourceError):
                     # Still pinned in a durable store: its next start ends it `failed`.
                     log.warning("the end of background response %s was not stored", record_id)
                 else:
-                    if job.recorder is not None:
-                        await job.recorder.finish(final)
+                    if job.recorder is not None and not job.fenced:
+                        await job.recorder.finish(final)  # the end as stored
         finally:
             del self._jobs[record_id]
             self._active_bytes -= job.bytes
@@ -345,12 +347,13 @@ class JobSupervisor:
     def _cancelled(job: _Job) -> ResponseRecord:
         return cancelled(job.request.record, usage=Usage())
 
-    async def _keep(self, final: ResponseRecord, owner: JobOwner) -> ResponseRecord:
+    async def _keep(self, final: ResponseRecord, job: _Job) -> ResponseRecord:
         """Store the final object and unpin the job in one step: polling never misses the
         end. A job that is no longer ours (its end already stored by another) keeps
-        what is stored."""
-        kept = await self._store.finish_job(final, owner)
+        what is stored (and its log is ended by a reader, with that)."""
+        kept = await self._store.finish_job(final, job.owner)
         if kept is None:
+            job.fenced = True
             log.warning(
                 "background response %s was ended elsewhere; its end here is dropped", final.id
             )
