@@ -44,6 +44,8 @@ class Operation:
     """The media type of a 200."""
     anthropic: bool = False
     """Answers in Anthropic's wire format: its errors are `AnthropicError`s."""
+    query: tuple[tuple[str, str, str], ...] = ()
+    """Its own query parameters: (name, JSON type, description)."""
 
 
 OPERATIONS: dict[str, Operation] = {
@@ -144,6 +146,11 @@ OPERATIONS: dict[str, Operation] = {
         "server-sent events numbered above `starting_after` (all without it), as first "
         "written, then the live ones until its end.",
         streams=True,
+        query=(
+            ("stream", "boolean", "`true`: the background response's events (SSE)."),
+            ("starting_after", "integer", "With `stream`: send the events numbered above."),
+            ("include_obfuscation", "boolean", "Accepted; no padding is ever added."),
+        ),
     ),
     "delete_response": Operation(
         "Delete a stored response", "responses", '`{"id", "object": "response.deleted"}`.'
