@@ -28,6 +28,7 @@ import trio
 
 from mlxcel.items import ResponseRecord
 from mlxcel.store.limits import StoreLimits
+from mlxcel.store.tables import TableStatistics
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +88,10 @@ class EventLog(Protocol):
     async def wait(self, response_id: str, after: int) -> None:
         """Return once a frame numbered above `after` may be there (it may return
         early: the caller reads again); callers bound it with a deadline."""
+        ...
+
+    async def statistics(self) -> TableStatistics:
+        """The logs kept and their frames' bytes, once the expired ones are dropped."""
         ...
 
 
@@ -180,6 +185,11 @@ class MemoryEventLog:
             await trio.lowlevel.checkpoint()
             return
         await self._bell.wait(response_id)
+
+    async def statistics(self) -> TableStatistics:
+        self._expire()
+        await trio.lowlevel.cancel_shielded_checkpoint()
+        return TableStatistics(entries=len(self._logs), bytes=self._bytes)
 
     def _keep(self, response_id: str, log: _Log, frames: tuple[bytes, ...]) -> bool:
         """Keep `frames` within the caps, dropping ended logs for room; or truncate."""

@@ -24,6 +24,7 @@ import trio
 from mlxcel.store.event_log import Doorbell, EventLimits, LogSlice
 from mlxcel.store.redis import _FAILURES, RedisBackend
 from mlxcel.store.redis_scripts import script
+from mlxcel.store.tables import TableStatistics
 
 UNENDED_LOG_SECS = 86_400
 """A log not ended this long after its last frame is dropped: its job's replica died
@@ -55,6 +56,7 @@ local had = redis.call('HGET', meta, 'count')
 if not had then
   if first ~= 0 then return -1 end
   redis.call('HSET', meta, 'count', 0, 'truncated', 0)
+  redis.call('HSET', k('ev:sizes'), id, 0)
   had = 0
 end
 if tonumber(had) ~= first or redis.call('HEXISTS', meta, 'ended') == 1 then return -1 end
@@ -72,7 +74,7 @@ if redis.call('HGET', meta, 'truncated') == '0' then
   if first + n > tonumber(ARGV[5]) or used + size > budget then
     local mine = tonumber(redis.call('HGET', k('ev:sizes'), id) or '0')
     redis.call('DECRBY', k('ev:bytes'), mine)
-    redis.call('HDEL', k('ev:sizes'), id)
+    redis.call('HSET', k('ev:sizes'), id, 0)
     redis.call('DEL', stream)
     redis.call('HSET', meta, 'truncated', 1)
   else
@@ -121,6 +123,14 @@ return out
 )
 
 
+STATISTICS = script(
+    _DROP
+    + r"""
+return {redis.call('HLEN', k('ev:sizes')), tonumber(redis.call('GET', k('ev:bytes')) or '0')}
+"""
+)
+
+
 class RedisEventLog:
     """`EventLog` on the Redis store (see the module docstring): a part of the backend
     kept in a module of its own, using its script runner and client."""
@@ -158,6 +168,10 @@ class RedisEventLog:
             return None
         count, ended, truncated, *frames = found
         return LogSlice(tuple(frames), int(count), bool(ended), bool(truncated))
+
+    async def statistics(self) -> TableStatistics:
+        logs, size = await self._backend._run(STATISTICS)
+        return TableStatistics(entries=int(logs), bytes=int(size))
 
     async def wait(self, response_id: str, after: int) -> None:
         if response_id in self._following:

@@ -17,6 +17,7 @@ import trio
 
 from mlxcel.store.event_log import Doorbell, EventLimits, LogSlice
 from mlxcel.store.sqlite import SqliteBackend
+from mlxcel.store.tables import TableStatistics
 
 TABLES = """
 CREATE TABLE IF NOT EXISTS event_logs (
@@ -76,6 +77,11 @@ class SqliteEventLog:
             await trio.lowlevel.checkpoint()  # ended, not written here, or already longer
             return
         await self._bell.wait(response_id)
+
+    async def statistics(self) -> TableStatistics:
+        await self._open()
+        found: TableStatistics = await self._backend.transact(self._statistics)
+        return found
 
     async def _open(self) -> None:
         if not self._ready:
@@ -179,6 +185,12 @@ class SqliteEventLog:
         return LogSlice(
             tuple(bytes(f) for (f,) in frames), row[0], row[1] is not None, bool(row[2])
         )
+
+    @classmethod
+    def _statistics(cls, now: float, db: sqlite3.Connection) -> TableStatistics:
+        cls._expire(db, now)
+        (logs,) = db.execute("SELECT count(*) FROM event_logs").fetchone()
+        return TableStatistics(entries=int(logs), bytes=_total(db))
 
     @staticmethod
     def _expire(db: sqlite3.Connection, now: float) -> None:

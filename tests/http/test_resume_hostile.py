@@ -5,6 +5,7 @@ stops, resumes racing the end, a log past its bounds (fake engine, real HTTP).""
 from __future__ import annotations
 
 import random
+import re
 import socket
 from typing import Any
 
@@ -270,6 +271,9 @@ async def test_metrics_count_resumes(fake_server: FakeServer) -> None:
     async with httpx.AsyncClient(base_url=fake_server.url, timeout=30) as http:
         text = (await http.get("/metrics")).text
     assert "mlxcel_response_resumes_total 3.0" in text
+    logged = re.search(r'^mlxcel_store_bytes\{table="events"\} (\S+)$', text, re.MULTILINE)
+    assert logged is not None
+    assert float(logged.group(1)) == sum(len(f) for f in await finished(fake_server, response_id))
 
 
 async def test_a_reader_of_a_log_cut_short_gets_an_error_event(

@@ -10,6 +10,7 @@ from mlxcel.config import Settings, StoreLimits
 from mlxcel.items import RequestEcho, ResponseRecord
 from mlxcel.store.actor import StoreActor, StoreHandle
 from mlxcel.store.event_log import EventLimits, EventLog, MemoryEventLog
+from mlxcel.store.tables import TableStatistics
 
 from support import key_prefix
 
@@ -135,3 +136,15 @@ async def test_a_reader_waiting_on_a_log_wakes_when_it_grows(
     assert await events.append("resp_w", 1, (frame(1),), end_ttl=None)
     with trio.fail_after(2):
         await woke.wait()
+
+
+async def test_statistics_count_the_logs_and_their_frames_bytes(
+    nursery: trio.Nursery, store_spec: str
+) -> None:
+    events = await open_events(nursery, store_spec, max_events=3)
+    assert await events.statistics() == TableStatistics(entries=0, bytes=0)
+    assert await events.append("resp_a", 0, (frame(0), frame(1)), end_ttl=None)
+    assert await events.append("resp_b", 0, (frame(0, 30),), end_ttl=0)
+    assert await events.statistics() == TableStatistics(entries=2, bytes=50)
+    assert not await events.append("resp_a", 2, (frame(2), frame(3)), end_ttl=None)  # cut
+    assert await events.statistics() == TableStatistics(entries=2, bytes=30)
