@@ -19,6 +19,7 @@ from mlxcel.generation import ModelNames
 from mlxcel.http.browser import BrowserPolicy
 from mlxcel.http.routes import Handles, create_app
 from mlxcel.http.serve import serve_http
+from mlxcel.http.sse import numbered_frame
 from mlxcel.keys import KeyLimits, Keyring
 from mlxcel.metrics import Metrics
 from mlxcel.model.actor import ModelActor
@@ -74,6 +75,7 @@ async def serve(
         echo_bytes=settings.reasoning_echo_max_bytes,
         key_prefix=settings.redis_key_prefix,
         lease_secs=settings.replica_lease_secs,
+        max_events_per_response=settings.max_events_per_response,
     )
     # The store outlives every other actor: it closes once the last of them is done.
     async with store_actor.open() as store, trio.open_nursery() as nursery:
@@ -136,6 +138,7 @@ async def _start_actors(
         max_jobs=settings.background_max_jobs,
         max_bytes=settings.responses.max_bytes,
         metrics=metrics,
+        encode=numbered_frame,
     )
     jobs = await nursery.start(supervisor.run)
     return Handles(

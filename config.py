@@ -62,6 +62,8 @@ class Settings:
     conversations: StoreLimits = StoreLimits(256, 67_108_864, 3600)
     background_max_jobs: int = 64
     background_ephemeral_ttl_secs: float = 600
+    max_events_per_response: int = 65_536
+    """Frames a background response's event log keeps (`GET ...?stream=true`)."""
     reasoning_echo_max_bytes: int = 16 * 1024 * 1024
     send_timeout_secs: float = 30.0
     """A stream whose client reads nothing for this long is treated as gone."""
@@ -105,6 +107,7 @@ class Settings:
             (self.conversations.max_bytes >= 0, "--conversation-store-max-bytes must be >= 0"),
             (self.conversations.ttl_secs >= 0, "--conversation-store-ttl-secs must be >= 0"),
             (self.background_max_jobs >= 0, "--responses-background-max-jobs must be >= 0"),
+            (self.max_events_per_response >= 0, "--max-events-per-response must be >= 0"),
             (
                 self.background_ephemeral_ttl_secs >= 1,
                 "--responses-background-ephemeral-ttl-secs must be at least 1",

@@ -90,6 +90,12 @@ class Metrics:
             ("status",),
             registry=r,
         )
+        self.resumes = Counter(
+            "mlxcel_response_resumes",
+            "Streams of background responses read from their event logs "
+            "(GET /v1/responses/{id}?stream=true) that were answered with events.",
+            registry=r,
+        )
         self.store_entries = Gauge(
             "mlxcel_store_entries", "Entries kept in each store table.", ("table",), registry=r
         )

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 import trio
 
+from mlxcel.actors.job_events import EventRecorder, FrameEncoder
 from mlxcel.actors.messages import (
     CancelJob,
     EndJobs,
@@ -91,6 +92,10 @@ class _Job:
     status: str = "queued"
     """Where the metrics count it: `queued`, `in_progress`, then how it ended."""
     waiters: list[trio.MemorySendChannel[ResponseRecord | None]] = field(default_factory=list)
+    recorder: EventRecorder | None = None
+    """Writes its event log, when the store keeps one."""
+    fenced: bool = False
+    """Its end was stored by another (it was reaped): not its to write."""
 
 
 class JobSupervisor:
@@ -102,8 +107,11 @@ class JobSupervisor:
         max_jobs: int,
         max_bytes: int,
         metrics: Metrics | None = None,
+        encode: FrameEncoder | None = None,
     ) -> None:
+        """`encode` writes the frames of the jobs' event logs; None keeps no log."""
         self._scheduler = scheduler
+        self._encode = encode
         self._store = store
         self._metrics = metrics or Metrics()
         self._max_jobs = max_jobs
@@ -191,6 +199,9 @@ class JobSupervisor:
         except StoreUnavailable as exc:
             return JobRefused(exc)
         job = _Job(dataclasses.replace(request, record=queued), size, owner)
+        if self._encode is not None and self._store.events is not None:
+            job.recorder = EventRecorder(self._store.events, self._encode, queued.id)
+            await job.recorder.begin(queued)
         self._jobs[queued.id] = job
         self._active_bytes += size
         self._metrics.job_moved(None, job.status)
@@ -258,24 +269,23 @@ class JobSupervisor:
         record_id = job.request.record.id
         final: ResponseRecord | None = None
         try:
-            try:
-                with job.scope:  # leaving it withdraws the job from the scheduler too
-                    final = await self._generate(job)
-            except ShuttingDown:  # admitted just before the drain began
-                final = self._failed(job, "server_error", SHUTDOWN_MESSAGE)
-            except Exception:
-                log.exception("background response %s failed", record_id)
-                final = self._failed(job, "server_error", "The server had an error.")
-            if final is None and job.ended_by is not None:
-                final = self._failed(job, "server_error", job.ended_by)
-            elif final is None:
-                final = self._cancelled(job)
+            async with trio.open_nursery() as recording:  # outlives the job's own scope
+                if job.recorder is not None:
+                    recording.start_soon(job.recorder.run)
+                try:
+                    final = await self._outcome(job)
+                finally:
+                    if job.recorder is not None:
+                        job.recorder.close()  # the recorder appends the rest, then returns
             with trio.CancelScope(shield=True):
                 try:
-                    final = await self._keep(final, job.owner)
+                    final = await self._keep(final, job)
                 except (StoreUnavailable, trio.ClosedResourceError):
                     # Still pinned in a durable store: its next start ends it `failed`.
                     log.warning("the end of background response %s was not stored", record_id)
+                else:
+                    if job.recorder is not None and not job.fenced:
+                        await job.recorder.finish(final)  # the end as stored
         finally:
             del self._jobs[record_id]
             self._active_bytes -= job.bytes
@@ -283,6 +293,21 @@ class JobSupervisor:
             for waiter in job.waiters:
                 answer(waiter, final)
             self._answer_drained()
+
+    async def _outcome(self, job: _Job) -> ResponseRecord:
+        """Run the job: its final object, however it ended (not yet stored)."""
+        final: ResponseRecord | None = None
+        try:
+            with job.scope:  # leaving it withdraws the job from the scheduler too
+                final = await self._generate(job)
+        except ShuttingDown:  # admitted just before the drain began
+            final = self._failed(job, "server_error", SHUTDOWN_MESSAGE)
+        except Exception:
+            log.exception("background response %s failed", job.request.record.id)
+            final = self._failed(job, "server_error", "The server had an error.")
+        if final is None and job.ended_by is not None:
+            return self._failed(job, "server_error", job.ended_by)
+        return final if final is not None else self._cancelled(job)
 
     def _answer_drained(self) -> None:
         if not self._jobs:
@@ -295,6 +320,8 @@ class JobSupervisor:
         async with self._scheduler.stream(job.request, waits=True) as events:
             await events.submit()
             async for event in events:
+                if job.recorder is not None:
+                    await job.recorder.record(event)
                 if isinstance(event, ResponseInProgress):
                     self._move(job, "in_progress")
                     started = dataclasses.replace(event.record, usage=Usage(), output=())
@@ -320,12 +347,13 @@ class JobSupervisor:
     def _cancelled(job: _Job) -> ResponseRecord:
         return cancelled(job.request.record, usage=Usage())
 
-    async def _keep(self, final: ResponseRecord, owner: JobOwner) -> ResponseRecord:
+    async def _keep(self, final: ResponseRecord, job: _Job) -> ResponseRecord:
         """Store the final object and unpin the job in one step: polling never misses the
         end. A job that is no longer ours (its end already stored by another) keeps
-        what is stored."""
-        kept = await self._store.finish_job(final, owner)
+        what is stored (and its log is ended by a reader, with that)."""
+        kept = await self._store.finish_job(final, job.owner)
         if kept is None:
+            job.fenced = True
             log.warning(
                 "background response %s was ended elsewhere; its end here is dropped", final.id
             )

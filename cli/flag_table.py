@@ -329,6 +329,14 @@ FLAGS: tuple[Flag, ...] = (
         "seconds the result of a `background, store: false` request stays pollable (>= 1)",
     ),
     Flag(
+        ("--max-events-per-response",),
+        "max_events_per_response",
+        int,
+        _DEFAULTS.max_events_per_response,
+        "MLXCEL_MAX_EVENTS_PER_RESPONSE",
+        "events kept in a background response's log for resuming its stream; 0 keeps none",
+    ),
+    Flag(
         ("--conversation-store-max-entries",),
         "conversation_store_max_entries",
         int,

@@ -133,6 +133,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         ),
         background_max_jobs=args.background_max_jobs,
         background_ephemeral_ttl_secs=args.background_ephemeral_ttl_secs,
+        max_events_per_response=args.max_events_per_response,
         reasoning_echo_max_bytes=args.reasoning_echo_max_bytes,
         send_timeout_secs=args.send_timeout_secs,
         shutdown_timeout_secs=args.shutdown_timeout_secs,

@@ -192,6 +192,10 @@ def _operation(endpoint: str, arguments: list[str]) -> dict[str, Any]:
     ]
     if op.pages:
         parameters += _PAGE_PARAMETERS
+    parameters += [
+        {"name": name, "in": "query", "description": text, "schema": {"type": kind}}
+        for name, kind, text in op.query
+    ]
     json = op.content == "application/json"
     ok: dict[str, Any] = {op.content: {"schema": {"type": "object" if json else "string"}}}
     if op.streams:

@@ -44,6 +44,8 @@ class Operation:
     """The media type of a 200."""
     anthropic: bool = False
     """Answers in Anthropic's wire format: its errors are `AnthropicError`s."""
+    query: tuple[tuple[str, str, str], ...] = ()
+    """Its own query parameters: (name, JSON type, description)."""
 
 
 OPERATIONS: dict[str, Operation] = {
@@ -137,7 +139,19 @@ OPERATIONS: dict[str, Operation] = {
         body=CompactBody,
         refusals=("404", "429", "503"),
     ),
-    "retrieve_response": Operation("Retrieve a stored response", "responses", "The response."),
+    "retrieve_response": Operation(
+        "Retrieve a stored response, or stream a background one's events again",
+        "responses",
+        "The response; with the query `stream=true` (a background response only), its "
+        "server-sent events numbered above `starting_after` (all without it), as first "
+        "written, then the live ones until its end.",
+        streams=True,
+        query=(
+            ("stream", "boolean", "`true`: the background response's events (SSE)."),
+            ("starting_after", "integer", "With `stream`: send the events numbered above."),
+            ("include_obfuscation", "boolean", "Accepted; no padding is ever added."),
+        ),
+    ),
     "delete_response": Operation(
         "Delete a stored response", "responses", '`{"id", "object": "response.deleted"}`.'
     ),

@@ -12,7 +12,7 @@ from quart import Blueprint, Response
 from mlxcel.errors import StoreUnavailable
 from mlxcel.http.handles import handles
 from mlxcel.metrics import CONTENT_TYPE
-from mlxcel.store.tables import StoreStatistics
+from mlxcel.store.tables import StoreStatistics, TableStatistics
 
 prometheus = Blueprint("prometheus", __name__)
 
@@ -21,8 +21,11 @@ prometheus = Blueprint("prometheus", __name__)
 async def metrics() -> Response:
     h = handles()
     slots = await h.scheduler.statistics()
+    events: TableStatistics | None = None
     try:
         tables: StoreStatistics | None = await h.store.statistics()
+        if h.store.events is not None:
+            events = await h.store.events.statistics()
     except StoreUnavailable:
         tables = None  # a shared store is away: the server itself is still to be watched
     m = h.metrics
@@ -37,4 +40,6 @@ async def metrics() -> Response:
             ("active", tables.active),
         ):
             m.set_table(name, table.entries, table.bytes)
+    if tables is not None and events is not None:
+        m.set_table("events", events.entries, events.bytes)  # background responses' logs
     return Response(m.exposition(), status=200, content_type=CONTENT_TYPE)

@@ -33,6 +33,7 @@ from mlxcel.respond.events import (
     ResponseEvent,
     ResponseFinished,
     ResponseInProgress,
+    ResponseQueued,
     StreamError,
 )
 
@@ -135,5 +136,22 @@ class SseEncoder:
         body = event_json(event, encrypted=self._encrypted)
         body["sequence_number"] = self._sequence
         self._sequence += 1
-        data = json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
-        return f"event: {body['type']}\ndata: {data}\n\n".encode()
+        return sse_frame(body)
+
+
+def numbered_frame(event: ResponseEvent | ResponseQueued, sequence_number: int) -> bytes:
+    """The frame of `event` numbered `sequence_number`, as `SseEncoder` writes it: what a
+    background response's event log keeps (never a keep-alive)."""
+    body: dict[str, Any]
+    if isinstance(event, ResponseQueued):
+        body = {"type": "response.queued", "response": response_json(event.record)}
+    else:
+        body = event_json(event)
+    body["sequence_number"] = sequence_number
+    return sse_frame(body)
+
+
+def sse_frame(body: dict[str, Any]) -> bytes:
+    """One event's frame; `body` holds its `type` and `sequence_number`."""
+    data = json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    return f"event: {body['type']}\ndata: {data}\n\n".encode()

@@ -9,6 +9,7 @@ from mlxcel.http.access_log import exchange_note
 from mlxcel.http.guards import current_tenant
 from mlxcel.http.handles import Handles, handles, json_response
 from mlxcel.http.objects import item_json, response_json
+from mlxcel.http.resume import resume, wants_stream
 from mlxcel.http.schemas import list_page
 from mlxcel.items import ResponseRecord
 from mlxcel.prepare.offload import off_loop
@@ -19,7 +20,10 @@ stored = Blueprint("stored", __name__)
 
 @stored.get("/responses/<response_id>")
 async def retrieve_response(response_id: str) -> Response:
+    stream = wants_stream()
     record = await _stored(handles(), response_id)
+    if stream:
+        return await resume(handles(), record)
     if len(record.input_items) + len(record.output) < OFF_LOOP_ITEMS:
         return json_response(response_json(record))
     return await off_loop(lambda: json_response(response_json(record)))  # a big record

@@ -24,6 +24,18 @@ class ResponseCreated:
 
 
 @dataclass(frozen=True, slots=True)
+class ResponseQueued:
+    """A background response waits for a slot: the second frame of its event log (never
+    relayed by the scheduler, so not one of `ResponseEvent`)."""
+
+    record: ResponseRecord
+
+    @property
+    def response_id(self) -> str:
+        return self.record.id
+
+
+@dataclass(frozen=True, slots=True)
 class ResponseInProgress:
     record: ResponseRecord
 

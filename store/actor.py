@@ -29,6 +29,7 @@ from mlxcel.items import (
 )
 from mlxcel.store.backend import Chain, Charge, JobOwner, StoreBackend
 from mlxcel.store.echo import EchoHandle
+from mlxcel.store.event_log import EventLimits, EventLog, event_log
 from mlxcel.store.limits import StoreLimits, redis_url, sqlite_path
 from mlxcel.store.memory import MemoryBackend
 from mlxcel.store.replica import Membership, SharedStore, new_epoch
@@ -53,8 +54,11 @@ class StoreHandle:
         conversations: StoreLimits,
         echo_enabled: bool = False,
         membership: Membership | None = None,
+        events: EventLog | None = None,
     ) -> None:
         self._backend = backend
+        self.events = events
+        """Background responses' event logs (`store/event_log.py`); None: not kept."""
         self.echo = EchoHandle(backend, echo_enabled)
         """The reasoning-echo cache, kept by the same backend."""
         self._owner = owner
@@ -231,6 +235,7 @@ class StoreActor:
         clock: Callable[[], float] | None = None,
         key_prefix: str = "mlxcel",
         lease_secs: float = 15.0,
+        max_events_per_response: int = 0,
     ) -> None:
         self._responses = responses
         self._conversations = conversations
@@ -243,6 +248,7 @@ class StoreActor:
         self._clock = clock
         self._key_prefix = key_prefix
         self._lease_secs = lease_secs
+        self._event_limits = EventLimits.of(responses, ephemeral_ttl_secs, max_events_per_response)
 
     async def run(
         self, *, task_status: trio.TaskStatus[StoreHandle] = trio.TASK_STATUS_IGNORED
@@ -302,6 +308,7 @@ class StoreActor:
                     self._conversations,
                     self._echo_bytes > 0,
                     membership,
+                    event_log(backend, self._event_limits),
                 )
                 nursery.cancel_scope.cancel()
             if membership is not None:

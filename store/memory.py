@@ -344,5 +344,10 @@ class MemoryBackend:
                 return found
         return None
 
+    @property
+    def clock(self) -> Callable[[], float]:
+        """The clock its expiry runs on (the event logs kept beside share it)."""
+        return self._clock
+
     def limits(self, table: Table) -> StoreLimits:
         return self._tables[table].limits

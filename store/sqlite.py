@@ -187,6 +187,11 @@ class SqliteBackend:
 
     # --- one transaction each, on the store's thread ------------------------------------
 
+    async def transact(self, operation: Callable[..., T], *args: Any) -> T:
+        """`operation(now, db, *args)` as one transaction on the store's thread (for
+        tables kept beside the entries: the event logs)."""
+        return await self._call(operation, self._db, *args)
+
     async def _call(self, operation: Callable[..., T], *args: Any) -> T:
         now = self._clock()  # read here: an injected clock may be Trio's
 

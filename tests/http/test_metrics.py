@@ -92,7 +92,7 @@ async def test_the_scrape_is_prometheus_text_with_conventional_names(
             assert sample.endswith("_total"), sample
         assert not sample.endswith("_created"), sample
     assert (s("mlxcel_slots"), s("mlxcel_slots_busy"), s("mlxcel_queue_depth")) == (4, 0, 0)
-    tables = {"responses", "conversations", "ephemeral", "active"}
+    tables = {"responses", "conversations", "ephemeral", "active", "events"}
     assert s.labelled("mlxcel_store_entries", "table") == tables
     assert s.labelled("mlxcel_store_bytes", "table") == tables
     assert s.labelled("mlxcel_background_jobs", "status") == {"queued", "in_progress"}

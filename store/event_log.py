@@ -1,0 +1,241 @@
+"""A background response's event log: its SSE frames, kept so a client can resume them.
+
+A job's events are numbered and encoded once, as they are produced, and appended here
+(`actors/job_events.py`); `GET /v1/responses/{id}?stream=true` replays the stored frames
+byte for byte and then follows the log until its terminal frame (`http/resume.py`).
+Every store backend keeps one: this module's in memory, a table in the SQLite file
+(`store/event_log_sqlite.py`), a Redis Stream per response (`store/event_log_redis.py`).
+
+Bounds, the same in every backend (`EventLimits`): a log holds at most `max_events`
+frames, and all logs together at most `max_bytes` (the responses' byte budget). A log
+that would pass either is *truncated*: its frames are dropped and later ones are not
+kept (a resume of it is refused), while the others' frames stay whole. Room is made
+first by dropping the logs whose responses ended longest ago; a running job's log is
+never dropped for another's. An ended log is kept as long as its response is (the
+responses' TTL, or the ephemeral TTL for `store: false`), then dropped.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import trio
+
+from mlxcel.items import ResponseRecord
+from mlxcel.store.limits import StoreLimits
+from mlxcel.store.tables import TableStatistics
+
+
+@dataclass(frozen=True, slots=True)
+class EventLimits:
+    """How much the event logs may hold, and how long an ended one is kept."""
+
+    max_events: int
+    """Frames one response's log keeps; 0 keeps none (every log is truncated)."""
+    max_bytes: int
+    """Bytes of frames all logs keep together."""
+    ttl_secs: float
+    """How long an ended log of a stored response is kept (0: as long as the store runs)."""
+    ephemeral_ttl_secs: float
+    """The same for a `store: false` response."""
+
+    @classmethod
+    def of(cls, responses: StoreLimits, ephemeral_ttl: float, max_events: int) -> EventLimits:
+        return cls(max_events, responses.max_bytes, responses.ttl_secs, ephemeral_ttl)
+
+    def ttl_for(self, record: ResponseRecord) -> float:
+        """How long the log of `record` is kept once it ends: as long as the record."""
+        return self.ttl_secs if record.echo.store else self.ephemeral_ttl_secs
+
+
+@dataclass(frozen=True, slots=True)
+class LogSlice:
+    """What a read found: the frames numbered `after + 1` on (up to the read's limit)."""
+
+    frames: tuple[bytes, ...]
+    count: int
+    """Frames appended so far, kept or not: the next one is numbered `count`."""
+    ended: bool
+    """The terminal frame was appended: nothing follows it."""
+    truncated: bool
+    """Frames were dropped (a cap or the byte budget): the log cannot be replayed."""
+
+
+class EventLog(Protocol):
+    """One backend's event logs; each operation is one atomic step of the backend."""
+
+    limits: EventLimits
+
+    async def append(
+        self, response_id: str, first: int, frames: tuple[bytes, ...], *, end_ttl: float | None
+    ) -> bool:
+        """Append `frames`, numbered `first` on, when `first` is the log's count (else
+        nothing changes: someone else numbered them). With `end_ttl`, the last frame is
+        the terminal one and the log is kept `end_ttl` more seconds (0: no expiry).
+        False when nothing was appended, or the frames were dropped (truncated)."""
+        ...
+
+    async def read(self, response_id: str, after: int, limit: int) -> LogSlice | None:
+        """Up to `limit` frames numbered above `after`; None when there is no log (never
+        written, expired, or dropped for room)."""
+        ...
+
+    async def wait(self, response_id: str, after: int) -> None:
+        """Return once a frame numbered above `after` may be there (it may return
+        early: the caller reads again); callers bound it with a deadline."""
+        ...
+
+    async def statistics(self) -> TableStatistics:
+        """The logs kept and their frames' bytes, once the expired ones are dropped."""
+        ...
+
+
+class Doorbell:
+    """Wakes the readers waiting on a log when it grows in this process."""
+
+    def __init__(self) -> None:
+        self._bells: dict[str, tuple[trio.Event, list[None]]] = {}
+
+    def ring(self, key: str) -> None:
+        bell = self._bells.pop(key, None)
+        if bell is not None:
+            bell[0].set()
+
+    async def wait(self, key: str) -> None:
+        bell = self._bells.get(key)
+        if bell is None:
+            bell = self._bells[key] = (trio.Event(), [])
+        event, waiters = bell
+        waiters.append(None)
+        try:
+            await event.wait()
+        finally:
+            waiters.pop()
+            if not waiters and self._bells.get(key) is bell:
+                del self._bells[key]  # no reader left: nothing stays behind
+
+
+@dataclass(slots=True)
+class _Log:
+    frames: list[bytes] = field(default_factory=list)
+    count: int = 0
+    size: int = 0
+    ended: bool = False
+    truncated: bool = False
+    expires: float = math.inf
+
+
+class MemoryEventLog:
+    """`EventLog` in this process's memory, on the store's clock."""
+
+    def __init__(self, limits: EventLimits, clock: Callable[[], float]) -> None:
+        self.limits = limits
+        self._clock = clock
+        self._logs: dict[str, _Log] = {}
+        self._ended: OrderedDict[str, None] = OrderedDict()
+        """The ended logs, the longest ended first: the first dropped for room."""
+        self._expiries: list[tuple[float, str]] = []
+        """(expiry, id) of the ended logs that expire, soonest first (some already gone)."""
+        self._bytes = 0
+        self._bell = Doorbell()
+
+    async def append(
+        self, response_id: str, first: int, frames: tuple[bytes, ...], *, end_ttl: float | None
+    ) -> bool:
+        try:
+            self._expire()
+            log = self._logs.get(response_id)
+            if log is None and first == 0:
+                log = self._logs[response_id] = _Log()
+            if log is None or log.ended or log.count != first:
+                return False
+            log.count += len(frames)
+            kept = self._keep(response_id, log, frames)
+            if end_ttl is not None:
+                log.ended = True
+                log.expires = self._clock() + end_ttl if end_ttl > 0 else math.inf
+                self._ended[response_id] = None
+                if end_ttl > 0:
+                    heapq.heappush(self._expiries, (log.expires, response_id))
+            self._bell.ring(response_id)
+            return kept
+        finally:
+            await trio.lowlevel.cancel_shielded_checkpoint()
+
+    async def read(self, response_id: str, after: int, limit: int) -> LogSlice | None:
+        try:
+            self._expire()
+            log = self._logs.get(response_id)
+            if log is None:
+                return None
+            start = max(after + 1, 0)
+            frames = () if log.truncated else tuple(log.frames[start : start + limit])
+            return LogSlice(frames, log.count, log.ended, log.truncated)
+        finally:
+            await trio.lowlevel.cancel_shielded_checkpoint()
+
+    async def wait(self, response_id: str, after: int) -> None:
+        log = self._logs.get(response_id)
+        if log is not None and (log.count > after + 1 or log.ended):
+            await trio.lowlevel.checkpoint()
+            return
+        await self._bell.wait(response_id)
+
+    async def statistics(self) -> TableStatistics:
+        self._expire()
+        await trio.lowlevel.cancel_shielded_checkpoint()
+        return TableStatistics(entries=len(self._logs), bytes=self._bytes)
+
+    def _keep(self, response_id: str, log: _Log, frames: tuple[bytes, ...]) -> bool:
+        """Keep `frames` within the caps, dropping ended logs for room; or truncate."""
+        if log.truncated:
+            return False
+        size = sum(len(f) for f in frames)
+        while self._bytes + size > self.limits.max_bytes and self._ended:
+            self._drop(next(iter(self._ended)))
+        if log.count > self.limits.max_events or self._bytes + size > self.limits.max_bytes:
+            self._bytes -= log.size
+            log.frames, log.size, log.truncated = [], 0, True
+            return False
+        log.frames.extend(frames)
+        log.size += size
+        self._bytes += size
+        return True
+
+    def _expire(self) -> None:
+        now = self._clock()
+        while self._expiries and self._expiries[0][0] <= now:
+            expires, response_id = heapq.heappop(self._expiries)
+            log = self._logs.get(response_id)
+            if log is not None and log.expires == expires:  # not a later log of that id
+                self._drop(response_id)
+
+    def _drop(self, response_id: str) -> None:
+        log = self._logs.pop(response_id)
+        self._ended.pop(response_id, None)
+        self._bytes -= log.size
+
+
+def event_log(backend: object, limits: EventLimits) -> EventLog:
+    """The event logs kept by `backend`, in the same storage."""
+    from mlxcel.store.memory import MemoryBackend
+
+    if isinstance(backend, MemoryBackend):
+        return MemoryEventLog(limits, backend.clock)
+    from mlxcel.store.sqlite import SqliteBackend
+
+    if isinstance(backend, SqliteBackend):
+        from mlxcel.store.event_log_sqlite import SqliteEventLog
+
+        return SqliteEventLog(backend, limits)
+    from mlxcel.store.event_log_redis import RedisEventLog
+    from mlxcel.store.redis import RedisBackend
+
+    if isinstance(backend, RedisBackend):
+        return RedisEventLog(backend, limits)
+    raise TypeError(f"no event log for {type(backend).__name__}")
