@@ -30,6 +30,7 @@ from mlxcel.actors.messages import (
 from mlxcel.actors.replies import answer
 from mlxcel.actors.response_stream import release
 from mlxcel.actors.scheduler import SchedulerHandle
+from mlxcel.actors.webhooks import WebhooksHandle
 from mlxcel.errors import RateLimited, ShuttingDown, StoreUnavailable
 from mlxcel.generation import GenerationRequest
 from mlxcel.items import ResponseError, ResponseRecord, Usage, cancelled, failed
@@ -38,6 +39,7 @@ from mlxcel.respond.events import ResponseFinished, ResponseInProgress
 from mlxcel.store.actor import StoreHandle
 from mlxcel.store.backend import JobOwner
 from mlxcel.store.codec import encoded_size
+from mlxcel.store.deliveries import Delivery
 from mlxcel.store.replica import LEASE_LOST_MESSAGE, Membership
 
 log = logging.getLogger(__name__)
@@ -91,6 +93,8 @@ class _Job:
     status: str = "queued"
     """Where the metrics count it: `queued`, `in_progress`, then how it ended."""
     waiters: list[trio.MemorySendChannel[ResponseRecord | None]] = field(default_factory=list)
+    delivery: Delivery | None = None
+    """Its webhook announcement, kept in the store since admission; None without one."""
 
 
 class JobSupervisor:
@@ -102,8 +106,10 @@ class JobSupervisor:
         max_jobs: int,
         max_bytes: int,
         metrics: Metrics | None = None,
+        webhooks: WebhooksHandle | None = None,
     ) -> None:
         self._scheduler = scheduler
+        self._webhooks = webhooks
         self._store = store
         self._metrics = metrics or Metrics()
         self._max_jobs = max_jobs
@@ -186,11 +192,13 @@ class JobSupervisor:
                     code="rate_limit_exceeded",
                 )
             )
+        # Kept before the job is: a job registered but never announced cannot be.
+        delivery = await self._webhooks.watch(queued) if self._webhooks else None
         try:
             owner = await self._store.register_job(queued)
         except StoreUnavailable as exc:
             return JobRefused(exc)
-        job = _Job(dataclasses.replace(request, record=queued), size, owner)
+        job = _Job(dataclasses.replace(request, record=queued), size, owner, delivery=delivery)
         self._jobs[queued.id] = job
         self._active_bytes += size
         self._metrics.job_moved(None, job.status)
@@ -276,6 +284,9 @@ class JobSupervisor:
                 except (StoreUnavailable, trio.ClosedResourceError):
                     # Still pinned in a durable store: its next start ends it `failed`.
                     log.warning("the end of background response %s was not stored", record_id)
+                else:
+                    if job.delivery is not None and self._webhooks is not None:
+                        self._webhooks.ended(job.delivery, final)
         finally:
             del self._jobs[record_id]
             self._active_bytes -= job.bytes
