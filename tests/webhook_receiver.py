@@ -34,6 +34,8 @@ class Receiver:
     def __init__(self, plan: list[int | str] | None = None) -> None:
         self.plan = list(plan or [])
         self.hits: list[Hit] = []
+        self.location: str | None = None
+        """Sent as `Location` with every answer (a redirect, with a 3xx in the plan)."""
         self._lock = threading.Lock()
         self._closing = threading.Event()
         receiver = self
@@ -51,6 +53,8 @@ class Receiver:
                     return
                 assert isinstance(answer, int)
                 self.send_response(answer)
+                if receiver.location is not None:
+                    self.send_header("location", receiver.location)
                 self.send_header("content-length", "2")
                 self.end_headers()
                 self.wfile.write(b"ok")

@@ -232,3 +232,16 @@ async def test_a_request_cannot_name_a_webhook(
         assert other.hits == []
         assert len(hook.hits) == 1
     assert unwrap(hit).data.id == ids[0]
+
+
+async def test_a_redirect_is_not_followed_to_a_url_nobody_configured(
+    start_fake_server: StartServer,
+) -> None:
+    with receiver() as elsewhere, receiver([307, 302]) as hook:
+        hook.location = elsewhere.url
+        server = await start_fake_server(webhook_url=hook.url, **FAST)
+        await _background(server, "echo: redirected")
+        hits = await in_thread(hook.wait_for, 3)  # two refused redirects, then a 200
+        await trio.sleep(0.3)
+        assert elsewhere.hits == []
+    assert len({h.headers["webhook-id"] for h in hits}) == 1
