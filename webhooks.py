@@ -106,5 +106,5 @@ def backoff_secs(attempts: int, base_secs: float, rng: random.Random | None = No
     """The wait before the next attempt after `attempts` failed ones: `base_secs`
     doubled each time, capped, and jittered down to as little as half so that
     deliveries failed together do not come back together."""
-    ceiling = min(MAX_BACKOFF_SECS, base_secs * 2 ** max(0, attempts - 1))
+    ceiling = min(MAX_BACKOFF_SECS, base_secs * 2.0 ** min(max(0, attempts - 1), 60))
     return ceiling * (0.5 + 0.5 * (rng or random).random())
