@@ -53,6 +53,10 @@ def parse_target(url: str | None, secret: str | None, where: str) -> WebhookTarg
     if url is None or secret is None:
         raise ConfigError(f"{where}: a webhook needs both its URL and its secret")
     parts = urlsplit(url)
+    try:
+        _ = parts.port  # a port out of range or not a number raises
+    except ValueError:
+        parts = parts._replace(netloc="")
     if parts.scheme not in ("http", "https") or not parts.hostname or parts.fragment:
         raise ConfigError(f"{where}: the webhook URL must be an absolute http:// or https:// URL")
     return WebhookTarget(url, secret_key(secret, where))

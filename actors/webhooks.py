@@ -151,6 +151,9 @@ class WebhookSender:
                     batch = await self._store.deliveries.claim(BATCH, lease)
                 except StoreUnavailable:
                     batch = ()
+                except Exception:  # a row this release cannot read: never the server's end
+                    log.exception("webhook deliveries could not be claimed")
+                    batch = ()
                 if batch:
                     async with trio.open_nursery() as posts:
                         for delivery in batch:
@@ -201,6 +204,8 @@ class WebhookSender:
                 await deliveries.add(dataclasses.replace(delivery, attempts=attempts), wait)
         except StoreUnavailable:
             pass  # claimed: due again when its lease lapses
+        except Exception:
+            log.exception("the webhook of response %s failed", delivery.response_id)
 
     async def _resolve(self, delivery: Delivery) -> Delivery | None:
         """The delivery with its end read from the stored response; None when it is not
@@ -234,7 +239,7 @@ class WebhookSender:
                     if 200 <= answer.status_code < 300:
                         return True
                     reason = f"HTTP {answer.status_code}"
-            except httpx.HTTPError as exc:
+            except (httpx.HTTPError, httpx.InvalidURL) as exc:
                 reason = type(exc).__name__
             log.info("webhook attempt for response %s failed: %s", delivery.response_id, reason)
             return False

@@ -72,6 +72,7 @@ def test_anything_changed_fails_verification(change: object) -> None:
         ("http://127.0.0.1:9/hook", "whsec_" + base64.b64encode(b"short").decode(), "16 bytes"),
         ("ftp://127.0.0.1/hook", SECRET, "absolute http"),
         ("/relative/hook", SECRET, "absolute http"),
+        ("http://127.0.0.1:99999/hook", SECRET, "absolute http"),
         ("http://127.0.0.1:9/hook", None, "both its URL and its secret"),
         (None, SECRET, "both its URL and its secret"),
     ],
