@@ -167,7 +167,7 @@ class WebhookSender:
         """Make each ended job's delivery due now, and wake the sender."""
         async for delivery in ends:
             try:
-                await self._store.deliveries.add(delivery, 0.0)
+                await self._store.deliveries.add(delivery, 0.0, settle=True)
             except StoreUnavailable:
                 continue  # kept unknown: the recheck finds the end once the store answers
             self._wake.set()
@@ -201,7 +201,8 @@ class WebhookSender:
                 await deliveries.drop(delivery.response_id)
             else:
                 wait = backoff_secs(attempts, self._policy.backoff_secs)
-                await deliveries.add(dataclasses.replace(delivery, attempts=attempts), wait)
+                retry = dataclasses.replace(delivery, attempts=attempts)
+                await deliveries.add(retry, wait, settle=True)
         except StoreUnavailable:
             pass  # claimed: due again when its lease lapses
         except Exception:
@@ -216,7 +217,7 @@ class WebhookSender:
             await self._store.deliveries.drop(delivery.response_id)
             return None
         if record.status not in EVENT_TYPES:  # queued or in progress: not ended yet
-            await self._store.deliveries.add(delivery, self._policy.watch_secs)
+            await self._store.deliveries.add(delivery, self._policy.watch_secs, settle=True)
             return None
         return dataclasses.replace(delivery, status=record.status, created_at=int(time.time()))
 

@@ -48,9 +48,10 @@ def decode_delivery(body: str | bytes) -> Delivery:
 class Deliveries(Protocol):
     """The store's pending deliveries; each operation one atomic step of its backend."""
 
-    async def add(self, delivery: Delivery, delay_secs: float) -> bool:
+    async def add(self, delivery: Delivery, delay_secs: float, *, settle: bool = False) -> bool:
         """Keep `delivery` (replacing what its response had), due after `delay_secs`;
-        False when `MAX_PENDING` others are kept and it is new."""
+        False when `MAX_PENDING` others are kept and it is new. With `settle`, only
+        replace one still kept (one delivered meanwhile is never brought back)."""
         ...
 
     async def claim(self, limit: int, lease_secs: float) -> tuple[Delivery, ...]:
@@ -73,9 +74,9 @@ class MemoryDeliveries:
     def _now(self) -> float:
         return self._clock()
 
-    async def add(self, delivery: Delivery, delay_secs: float) -> bool:
+    async def add(self, delivery: Delivery, delay_secs: float, *, settle: bool = False) -> bool:
         await trio.lowlevel.checkpoint()
-        if delivery.response_id not in self._kept and len(self._kept) >= MAX_PENDING:
+        if delivery.response_id not in self._kept and (settle or len(self._kept) >= MAX_PENDING):
             return False
         self._kept[delivery.response_id] = (self._now() + delay_secs, delivery)
         return True

@@ -21,10 +21,11 @@ local bodies, due = B .. 'webhooks:body', B .. 'webhooks:due'
 ADD = (
     _PRELUDE
     + r"""
--- ARGV[3]: response id, ARGV[4]: body, ARGV[5]: delay, ARGV[6]: most kept. 0 when full.
+-- ARGV[3]: response id, ARGV[4]: body, ARGV[5]: delay, ARGV[6]: most kept, ARGV[7]: '1'
+-- to settle (only replace one kept). 0 when nothing was written.
 local id = ARGV[3]
 if redis.call('HEXISTS', bodies, id) == 0
-    and redis.call('HLEN', bodies) >= tonumber(ARGV[6]) then
+    and (ARGV[7] == '1' or redis.call('HLEN', bodies) >= tonumber(ARGV[6])) then
   return 0
 end
 redis.call('HSET', bodies, id, ARGV[4])
@@ -67,9 +68,10 @@ class RedisDeliveries:
     def __init__(self, run: Run) -> None:
         self._run = run
 
-    async def add(self, delivery: Delivery, delay_secs: float) -> bool:
+    async def add(self, delivery: Delivery, delay_secs: float, *, settle: bool = False) -> bool:
         body = encode_delivery(delivery)
-        args = (delivery.response_id, body, repr(float(delay_secs)), str(MAX_PENDING))
+        delay = repr(float(delay_secs))
+        args = (delivery.response_id, body, delay, str(MAX_PENDING), "1" if settle else "0")
         return bool(await self._run(ADD, *args))
 
     async def claim(self, limit: int, lease_secs: float) -> tuple[Delivery, ...]:

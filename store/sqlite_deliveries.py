@@ -32,8 +32,8 @@ class SqliteDeliveries:
         self._db = db
         self._call = call
 
-    async def add(self, delivery: Delivery, delay_secs: float) -> bool:
-        result: bool = await self._call(self._add, delivery, delay_secs)
+    async def add(self, delivery: Delivery, delay_secs: float, *, settle: bool = False) -> bool:
+        result: bool = await self._call(self._add, delivery, delay_secs, settle)
         return result
 
     async def claim(self, limit: int, lease_secs: float) -> tuple[Delivery, ...]:
@@ -44,11 +44,13 @@ class SqliteDeliveries:
         result: bool = await self._call(self._drop, response_id)
         return result
 
-    def _add(self, now: float, delivery: Delivery, delay_secs: float) -> bool:
+    def _add(self, now: float, delivery: Delivery, delay_secs: float, settle: bool) -> bool:
         db = self._db
         known = db.execute(
             "SELECT 1 FROM webhook_deliveries WHERE response_id = ?", (delivery.response_id,)
         ).fetchone()
+        if known is None and settle:
+            return False
         if known is None:
             (count,) = db.execute("SELECT count(*) FROM webhook_deliveries").fetchone()
             if count >= MAX_PENDING:

@@ -53,6 +53,7 @@ async def test_a_delay_is_kept_and_a_settled_delivery_replaces_or_leaves(
     assert await kept.claim(10, 5.0) == (delivery(1, status="failed", attempts=1),)
     assert await kept.drop("resp_1")
     assert not await kept.drop("resp_1")
+    assert not await kept.add(delivery(1, attempts=2), 0.0, settle=True)  # not brought back
     await trio.sleep(0.01)
     assert await kept.claim(10, 0.0) == ()
 
