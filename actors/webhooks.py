@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import math
 import time
 from collections.abc import Callable
 
@@ -120,6 +121,8 @@ class WebhookSender:
         self._policy = policy
         self._metrics = metrics or Metrics()
         self._wake = trio.Event()
+        self._soonest = math.inf
+        """When the earliest retry this sender settled is due (Trio's clock)."""
 
     async def run(
         self, *, task_status: trio.TaskStatus[WebhooksHandle] = trio.TASK_STATUS_IGNORED
@@ -159,9 +162,15 @@ class WebhookSender:
                         for delivery in batch:
                             posts.start_soon(self._settle, client, delivery)
                     continue
-                with trio.move_on_after(min(POLL_SECS, self._policy.watch_secs)):
-                    await self._wake.wait()
-                self._wake = trio.Event()
+                await self._sleep()
+
+    async def _sleep(self) -> None:
+        """Until an end arrives, this sender's earliest retry is due, or `POLL_SECS`."""
+        wait = min(POLL_SECS, self._policy.watch_secs, self._soonest - trio.current_time())
+        self._soonest = math.inf
+        with trio.move_on_after(max(0.0, wait)):
+            await self._wake.wait()
+        self._wake = trio.Event()
 
     async def _take_ends(self, ends: trio.MemoryReceiveChannel[Delivery]) -> None:
         """Make each ended job's delivery due now, and wake the sender."""
@@ -202,7 +211,8 @@ class WebhookSender:
             else:
                 wait = backoff_secs(attempts, self._policy.backoff_secs)
                 retry = dataclasses.replace(delivery, attempts=attempts)
-                await deliveries.add(retry, wait, settle=True)
+                if await deliveries.add(retry, wait, settle=True):
+                    self._soonest = min(self._soonest, trio.current_time() + wait)
         except StoreUnavailable:
             pass  # claimed: due again when its lease lapses
         except Exception:
