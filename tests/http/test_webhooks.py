@@ -63,8 +63,10 @@ async def test_each_end_is_announced_once_and_verifies_with_the_sdk(
 ) -> None:
     engine = FakeEngine(step_delay=0.002, fail_on="boom")
     server = await start_fake_server(engine, webhook_url=hook.url, **FAST)
-    completed = await _background(server, "echo: hello there")
     failed = await _background(server, "echo: a boom here")
+    # An engine failure fails every sequence in the batch: the others run after it.
+    assert await _final(server, failed) == "failed"
+    completed = await _background(server, "echo: hello there")
     incomplete = await _background(server, LONG, max_output_tokens=16)
     engine.hold(on="w0")
     cancelled = await _background(server, LONG)
