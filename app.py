@@ -13,6 +13,7 @@ import trio
 
 from mlxcel.actors.jobs import JobsHandle, JobSupervisor
 from mlxcel.actors.scheduler import Scheduler, SchedulerHandle
+from mlxcel.actors.webhooks import WebhookPolicy, WebhookSender, WebhooksHandle
 from mlxcel.config import Settings
 from mlxcel.errors import ConfigError
 from mlxcel.generation import ModelNames
@@ -28,6 +29,7 @@ from mlxcel.prepare.policy import ClientPolicy
 from mlxcel.quotas import Limiter
 from mlxcel.respond.tool_parsers import PARSERS
 from mlxcel.store.actor import StoreActor, StoreHandle
+from mlxcel.webhooks import WebhookTarget
 
 log = logging.getLogger(__name__)
 
@@ -139,6 +141,7 @@ async def _start_actors(
         max_bytes=settings.responses.max_bytes,
         metrics=metrics,
         encode=numbered_frame,
+        webhooks=await _start_webhooks(nursery, settings, store, keyring, metrics),
     )
     jobs = await nursery.start(supervisor.run)
     return Handles(
@@ -161,6 +164,33 @@ async def _start_actors(
         metrics_public=settings.metrics_public,
         limiter=Limiter(store.charge, default_limits(settings), keyring.limits_of),
     )
+
+
+async def _start_webhooks(
+    nursery: trio.Nursery,
+    settings: Settings,
+    store: StoreHandle,
+    keyring: Keyring,
+    metrics: Metrics,
+) -> WebhooksHandle | None:
+    """The webhook sender, when a webhook is configured or a keys file could give a key
+    one (on SIGHUP too); a replica without any never takes another's deliveries."""
+    server = settings.webhook
+    if server is None and keyring.path is None and not any(k.webhook for k in keyring.entries):
+        return None
+
+    def target(tenant: str) -> WebhookTarget | None:
+        return keyring.webhook_of(tenant) or server
+
+    policy = WebhookPolicy(
+        max_attempts=settings.webhook_max_attempts,
+        timeout_secs=settings.webhook_timeout_secs,
+        backoff_secs=settings.webhook_backoff_secs,
+        # A job whose process died is reaped within a lease; its end is read this often.
+        watch_secs=settings.replica_lease_secs / 3,
+    )
+    handle: WebhooksHandle = await nursery.start(WebhookSender(store, target, policy, metrics).run)
+    return handle
 
 
 def default_limits(settings: Settings) -> KeyLimits:

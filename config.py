@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from mlxcel.errors import ConfigError
 from mlxcel.store.limits import StoreLimits, redis_url, sqlite_path
+
+if TYPE_CHECKING:
+    from mlxcel.webhooks import WebhookTarget
 
 __all__ = ["Settings", "StoreLimits"]
 
@@ -89,6 +93,16 @@ class Settings:
     """Input and output tokens a minute each API key may spend; 0 = no limit."""
     daily_token_quota: int = 0
     """Input and output tokens each API key may spend in a UTC day; 0 = no quota."""
+    webhook_url: str | None = None
+    """Where the ends of background responses are announced (with `webhook_secret`)."""
+    webhook_secret: str | None = field(default=None, repr=False)
+    """The `whsec_` secret webhook deliveries are signed with; never shown."""
+    webhook_max_attempts: int = 8
+    """Attempts at one delivery before it is given up."""
+    webhook_timeout_secs: float = 10.0
+    """How long one attempt may take, connecting included."""
+    webhook_backoff_secs: float = 2.0
+    """The wait after a delivery's first failed attempt; it doubles after each."""
 
     def __post_init__(self) -> None:
         checks: list[tuple[bool, str]] = [
@@ -135,22 +149,40 @@ class Settings:
                 bool(self.redis_key_prefix) and not set("{}\n") & set(self.redis_key_prefix),
                 "--redis-key-prefix must be non-empty, without braces or newlines",
             ),
-        ]
-        checks.append(
             (
                 all(o == "*" or _ORIGIN.fullmatch(o) for o in self.cors_origins),
                 "--cors-origins takes `*` or origins like https://app.example:8443 "
                 "(scheme, host and port; no path)",
-            )
-        )
+            ),
+        ]
         for ok, message in checks:
             if not ok:
                 raise ConfigError(message)
+        self._check_webhook()
         try:
             sqlite_path(self.store)
             redis_url(self.store)
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
+
+    def _check_webhook(self) -> None:
+        checks = [
+            (self.webhook_max_attempts >= 1, "--webhook-max-attempts must be at least 1"),
+            (self.webhook_timeout_secs > 0, "--webhook-timeout-secs must be positive"),
+            (self.webhook_backoff_secs > 0, "--webhook-backoff-secs must be positive"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ConfigError(message)
+        _ = self.webhook  # the URL and the secret
+
+    @property
+    def webhook(self) -> WebhookTarget | None:
+        """The server's webhook target; ConfigError when `--webhook-url` and
+        `--webhook-secret` do not make one."""
+        from mlxcel.webhooks import parse_target  # only when read: settings load no layer
+
+        return parse_target(self.webhook_url, self.webhook_secret, "--webhook-url/--webhook-secret")
 
     @property
     def background_enabled(self) -> bool:

@@ -8,11 +8,15 @@ keys file (`--api-key-file`), all combined. The file holds one key a line:
     alice:sk-alice-key                      a named key
     sk-anonymous-key                        a key known by its hash (`key_name`)
     bob:sk-bob-key rpm=60 tpm=40000 daily=1000000
+    carol:sk-carol-key webhook_url=https://hooks.example/carol webhook_secret=whsec_...
 
 Every key has a name (its tenant); a key given without one is known by a short hash of
 it. Names are unique. The key itself is never kept: an entry holds its SHA-256 digest,
 so no entry can leak a key into a log or an error. Errors name the file and the line,
 never a key.
+
+A key may have its own webhook (`webhook_url=` with `webhook_secret=`): the ends of its
+background responses are announced there instead of at `--webhook-url` (`mlxcel.webhooks`).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mlxcel.errors import ConfigError
+from mlxcel.webhooks import WebhookTarget, parse_target
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 _KEY = re.compile(r"[\x21-\x7e]+")
@@ -33,6 +38,7 @@ _COUNT = re.compile(r"[0-9]{1,18}")
 '²'), and few enough that `int` never meets its length limit."""
 """A key is printable ASCII without spaces: an HTTP header carries nothing else safely."""
 LIMIT_NAMES = ("rpm", "tpm", "daily")
+WEBHOOK_OPTIONS = ("webhook_url", "webhook_secret")
 
 
 def key_name(key: str) -> str:
@@ -70,10 +76,18 @@ class ApiKey:
     limits: KeyLimits = KeyLimits()
     digest: bytes = field(default=b"", repr=False, compare=False)
     """SHA-256 of the key: what a presented key's digest is compared with."""
+    webhook: WebhookTarget | None = None
+    """Where the ends of this key's background responses are announced, when its own."""
 
     @classmethod
-    def of(cls, key: str, name: str | None = None, limits: KeyLimits = KeyLimits()) -> ApiKey:
-        return cls(name or key_name(key), limits, _digest(key.encode("ascii")))
+    def of(
+        cls,
+        key: str,
+        name: str | None = None,
+        limits: KeyLimits = KeyLimits(),
+        webhook: WebhookTarget | None = None,
+    ) -> ApiKey:
+        return cls(name or key_name(key), limits, _digest(key.encode("ascii")), webhook)
 
 
 def _digest(secret: bytes) -> bytes:
@@ -114,7 +128,8 @@ def parse_key_file(text: str, source: str) -> tuple[ApiKey, ...]:
             )
         if _KEY.fullmatch(key) is None:
             raise ConfigError(f"{where}: no key after the name")
-        entry = ApiKey.of(key, name or None, _limits(words[1:], where))
+        limits, webhook = _options(words[1:], where)
+        entry = ApiKey.of(key, name or None, limits, webhook)
         if entry.digest in digests:
             raise ConfigError(f"{where}: the same key as on line {digests[entry.digest]}")
         if entry.name in names:
@@ -127,21 +142,29 @@ def parse_key_file(text: str, source: str) -> tuple[ApiKey, ...]:
     return tuple(keys)
 
 
-def _limits(words: list[str], where: str) -> KeyLimits:
-    # A word that is not a limit is not echoed: it could be part of a key.
+def _options(words: list[str], where: str) -> tuple[KeyLimits, WebhookTarget | None]:
+    # A word that is not an option is not echoed: it could be part of a key.
     values: dict[str, int] = {}
+    hook: dict[str, str] = {}
     for word in words:
         if word.startswith("#"):
             break
-        option, sep, number = word.partition("=")
-        if not sep or option not in LIMIT_NAMES:
-            raise ConfigError(f"{where}: after the key only rpm=N, tpm=N and daily=N may follow")
-        if option in values:
+        option, sep, value = word.partition("=")
+        if not sep or option not in (*LIMIT_NAMES, *WEBHOOK_OPTIONS):
+            raise ConfigError(
+                f"{where}: after the key only rpm=N, tpm=N, daily=N, webhook_url=URL and "
+                "webhook_secret=whsec_... may follow"
+            )
+        if option in values or option in hook:
             raise ConfigError(f"{where}: {option} is given twice")
-        if _COUNT.fullmatch(number) is None:  # 0 turns that limit off for this key
+        if option in WEBHOOK_OPTIONS:
+            hook[option] = value
+        elif _COUNT.fullmatch(value) is None:  # 0 turns that limit off for this key
             raise ConfigError(f"{where}: {option} must be a whole number (0: no limit)")
-        values[option] = int(number)
-    return KeyLimits(**values)
+        else:
+            values[option] = int(value)
+    webhook = parse_target(hook.get("webhook_url"), hook.get("webhook_secret"), where)
+    return KeyLimits(**values), webhook
 
 
 def read_key_file(path: Path) -> tuple[ApiKey, ...]:
@@ -223,6 +246,13 @@ class Keyring:
         for entry in self._entries:
             if entry.name == name:
                 return entry.limits
+        return None
+
+    def webhook_of(self, name: str) -> WebhookTarget | None:
+        """The webhook the key named `name` has of its own, as the keys are now."""
+        for entry in self._entries:
+            if entry.name == name:
+                return entry.webhook
         return None
 
     def match(self, presented: bytes) -> ApiKey | None:

@@ -96,6 +96,20 @@ class Metrics:
             "(GET /v1/responses/{id}?stream=true) that were answered with events.",
             registry=r,
         )
+        self.webhook_attempts = Counter(
+            "mlxcel_webhook_attempts",
+            "Webhook POSTs attempted (each retry counts).",
+            registry=r,
+        )
+        self.webhook_deliveries = Counter(
+            "mlxcel_webhook_deliveries",
+            "Webhook deliveries ended: succeeded (a 2xx answer) or failed (given up after "
+            "--webhook-max-attempts, or no target is configured for it any more).",
+            ("result",),
+            registry=r,
+        )
+        for result in ("succeeded", "failed"):
+            self.webhook_deliveries.labels(result)
         self.store_entries = Gauge(
             "mlxcel_store_entries", "Entries kept in each store table.", ("table",), registry=r
         )

@@ -31,6 +31,7 @@ from mlxcel.actors.messages import (
 from mlxcel.actors.replies import answer
 from mlxcel.actors.response_stream import release
 from mlxcel.actors.scheduler import SchedulerHandle
+from mlxcel.actors.webhooks import WebhooksHandle
 from mlxcel.errors import RateLimited, ShuttingDown, StoreUnavailable
 from mlxcel.generation import GenerationRequest
 from mlxcel.items import ResponseError, ResponseRecord, Usage, cancelled, failed
@@ -39,6 +40,7 @@ from mlxcel.respond.events import ResponseFinished, ResponseInProgress
 from mlxcel.store.actor import StoreHandle
 from mlxcel.store.backend import JobOwner
 from mlxcel.store.codec import encoded_size
+from mlxcel.store.deliveries import Delivery
 from mlxcel.store.replica import LEASE_LOST_MESSAGE, Membership
 
 log = logging.getLogger(__name__)
@@ -96,6 +98,8 @@ class _Job:
     """Writes its event log, when the store keeps one."""
     fenced: bool = False
     """Its end was stored by another (it was reaped): not its to write."""
+    delivery: Delivery | None = None
+    """Its webhook announcement, kept in the store since admission; None without one."""
 
 
 class JobSupervisor:
@@ -108,10 +112,12 @@ class JobSupervisor:
         max_bytes: int,
         metrics: Metrics | None = None,
         encode: FrameEncoder | None = None,
+        webhooks: WebhooksHandle | None = None,
     ) -> None:
         """`encode` writes the frames of the jobs' event logs; None keeps no log."""
         self._scheduler = scheduler
         self._encode = encode
+        self._webhooks = webhooks
         self._store = store
         self._metrics = metrics or Metrics()
         self._max_jobs = max_jobs
@@ -194,11 +200,13 @@ class JobSupervisor:
                     code="rate_limit_exceeded",
                 )
             )
+        # Kept before the job is: a job registered but never announced cannot be.
+        delivery = await self._webhooks.watch(queued) if self._webhooks else None
         try:
             owner = await self._store.register_job(queued)
         except StoreUnavailable as exc:
             return JobRefused(exc)
-        job = _Job(dataclasses.replace(request, record=queued), size, owner)
+        job = _Job(dataclasses.replace(request, record=queued), size, owner, delivery=delivery)
         if self._encode is not None and self._store.events is not None:
             job.recorder = EventRecorder(self._store.events, self._encode, queued.id)
             await job.recorder.begin(queued)
@@ -286,6 +294,8 @@ class JobSupervisor:
                 else:
                     if job.recorder is not None and not job.fenced:
                         await job.recorder.finish(final)  # the end as stored
+                    if job.delivery is not None and self._webhooks is not None:
+                        self._webhooks.ended(job.delivery, final)
         finally:
             del self._jobs[record_id]
             self._active_bytes -= job.bytes

@@ -12,6 +12,7 @@ from typing import Any
 
 from mlxcel import __version__
 from mlxcel.cli.flag_table import FLAGS, Flag, switch
+from mlxcel.cli.webhook_flags import WEBHOOK_FLAGS
 from mlxcel.config import Settings, StoreLimits
 from mlxcel.errors import ConfigError
 
@@ -38,7 +39,7 @@ def build_parser(prog: str, environ: dict[str, str]) -> argparse.ArgumentParser:
 
 
 def add_serve_flags(parser: argparse.ArgumentParser, environ: dict[str, str]) -> None:
-    for flag in FLAGS:
+    for flag in (*FLAGS, *WEBHOOK_FLAGS):
         env_note = f" [env {flag.env}]" if flag.env else ""
         default_note = "" if flag.default is None else f" (default: {flag.default})"
         if flag.negatable:
@@ -146,4 +147,9 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         rate_limit_rpm=args.rate_limit_rpm,
         rate_limit_tpm=args.rate_limit_tpm,
         daily_token_quota=args.daily_token_quota,
+        webhook_url=args.webhook_url,
+        webhook_secret=args.webhook_secret,
+        webhook_max_attempts=args.webhook_max_attempts,
+        webhook_timeout_secs=args.webhook_timeout_secs,
+        webhook_backoff_secs=args.webhook_backoff_secs,
     )

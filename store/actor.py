@@ -28,6 +28,7 @@ from mlxcel.items import (
     is_minted_conversation_id,
 )
 from mlxcel.store.backend import Chain, Charge, JobOwner, StoreBackend
+from mlxcel.store.deliveries import Deliveries
 from mlxcel.store.echo import EchoHandle
 from mlxcel.store.event_log import EventLimits, EventLog, event_log
 from mlxcel.store.limits import StoreLimits, redis_url, sqlite_path
@@ -66,6 +67,11 @@ class StoreHandle:
         """This replica's lease in a shared store; None when no other process shares it."""
         self.responses_limits = responses
         self.conversations_limits = conversations
+
+    @property
+    def deliveries(self) -> Deliveries:
+        """Pending webhook deliveries, kept where the jobs are (`store/deliveries.py`)."""
+        return self._backend.deliveries
 
     @property
     def owner(self) -> JobOwner:

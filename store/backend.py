@@ -30,6 +30,7 @@ from mlxcel.items import (
     failed,
     is_minted_conversation_id,
 )
+from mlxcel.store.deliveries import Deliveries
 from mlxcel.store.tables import (
     AddItems,
     ConversationChange,
@@ -80,6 +81,11 @@ class Charge:
 
 class StoreBackend(Protocol):
     """Storage for responses, conversations and background jobs; see the module docstring."""
+
+    @property
+    def deliveries(self) -> Deliveries:
+        """Pending webhook deliveries, kept by the same storage (`store/deliveries.py`)."""
+        ...
 
     async def put(self, table: Table, value: Stored) -> bool:
         """Store `value` under its id in one step: drop the table's expired entries,

@@ -32,6 +32,7 @@ from mlxcel.store.backend import (
     window,
 )
 from mlxcel.store.codec import encoded_size
+from mlxcel.store.deliveries import MemoryDeliveries
 from mlxcel.store.item_index import ItemIndex, item_at
 from mlxcel.store.limits import StoreLimits
 from mlxcel.store.tables import (
@@ -183,6 +184,8 @@ class MemoryBackend:
             Table.EPHEMERAL: BoundedTable(ephemeral, clock=clock),
         }
         self._active: dict[str, _Pinned] = {}
+        self.deliveries = MemoryDeliveries(clock)
+        """Pending webhook deliveries (`store/deliveries.py`)."""
 
     async def put(self, table: Table, value: Stored) -> bool:
         try:

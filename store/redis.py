@@ -1,15 +1,14 @@
 """The Redis backend: one store that several replicas share (`--store redis://...`).
 
-Every operation is one Lua script (`store/redis_scripts.py`, `redis_job_scripts.py`), so
-Redis runs it as one atomic step: budgets, TTL and LRU hold whichever replica writes, and no write lands
-inside another. A conversation change is computed here and written back only if the
-transcript is still the one read (compare-and-set on its version), so concurrent appends
-from any replica are never lost. Keys live under `{PREFIX}:` (one hash slot).
+Every operation is one Lua script (`store/redis_scripts.py`, `redis_job_scripts.py`,
+`redis_deliveries.py`), so Redis runs it as one atomic step: budgets, TTL and LRU hold
+whichever replica writes, and no write lands inside another. A conversation change is
+written back only if the transcript is still the one read (compare-and-set on its
+version), so concurrent appends from any replica are never lost. Keys: `{PREFIX}:...`.
 
 Time is this process's wall clock by default (a TTL means the same on every replica and
-after a restart); a replica's lease runs on the Redis server's clock. A store that cannot
-be reached answers `StoreUnavailable` (503) until it can; the client reconnects by
-itself, so the server recovers without a restart.
+after a restart); a replica's lease runs on the Redis server's clock. An unreachable store
+answers `StoreUnavailable` (503) until it can; the client reconnects by itself.
 """
 
 from __future__ import annotations
@@ -45,6 +44,7 @@ from mlxcel.store.backend import (
 )
 from mlxcel.store.codec import CodecError, encode
 from mlxcel.store.limits import StoreLimits
+from mlxcel.store.redis_deliveries import RedisDeliveries
 from mlxcel.store.redis_upgrade import upgrade_item_index
 from mlxcel.store.redis_values import (
     decode_response,
@@ -101,14 +101,14 @@ class RedisBackend:
         echo_bytes: int = 0,
     ) -> None:
         self._client = client
-        self.base = "{" + prefix + "}:"
-        """What every key of this store begins with."""
+        self.base = "{" + prefix + "}:"  # what every key of this store begins with
         self._limits = limits
         self._clock = clock
         self._echo_bytes = echo_bytes
         self._stack = contextlib.AsyncExitStack()
         self._closed = False
         self._scripts: dict[str, Script[bytes]] = {}
+        self.deliveries = RedisDeliveries(self._run)  # pending webhook deliveries
 
     @classmethod
     async def open(

@@ -40,6 +40,7 @@ from mlxcel.store.backend import (
 from mlxcel.store.codec import CodecError, decode, encode
 from mlxcel.store.item_index import item_at
 from mlxcel.store.limits import StoreLimits
+from mlxcel.store.sqlite_deliveries import SqliteDeliveries
 from mlxcel.store.sqlite_file import (
     CHAIN,
     ITEM_PLACES,
@@ -85,6 +86,7 @@ class SqliteBackend:
         self._closed = False
         self._rows = Rows(db)
         self._traces = Traces(db, echo_bytes)
+        self.deliveries = SqliteDeliveries(db, self._call)  # webhooks' (store/deliveries.py)
 
     @classmethod
     async def open(

@@ -11,6 +11,7 @@ import pytest
 from mlxcel.cli.flag_table import FLAGS
 from mlxcel.cli.flags import build_parser, settings_from_args
 from mlxcel.cli.main import main, server_main
+from mlxcel.cli.webhook_flags import WEBHOOK_FLAGS
 from mlxcel.config import Settings
 from mlxcel.errors import ConfigError
 from mlxcel.store.limits import redis_url, sqlite_path
@@ -233,7 +234,7 @@ def test_help_lists_every_flag_with_its_environment_variable() -> None:
         out = subprocess.run(
             [str(exe), *prog[1:], "--help"], capture_output=True, text=True, check=True
         ).stdout
-        for flag in FLAGS:
+        for flag in (*FLAGS, *WEBHOOK_FLAGS):
             assert flag.names[-1] in out
             if flag.env:
                 assert flag.env in out
