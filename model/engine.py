@@ -12,10 +12,12 @@ deterministic fake both implement it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
 from mlxcel.generation import ModelInfo, PrefillProgress, PromptCodec, SequenceSpec, TokenStep
+from mlxcel.metrics import PromptDiskStats
 
 
 class Engine(Protocol):
@@ -51,6 +53,8 @@ class LoadedModel:
     engine: Engine
     codec: PromptCodec
     info: ModelInfo
+    prompt_disk: Callable[[], PromptDiskStats] | None = None
+    """The prompt cache's disk tier's counters, when it has one (`/metrics` reads them)."""
 
 
 class EngineFactory(Protocol):

@@ -1,21 +1,20 @@
 """The MLX engine: continuous batching with our own step policy over mlx-lm's models.
 
-A step has two phases, and the model actor delivers each one's tokens before the next
-runs. `decode` feeds every running row its last token and, in the same forward
-(`flat_forward`), the prompt chunk the step's budget allows (`step_plan`); it samples
-the rows' next tokens. `prefill` then samples the first token of each prompt the chunk
-finished, which joins the decode batch for the next step. With nothing decoding, or a
-model whose forward cannot be shared, `prefill` reads the chunk in a forward of its own.
-So decoding never waits behind more prompt than the budget allows, the weights are read
-once a step, and no forward is spent on a first token.
+A step has two phases, and the model actor delivers each one's tokens before the next runs.
+`decode` feeds every running row its last token and, in the same forward (`flat_forward`), the
+prompt chunk the step's budget allows (`step_plan`); it samples the rows' next tokens.
+`prefill` then samples the first token of each prompt the chunk finished, which joins the
+decode batch for the next step. With nothing decoding, or a model whose forward cannot be
+shared, `prefill` reads the chunk in a forward of its own. So decoding never waits behind more
+prompt than the budget allows, the weights are read once a step, and no forward is spent on a
+first token.
 
 Prompts wait in a FIFO and are admitted to reading a few at a time; the prefix cache is
 consulted at admission, not at insert, so a request queued while a shared prefix is
 being read finds it. A waiting prompt that shares an uncached prefix (`SHARED_PREFIX`
 tokens or more) with one being read waits for that one to finish, then starts from
-its KV state. KV states are kept when a prompt is read, when a sequence finishes
-(prompt and generated tokens, so a follow-up turn that resends the history reuses
-both) and when a sequence is removed midway (what it had computed).
+its KV state. KV states are kept when a prompt is read, when a sequence finishes (with
+its generated tokens, which a follow-up turn resends) and when one is removed midway.
 
 Import this module only on the model thread, after `load_fast_blas()`.
 """
@@ -150,7 +149,9 @@ class MlxEngine:
             if step.finish is None:
                 keep.append(i)
             else:
-                self._keep(row, self._tokens(row), forward.extract(self._batch, i), "assistant")
+                self._keep(
+                    row, [*row.prompt, *row.fed], forward.extract(self._batch, i), "assistant"
+                )
         self._filter(keep)
         read = 0 if chunk is None else chunk.tokens
         self.budget.observe(len(rows), read, time.perf_counter() - started)
@@ -195,7 +196,7 @@ class MlxEngine:
             if row.spec.seq_id == seq_id:
                 if keep and self._batch is not None:
                     extracted = forward.extract(self._batch, i)
-                    self._keep(row, self._tokens(row), extracted, "assistant")
+                    self._keep(row, [*row.prompt, *row.fed], extracted, "assistant")
                 self._filter([j for j in range(len(self._decoding)) if j != i])
                 break
         if not self.has_work():
@@ -205,12 +206,17 @@ class MlxEngine:
         return bool(self._waiting or self._reading or self._decoding)
 
     def idle(self) -> None:
-        # MLX keeps freed buffers for reuse; after a burst that is the KV caches of a
-        # whole batch. Return them when there is nothing to do (the prefix cache's
-        # arrays are in use, so they stay).
+        # MLX keeps freed buffers (after a burst, a whole batch's KV caches): return them
+        # when there is nothing to do (the prefix cache's arrays are in use and stay).
         mx.clear_cache()
 
+    def spill_prompt_cache(self) -> int:
+        """Every prompt-cache entry to the disk tier (before an unload; `close` does too)."""
+        return 0 if self.prefix_cache is None else self.prefix_cache.spill_all()
+
     def close(self) -> None:
+        if self.prefix_cache is not None:
+            self.prefix_cache.close()  # spills to its disk tier and waits for the writes
         self.prefix_cache = None
         self._waiting.clear()
         self._reading.clear()
@@ -387,11 +393,6 @@ class MlxEngine:
             return
         self._decoding = [self._decoding[i] for i in keep]
         self._batch = None if self._batch is None else forward.keep_rows(self._batch, keep)
-
-    @staticmethod
-    def _tokens(row: _Row) -> list[int]:
-        """The tokens a decoding row's KV state holds."""
-        return [*row.prompt, *row.fed]
 
     def _keep(self, row: _Row, tokens: list[int], cache: KV, kind: CacheKind) -> None:
         """Keep a KV state of `row`'s as an entry of its tenant's."""
