@@ -158,12 +158,15 @@ class PromptDisk:
         for usable, entry in ranked:
             if usable < MIN_TOKENS or usable <= better_than:
                 break
+            started = time.perf_counter()
             cache = self._read(entry)
             if cache is not None:
                 for layer in cache:
                     layer.trim(layer.offset - usable)
                 self._touch(entry.name)
                 self._count(hits=1, read_bytes=entry.size)
+                ms = (time.perf_counter() - started) * 1000
+                log.info("prompt cache: %d tokens read from disk in %.0f ms", usable, ms)
                 return cache, usable
         self._count(misses=1)
         return [], 0
