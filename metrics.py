@@ -198,7 +198,7 @@ class Metrics:
 @dataclass(frozen=True, slots=True)
 class PromptDiskStats:
     """The prompt cache's disk tier as counted since the server started (counters) and
-    as it stands (`disk_bytes`, `files`)."""
+    as it stands (`stored_bytes`, `files`)."""
 
     hits: int = 0
     """Lookups served from a file."""
@@ -213,7 +213,7 @@ class PromptDiskStats:
     """Files found damaged or foreign, and removed."""
     read_bytes: int = 0
     written_bytes: int = 0
-    disk_bytes: int = 0
+    stored_bytes: int = 0
     files: int = 0
 
 

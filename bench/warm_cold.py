@@ -22,7 +22,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import openai
-from openai.types.responses import ResponseCompletedEvent, ResponseTextDeltaEvent
+from openai.types.responses import (
+    ResponseCompletedEvent,
+    ResponseIncompleteEvent,
+    ResponseTextDeltaEvent,
+)
 from prompts import TokenCounter, make_long_prompt
 from servers import (
     OUR_ALIAS,
@@ -60,7 +64,8 @@ def first_token(url: str, prompt: str, timeout: float) -> tuple[float, int, int]
         for event in stream:
             if isinstance(event, ResponseTextDeltaEvent) and event.delta and first is None:
                 first = time.perf_counter() - started
-            if isinstance(event, ResponseCompletedEvent) and event.response.usage is not None:
+            ended = isinstance(event, ResponseCompletedEvent | ResponseIncompleteEvent)
+            if ended and event.response.usage is not None:
                 tokens = event.response.usage.input_tokens
                 cached = event.response.usage.input_tokens_details.cached_tokens
     client.close()

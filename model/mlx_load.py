@@ -101,9 +101,11 @@ def _prompt_disk(
 ) -> PromptDisk | None:
     """The disk tier of the model loaded from `folder` (None, logged, for a model whose
     KV state is not plain keys and values). Its layout is read off a one-token forward."""
-    probe = make_prompt_cache(model)
+    probe: list[Any] = make_prompt_cache(model)
     forward.read_chunk(model, [[0]], [probe], [False])
-    if not probe or not all(type(c) is KVCache and NAMES.get(c.keys.dtype) for c in probe):
+    if not probe or not all(
+        type(c) is KVCache and getattr(c.keys, "dtype", None) in NAMES for c in probe
+    ):
         log.warning("prompt cache: %s keeps no plain KV state; no disk tier", folder.name)
         return None
     keys, values = probe[0].keys, probe[0].values

@@ -53,12 +53,12 @@ def _tenant(key: str) -> str:
     return key.partition("/")[2]
 
 
-class _SpillingTrie(PromptTrie):  # type: ignore[misc]
+class _SpillingTrie(PromptTrie):
     """mlx-lm's trie, handing the entries the LRU evicts (`pop`; a prefix an insert
     makes redundant goes by `pop_prefixes`) to the disk tier."""
 
     def __init__(self, disk: PromptDisk) -> None:
-        super().__init__()
+        super().__init__()  # type: ignore[no-untyped-call]
         self._disk = disk
 
     def pop(self, model: Any, tokens: list[int]) -> Any:
@@ -139,7 +139,7 @@ class PrefixCache:
         if self.disk is not None:
             count = self.spill_all()
             self.disk.close()
-            log.info("prompt cache: %d entries written to disk", count)
+            log.info("prompt cache: %d entries spilled to disk", count)
 
     def fit(self, live_bytes: int) -> None:
         """Evict until the cache and the live sequences' KV states fit `max_bytes`

@@ -48,6 +48,8 @@ MIN_TOKENS = 32
 """A file is read only for a prefix at least this long, and longer than memory's."""
 QUEUE_SIZE = 4
 """Spills waiting for the writer at most (each holds its KV state alive until written)."""
+WAIT_SECS = 60.0
+"""How long a spill that waits (at shutdown) waits for room in the queue at most."""
 STALE_PART_SECS = 600
 """A temporary file older than this is a crashed writer's leftover, removed at start."""
 SUFFIX = ".safetensors"
@@ -98,12 +100,6 @@ class _Job:
     """The MLX arrays the tensors view: released on the model thread only."""
 
 
-def common_length(a: np.ndarray[Any, Any], b: np.ndarray[Any, Any]) -> int:
-    n = min(len(a), len(b))
-    differ = np.flatnonzero(a[:n] != b[:n])
-    return int(differ[0]) if differ.size else n
-
-
 class PromptDisk:
     def __init__(self, root: Path, identity: Identity, layout: Layout, max_bytes: int) -> None:
         self.root = root
@@ -124,7 +120,8 @@ class PromptDisk:
 
     def spill(self, tokens: Sequence[int], cache: list[Any], tenant: str, *, wait: bool) -> bool:
         """Queue `cache`, the KV state of exactly `tokens`, to be written as the tenant's
-        (`wait`: for room in the queue, else a full queue drops it); whether it was."""
+        (`wait`: up to `WAIT_SECS` for room in the queue; else a full queue drops it);
+        whether it was."""
         self.reap()
         if self._closed:
             return False
@@ -137,7 +134,7 @@ class PromptDisk:
                 self._touch(job.entry.name)
                 return False
         try:
-            self._queue.put(job, timeout=None) if wait else self._queue.put_nowait(job)
+            self._queue.put(job, timeout=WAIT_SECS) if wait else self._queue.put_nowait(job)
         except queue.Full:
             self._count(dropped=1)
             return False
@@ -152,7 +149,7 @@ class PromptDisk:
         with self._lock:
             mine = [e for e in self._index.values() if e.tenant == owner]
         ranked = sorted(
-            ((min(common_length(e.tokens, wanted), len(wanted) - 1), e) for e in mine),
+            ((min(spill_file.common_length(e.tokens, wanted), len(wanted) - 1), e) for e in mine),
             key=lambda pair: -pair[0],
         )
         for usable, entry in ranked:
@@ -196,7 +193,7 @@ class PromptDisk:
     def stats(self) -> PromptDiskStats:
         with self._lock:
             size = sum(e.size for e in self._index.values())
-            return replace(self._stats, disk_bytes=size, files=len(self._index))
+            return replace(self._stats, stored_bytes=size, files=len(self._index))
 
     def _job(self, tokens: np.ndarray[Any, Any], cache: list[Any], tenant: str) -> _Job | None:
         """The write of a state, or None for one this tier does not keep."""
@@ -273,7 +270,7 @@ class PromptDisk:
             raise ValueError("its data does not match its checksum")
         caches = []
         for i in range(lay.layers):
-            layer = KVCache()
+            layer: Any = cast(Any, KVCache)()
             layer.keys, layer.values = arrays[f"{i}.keys"], arrays[f"{i}.values"]
             layer.offset = length
             caches.append(layer)

@@ -71,6 +71,13 @@ def tokens_of(text: str) -> np.ndarray[Any, Any]:
     return np.frombuffer(raw, dtype="<i4").astype(np.int64)
 
 
+def common_length(a: np.ndarray[Any, Any], b: np.ndarray[Any, Any]) -> int:
+    """How many leading tokens two token arrays share."""
+    n = min(len(a), len(b))
+    differ = np.flatnonzero(a[:n] != b[:n])
+    return int(differ[0]) if differ.size else n
+
+
 def digest(*parts: str) -> str:
     """A SHA-256 hex digest of the parts, each ended by a NUL (so no two lists collide)."""
     h = hashlib.sha256()
