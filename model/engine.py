@@ -6,7 +6,8 @@ running the next: `decode` advances every sequence past its prompt by one token 
 engine may read the step's prompt chunk in that same forward), `prefill` reports the
 first token of each prompt the step finished reading (reading the chunk itself when
 `decode` did not). `prefilling` says how far the prompts still being read got,
-`remove` drops a sequence at any stage, `close` frees all. The MLX engine and the
+`remove` drops a sequence at any stage, `spill_prompt_cache` writes the prompt cache to
+its disk tier, `close` frees all (writing the prompt cache first). The MLX engine and the
 deterministic fake both implement it.
 """
 
@@ -41,6 +42,11 @@ class Engine(Protocol):
 
     def idle(self) -> None:
         """Nothing is left to generate: a chance to give cached memory back."""
+        ...
+
+    def spill_prompt_cache(self) -> int:
+        """Write the prompt cache's entries to its disk tier, if it has one (what an unload
+        calls before it closes the engine; `close` does it too); how many were queued."""
         ...
 
     def close(self) -> None: ...

@@ -35,6 +35,16 @@ def ask(client: OpenAI, model: str) -> tuple[str, int, int]:
     return resp.output_text, resp.usage.input_tokens, resp.usage.input_tokens_details.cached_tokens
 
 
+def hang_up(client: OpenAI, model: str) -> None:
+    """Stream the prompt and leave at the first text delta."""
+    with client.responses.create(
+        model=model, input=PROMPT, max_output_tokens=24, temperature=0, stream=True
+    ) as stream:
+        for event in stream:
+            if event.type == "response.output_text.delta":
+                break
+
+
 def client_for(url: str, key: str) -> OpenAI:
     return OpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0, timeout=900)
 
@@ -64,6 +74,8 @@ def test_a_long_prompt_is_served_from_disk_after_a_restart(tmp_path: Path) -> No
         other, _, cached = ask(client_for(warm.url, KEYS[1]), warm.alias)
         assert cached == 0  # the other tenant reads it all: never alice's file
         assert other == text
+        hang_up(client_for(warm.url, KEYS[1]), warm.alias)  # bob leaves mid-answer
+        assert ask(client_for(warm.url, KEYS[0]), warm.alias)[0] == text
 
     for path in folder.rglob("*.safetensors"):  # damage every file, keeping its header
         raw = bytearray(path.read_bytes())
