@@ -113,4 +113,8 @@ def _prompt_disk(
     layout = Layout(len(probe), keys.shape[1], keys.shape[3], values.shape[3], name)
     config = hashlib.sha256((folder / "config.json").read_bytes()).hexdigest()
     identity = Identity(f"{folder.resolve()}#{config}", digest(template))
-    return PromptDisk(root, identity, layout, max_bytes)
+    try:
+        return PromptDisk(root, identity, layout, max_bytes)
+    except OSError as exc:  # the folder went away or read-only since the start-time check
+        log.warning("prompt cache: %s: %s; prompt caches stay in memory only", root, exc)
+        return None

@@ -313,7 +313,8 @@ class PromptDisk:
                 entry = _Entry(name, meta["tenant"], tokens, path.stat().st_size)
             except (OSError, ValueError, KeyError) as exc:
                 log.warning("prompt cache: removed %s: %s", name, exc)
-                path.unlink(missing_ok=True)
+                with contextlib.suppress(OSError):
+                    path.unlink(missing_ok=True)
                 self._count(rejected=1)
                 continue
             self._index[name] = entry

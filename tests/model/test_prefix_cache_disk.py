@@ -93,3 +93,16 @@ def test_what_memory_evicts_is_spilled_and_read_back(tmp_path: Path) -> None:
     assert len(set(folder.rglob("*.safetensors")) - files) == queued
     engine.close()
     assert engine.prefix_cache is None
+
+
+def test_a_folder_that_cannot_be_written_leaves_the_cache_in_memory(tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    loaded = load(1 << 26, blocker / "cache")  # became unwritable after the start's check
+    assert loaded.prompt_disk is None
+    text = prompt(loaded, "Name three rivers, and say where each one meets the sea. " * 6)
+    first, _ = answer(loaded, 1, text)
+    again, cached = answer(loaded, 2, text)
+    assert again == first
+    assert cached == len(text) - 1
+    loaded.engine.close()

@@ -310,3 +310,12 @@ def test_a_full_queue_drops_evictions_instead_of_waiting(
     assert results[: prompt_disk.QUEUE_SIZE] == [True] * 4
     assert disk.stats().dropped == results.count(False)
     assert disk.stats().spills == results.count(True)
+
+
+def test_a_folder_where_a_file_should_be_is_left_alone(disks: list[PromptDisk], root: Path) -> None:
+    folder = open_disk(disks, root).folder
+    (folder / "odd.safetensors").mkdir()
+    disk = open_disk(disks, root)
+    assert disk.stats().files == 0
+    assert disk.stats().rejected == 1
+    assert disk.spill(TOKENS, kv(len(TOKENS)), "", wait=True)
