@@ -42,6 +42,13 @@ class Settings:
     prompt_cache_bytes: int = 2 * 1024**3
     """KV states kept for reuse by later prompts that start alike, plus the live
     sequences' own, in bytes; 0 disables the prompt cache."""
+    prompt_cache_dir: Path | None = None
+    """Where the prompt cache's KV states spill to files that outlive the process; None:
+    under the user cache folder with a SQLite store, nowhere otherwise (`cli.prompt_cache`
+    resolves it at start; after that None means no disk tier)."""
+    prompt_cache_disk_bytes: int = 4 * 1024**3
+    """Bytes of prompt-cache files kept under that folder (least recently used go first);
+    0 disables the disk tier."""
     tool_call_parser: str | None = None
     """The model's tool-call format; None picks it from the chat template. The name is
     checked where the parser is picked (`mlxcel.app`), so settings need no parser import."""
@@ -112,6 +119,7 @@ class Settings:
             (self.prefill_step_size >= 16, "--prefill-step-size must be at least 16"),
             (self.max_step_ms >= 0, "--max-step-ms must be 0 (derived) or more"),
             (self.prompt_cache_bytes >= 0, "--prompt-cache-bytes must be 0 or more"),
+            (self.prompt_cache_disk_bytes >= 0, "--prompt-cache-disk-bytes must be 0 or more"),
             (self.ctx_size is None or self.ctx_size >= 16, "--ctx-size must be at least 16"),
             (self.sse_keepalive_secs > 0, "--sse-keepalive-secs must be positive"),
             (self.responses.max_entries >= 0, "--responses-store-max-entries must be >= 0"),

@@ -13,6 +13,9 @@ Imports nothing of the package, so every layer may use it.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, fields
+
 from prometheus_client import (
     CollectorRegistry,
     Counter,
@@ -21,8 +24,10 @@ from prometheus_client import (
     disable_created_metrics,
     generate_latest,
 )
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
-__all__ = ["CONTENT_TYPE", "Metrics", "TokenTimer"]
+__all__ = ["CONTENT_TYPE", "Metrics", "PromptDiskStats", "TokenTimer"]
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 """The classic text format, which every Prometheus version reads."""
@@ -49,6 +54,7 @@ class Metrics:
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
+        self._disk: _PromptDiskCollector | None = None
         self._http_series(self.registry)
         self._state_series(self.registry)
         self._generation_series(self.registry)
@@ -197,9 +203,72 @@ class Metrics:
         else:
             self.jobs.labels(after).inc()
 
+    def watch_prompt_disk(self, model: str, source: Callable[[], PromptDiskStats]) -> None:
+        """Expose a model's prompt-cache disk tier, read from `source` at each scrape."""
+        if self._disk is None:
+            self._disk = _PromptDiskCollector()
+            self.registry.register(self._disk)
+        self._disk.sources[model] = source
+
     def exposition(self) -> bytes:
         """The Prometheus text of every series."""
         return generate_latest(self.registry)
+
+
+@dataclass(frozen=True, slots=True)
+class PromptDiskStats:
+    """The prompt cache's disk tier as counted since the server started (counters) and
+    as it stands (`stored_bytes`, `files`)."""
+
+    hits: int = 0
+    """Lookups served from a file."""
+    misses: int = 0
+    """Lookups the disk had nothing (better than memory) for."""
+    spills: int = 0
+    """KV states written to files."""
+    dropped: int = 0
+    """Spills not written: the writer's queue was full, the state over the budget, or
+    the disk refused."""
+    rejected: int = 0
+    """Files found damaged or foreign, and removed."""
+    read_bytes: int = 0
+    written_bytes: int = 0
+    stored_bytes: int = 0
+    files: int = 0
+
+
+_DISK_HELP = {
+    "hits": "Prompt-cache lookups served from a file of the disk tier.",
+    "misses": "Prompt-cache lookups the disk tier had nothing better than memory for.",
+    "spills": "KV states of cached prefixes written to the disk tier.",
+    "dropped": "KV states not written to the disk tier (queue full, over budget, disk error).",
+    "rejected": "Disk-tier files found damaged or foreign, and removed.",
+    "read_bytes": "Bytes of KV state read from the disk tier.",
+    "written_bytes": "Bytes of KV state written to the disk tier.",
+}
+
+
+class _PromptDiskCollector(Collector):
+    """Reads each model's disk tier at scrape time (its counters live on the tier)."""
+
+    def __init__(self) -> None:
+        self.sources: dict[str, Callable[[], PromptDiskStats]] = {}
+
+    def collect(self) -> Iterator[Metric]:
+        readings = {name: source() for name, source in list(self.sources.items())}
+        for field in fields(PromptDiskStats):
+            name = f"mlxcel_prompt_cache_disk_{field.name}"
+            if field.name in _DISK_HELP:
+                family: CounterMetricFamily | GaugeMetricFamily = CounterMetricFamily(
+                    name, _DISK_HELP[field.name], labels=["model"]
+                )
+            else:
+                family = GaugeMetricFamily(
+                    name, f"The disk tier's {field.name.replace('_', ' ')} now.", labels=["model"]
+                )
+            for model, stats in readings.items():
+                family.add_metric([model], getattr(stats, field.name))
+            yield family
 
 
 class TokenTimer:

@@ -1,122 +1,155 @@
-"""Time to first token of a follow-up turn, with and without the prompt (prefix) cache.
+"""Time to first token of a long prompt: cold, warm (the prompt cache in memory) and after
+a restart (the prompt cache's disk tier).
 
-Engine-level, one process, no HTTP: a first turn with a long user message (about
-`--history` tokens) is answered, then the follow-up turn (the whole history plus a new
-question) is timed from `insert` to its first token, cold (no prefix cache) and warm
-(the cache holds what the first turn computed). Prints figures; asserts nothing.
+For each prompt size, our server is started with a fresh `--prompt-cache-dir`; the
+prompt is sent once (cold: the whole prompt is read), once more (warm: all but its last
+token come from memory), the server is stopped (SIGINT: it drains and writes its cache),
+started again, and the prompt is sent a third time (after a restart: read back from its
+file). Each request streams from the Responses API, greedy, a few output tokens; TTFT is
+from sending to the first text delta. Prints a table; asserts nothing.
 
-    .venv/bin/python bench/warm_cold.py [--model DIR] [--history 2000] [--trials 3]
+    .venv/bin/python bench/warm_cold.py [--model DIR] [--sizes 2000 8600] [--trials 1]
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
+import sys
+import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-from mlxcel.config import Settings
-from mlxcel.generation import Sampling, SequenceSpec
-from mlxcel.model.blas import describe, load_fast_blas
-from mlxcel.model.engine import LoadedModel
-from mlxcel.model.provision.fetch import default_model_dir, is_ready
+import openai
+from openai.types.responses import (
+    ResponseCompletedEvent,
+    ResponseIncompleteEvent,
+    ResponseTextDeltaEvent,
+)
+from prompts import TokenCounter, make_long_prompt
+from servers import (
+    OUR_ALIAS,
+    Server,
+    free_port,
+    handle_stop_signals,
+    our_command,
+    start_server,
+    stop_server,
+)
 
-
-def document(tokens: int) -> str:
-    """Synthetic source-like text of roughly `tokens` tokens (about 28 a line)."""
-    lines = [
-        f"def f_{i}(x):\n    return x * {i} + {i * i}  # step {i}" for i in range(tokens // 28)
-    ]
-    return "\n".join(lines)
-
-
-def first_token(loaded: LoadedModel, seq_id: int, prompt: list[int]) -> tuple[float, int]:
-    """Seconds from insert to the sequence's first token, and its cached prompt tokens;
-    the sequence is then dropped."""
-    engine = loaded.engine
-    start = time.perf_counter()
-    engine.insert(SequenceSpec(seq_id, tuple(prompt), Sampling(temperature=0.0, max_tokens=64)))
-    while True:
-        for step in engine.step():
-            if step.seq_id == seq_id:
-                elapsed = time.perf_counter() - start
-                engine.remove(seq_id)
-                return elapsed, step.cached_tokens
+PHASES = ("cold", "warm", "restart")
 
 
-def answer(loaded: LoadedModel, seq_id: int, prompt: list[int], max_tokens: int) -> str:
-    engine = loaded.engine
-    engine.insert(SequenceSpec(seq_id, tuple(prompt), Sampling(0.0, max_tokens=max_tokens)))
-    text = []
-    while engine.has_work():
-        text += [s.text for s in engine.step() if s.seq_id == seq_id]
-    return "".join(text)
+@dataclass
+class Figures:
+    """One prompt size's measurements, by phase: TTFT seconds and cached tokens."""
+
+    tokens: int = 0
+    ttft: dict[str, list[float]] = field(default_factory=lambda: {p: [] for p in PHASES})
+    cached: dict[str, list[int]] = field(default_factory=lambda: {p: [] for p in PHASES})
+    restart_secs: list[float] = field(default_factory=list)
+    """From the restart's launch to its answering /health (the model load)."""
 
 
-def main() -> None:
+def first_token(url: str, prompt: str, timeout: float) -> tuple[float, int, int]:
+    """Seconds to the first text delta, the prompt's tokens and its cached tokens."""
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", timeout=timeout, max_retries=0)
+    started = time.perf_counter()
+    first: float | None = None
+    tokens = cached = 0
+    with client.responses.create(
+        model=OUR_ALIAS, input=prompt, max_output_tokens=8, temperature=0, stream=True
+    ) as stream:
+        for event in stream:
+            if isinstance(event, ResponseTextDeltaEvent) and event.delta and first is None:
+                first = time.perf_counter() - started
+            ended = isinstance(event, ResponseCompletedEvent | ResponseIncompleteEvent)
+            if ended and event.response.usage is not None:
+                tokens = event.response.usage.input_tokens
+                cached = event.response.usage.input_tokens_details.cached_tokens
+    client.close()
+    if first is None:
+        raise RuntimeError("the stream ended without text")
+    return first, tokens, cached
+
+
+def launch(model: Path, cache: Path, logs: Path, timeout: float) -> Server:
+    port = free_port()
+    command = [*our_command(model, port, 1), "--prompt-cache-dir", str(cache)]
+    return start_server("ours", command, port, OUR_ALIAS, logs / f"server-{port}.log", timeout)
+
+
+def measure(model: Path, prompt: str, work: Path, figures: Figures, timeout: float) -> None:
+    """One trial of a prompt: cold and warm on one server, then after its restart."""
+    cache = Path(tempfile.mkdtemp(prefix="prompt-cache-", dir=work))
+    server = launch(model, cache, work, timeout)
+    try:
+        for phase in PHASES[:2]:
+            secs, figures.tokens, hit = first_token(server.base_url, prompt, timeout)
+            figures.ttft[phase].append(secs)
+            figures.cached[phase].append(hit)
+    finally:
+        stop_server(server)
+    started = time.perf_counter()
+    server = launch(model, cache, work, timeout)
+    figures.restart_secs.append(time.perf_counter() - started)
+    try:
+        secs, _, hit = first_token(server.base_url, prompt, timeout)
+        figures.ttft["restart"].append(secs)
+        figures.cached["restart"].append(hit)
+    finally:
+        stop_server(server)
+
+
+def print_table(results: dict[int, Figures]) -> None:
+    print()
+    print("| prompt tokens | TTFT cold | TTFT warm (memory) | TTFT after restart (disk) |")
+    print("|---:|---:|---:|---:|")
+    for fig in results.values():
+        cells = []
+        for phase in PHASES:
+            secs = statistics.median(fig.ttft[phase])
+            cells.append(f"{secs:.2f} s ({min(fig.cached[phase])} cached)")
+        print(f"| {fig.tokens:,} | " + " | ".join(cells) + " |")
+    for fig in results.values():
+        load = statistics.median(fig.restart_secs)
+        cold, disk = (statistics.median(fig.ttft[p]) for p in ("cold", "restart"))
+        print(
+            f"{fig.tokens:,} tokens: restart (model load and warm-up) {load:.1f} s; "
+            f"first token {cold / disk:.1f}x sooner from disk than cold"
+        )
+
+
+def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", type=Path, default=None, help="MLX model folder")
-    parser.add_argument("--history", type=int, default=2000, help="first-turn tokens")
-    parser.add_argument("--reply", type=int, default=32, help="first-turn reply tokens")
-    parser.add_argument("--trials", type=int, default=3)
+    parser.add_argument("--sizes", type=int, nargs="+", default=[2000, 8600])
+    parser.add_argument("--trials", type=int, default=1)
+    parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per request")
     args = parser.parse_args()
-    path = args.model or default_model_dir()
-    if args.model is None and not is_ready(path):
-        raise SystemExit("run `mlxcel fetch-model` first, or pass --model")
+    model = args.model
+    if model is None:
+        from mlxcel.model.provision.fetch import default_model_dir, is_ready
 
-    blas = load_fast_blas()  # before anything imports mlx.core
-    from mlxcel.model.mlx_load import load_mlx_model
-    from mlxcel.model.prefix_cache import PrefixCache
-
-    settings = Settings()
-    loaded = load_mlx_model(
-        path,
-        name=path.name,
-        max_batch=settings.parallel,
-        prefill_step_size=settings.prefill_step_size,
-        blas=blas,
-        prompt_cache_bytes=settings.prompt_cache_bytes,
-    )
-    engine: Any = loaded.engine  # an MlxEngine; its prefix cache is swapped below
-    print(describe(blas))
-    print(f"{loaded.info.backend}; prefill step {settings.prefill_step_size} tokens")
-
-    first = [{"role": "user", "content": "Explain this code:\n" + document(args.history)}]
-    prompt = loaded.codec.render(first, None)
-    print(f"first turn: {len(prompt)} prompt tokens, {args.reply} reply tokens")
-
-    cold: list[float] = []
-    warm: list[float] = []
-    cached: list[int] = []
-    follow_up: list[int] = []
-    seq_ids = iter(range(1, 10_000))
-    for _ in range(args.trials):
-        engine.prefix_cache = PrefixCache(settings.prompt_cache_bytes)
-        reply = answer(loaded, next(seq_ids), prompt, args.reply)
-        history = [*first, {"role": "assistant", "content": reply}]
-        history.append({"role": "user", "content": "And what does f_7 return for 3?"})
-        follow_up = loaded.codec.render(history, None)
-        cache_bytes = engine.prefix_cache.nbytes
-        seconds, hit = first_token(loaded, next(seq_ids), follow_up)
-        warm.append(seconds)
-        cached.append(hit)
-        engine.prefix_cache = None
-        seconds, _ = first_token(loaded, next(seq_ids), follow_up)
-        cold.append(seconds)
-        engine.idle()
-
-    print(f"follow-up turn: {len(follow_up)} prompt tokens, {min(cached)} from the cache")
-    print(f"prefix cache after the first turn: {cache_bytes / 2**20:.1f} MiB")
-    print(f"TTFT cold: median {statistics.median(cold):.2f} s  ({_list(cold)})")
-    print(f"TTFT warm: median {statistics.median(warm):.2f} s  ({_list(warm)})")
-    print(f"speed-up: {statistics.median(cold) / statistics.median(warm):.1f}x")
-    engine.close()
-
-
-def _list(values: list[float]) -> str:
-    return ", ".join(f"{v:.2f}" for v in values)
+        model = default_model_dir()
+        if not is_ready(model):
+            print("run `mlxcel fetch-model` first, or pass --model", file=sys.stderr)
+            return 2
+    handle_stop_signals()
+    counter = TokenCounter(model)
+    results: dict[int, Figures] = {}
+    with tempfile.TemporaryDirectory(prefix="warm-cold-") as work:
+        for size in args.sizes:
+            figures = results.setdefault(size, Figures())
+            for trial in range(args.trials):
+                prompt = make_long_prompt(f"warm-cold-{size}-{trial}", counter, size)
+                measure(model, prompt, Path(work), figures, args.timeout)
+                cells = ", ".join(f"{p} {figures.ttft[p][-1]:.2f} s" for p in PHASES)
+                print(f"{figures.tokens:,} prompt tokens, trial {trial + 1}: {cells}", flush=True)
+    print_table(results)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -12,6 +12,7 @@ from typing import Any
 
 from mlxcel import __version__
 from mlxcel.cli.flag_table import FLAGS, Flag, switch
+from mlxcel.cli.prompt_cache import PROMPT_CACHE_FLAGS
 from mlxcel.cli.webhook_flags import WEBHOOK_FLAGS
 from mlxcel.config import Settings, StoreLimits
 from mlxcel.errors import ConfigError
@@ -39,7 +40,7 @@ def build_parser(prog: str, environ: dict[str, str]) -> argparse.ArgumentParser:
 
 
 def add_serve_flags(parser: argparse.ArgumentParser, environ: dict[str, str]) -> None:
-    for flag in (*FLAGS, *WEBHOOK_FLAGS):
+    for flag in (*FLAGS, *WEBHOOK_FLAGS, *PROMPT_CACHE_FLAGS):
         env_note = f" [env {flag.env}]" if flag.env else ""
         default_note = "" if flag.default is None else f" (default: {flag.default})"
         if flag.negatable:
@@ -112,6 +113,8 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         prefill_step_size=args.prefill_step_size,
         max_step_ms=args.max_step_ms,
         prompt_cache_bytes=args.prompt_cache_bytes,
+        prompt_cache_dir=args.prompt_cache_dir,
+        prompt_cache_disk_bytes=args.prompt_cache_disk_bytes,
         tool_call_parser=args.tool_call_parser,
         sse_keepalive_secs=args.sse_keepalive_secs,
         progress_events=not args.no_progress_events,

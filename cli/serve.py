@@ -13,6 +13,7 @@ from pathlib import Path
 import trio
 
 from mlxcel.app import check_tool_parser, serve, served_names
+from mlxcel.cli.prompt_cache import resolve_prompt_cache_dir
 from mlxcel.config import Settings
 from mlxcel.errors import ConfigError
 from mlxcel.generation import ModelNames
@@ -64,6 +65,8 @@ def load_model(path: Path, names: ModelNames, settings: Settings) -> LoadedModel
         blas=blas,
         ctx_size=settings.ctx_size,
         prompt_cache_bytes=settings.prompt_cache_bytes,
+        prompt_cache_dir=settings.prompt_cache_dir,
+        prompt_cache_disk_bytes=settings.prompt_cache_disk_bytes,
     )
 
 
@@ -73,6 +76,7 @@ def run(settings: Settings) -> None:
     keyring = Keyring.load(settings.api_keys, settings.api_key_file)  # so does a bad key
     path, names = resolve_model(settings)
     served_names(names, settings.model_aliases)  # so does an alias to another model
+    settings = resolve_prompt_cache_dir(settings)  # and a --prompt-cache-dir not writable
     from mlxcel.model.blas import load_fast_blas
 
     load_fast_blas()  # before anything imports mlx.core

@@ -137,6 +137,8 @@ class ModelActor:
 
     def _on_loaded(self, loaded: LoadedModel) -> None:
         self.loaded = loaded
+        if loaded.prompt_disk is not None:
+            self._metrics.watch_prompt_disk(loaded.info.name, loaded.prompt_disk)
         self.handle.ready.set()
 
     def _exchange(self, events: list[ModelEvent]) -> _Exchange:

@@ -6,16 +6,19 @@ running the next: `decode` advances every sequence past its prompt by one token 
 engine may read the step's prompt chunk in that same forward), `prefill` reports the
 first token of each prompt the step finished reading (reading the chunk itself when
 `decode` did not). `prefilling` says how far the prompts still being read got,
-`remove` drops a sequence at any stage, `close` frees all. The MLX engine and the
+`remove` drops a sequence at any stage, `spill_prompt_cache` writes the prompt cache to
+its disk tier, `close` frees all (writing the prompt cache first). The MLX engine and the
 deterministic fake both implement it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
 from mlxcel.generation import ModelInfo, PrefillProgress, PromptCodec, SequenceSpec, TokenStep
+from mlxcel.metrics import PromptDiskStats
 
 
 class Engine(Protocol):
@@ -41,6 +44,11 @@ class Engine(Protocol):
         """Nothing is left to generate: a chance to give cached memory back."""
         ...
 
+    def spill_prompt_cache(self) -> int:
+        """Write the prompt cache's entries to its disk tier, if it has one (what an unload
+        calls before it closes the engine; `close` does it too); how many were queued."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -51,6 +59,8 @@ class LoadedModel:
     engine: Engine
     codec: PromptCodec
     info: ModelInfo
+    prompt_disk: Callable[[], PromptDiskStats] | None = None
+    """The prompt cache's disk tier's counters, when it has one (`/metrics` reads them)."""
 
 
 class EngineFactory(Protocol):

@@ -167,6 +167,9 @@ class FakeEngine:
     def idle(self) -> None:
         self.idled += 1
 
+    def spill_prompt_cache(self) -> int:
+        return 0  # no prompt cache
+
     def close(self) -> None:
         self._seqs.clear()
         self.closed = True

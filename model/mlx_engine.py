@@ -13,9 +13,8 @@ Prompts wait in a FIFO and are admitted to reading a few at a time; the prefix c
 consulted at admission, not at insert, so a request queued while a shared prefix is
 being read finds it. A waiting prompt that shares an uncached prefix (`SHARED_PREFIX`
 tokens or more) with one being read waits for that one to finish, then starts from
-its KV state. KV states are kept when a prompt is read, when a sequence finishes
-(prompt and generated tokens, so a follow-up turn that resends the history reuses
-both) and when a sequence is removed midway (what it had computed).
+its KV state. KV states are kept when a prompt is read, when a sequence finishes (with
+its generated tokens, which a follow-up turn resends) and when one is removed midway.
 
 Import this module only on the model thread, after `load_fast_blas()`.
 """
@@ -183,12 +182,17 @@ class MlxEngine:
         return bool(self._waiting or self._reading or self._running)
 
     def idle(self) -> None:
-        # MLX keeps freed buffers for reuse; after a burst that is the KV caches of a
-        # whole batch. Return them when there is nothing to do (the prefix cache's
-        # arrays are in use, so they stay).
+        # MLX keeps freed buffers (after a burst, a whole batch's KV caches): return them
+        # when there is nothing to do (the prefix cache's arrays are in use and stay).
         mx.clear_cache()
 
+    def spill_prompt_cache(self) -> int:
+        """Every prompt-cache entry to the disk tier (before an unload; `close` does too)."""
+        return 0 if self.prefix_cache is None else self.prefix_cache.spill_all()
+
     def close(self) -> None:
+        if self.prefix_cache is not None:
+            self.prefix_cache.close()  # spills to its disk tier and waits for the writes
         self.prefix_cache = None
         self._waiting.clear()
         self._reading.clear()

@@ -5,9 +5,12 @@ Import this module only on the model thread, after `load_fast_blas()`.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
 import os
 from pathlib import Path
+from typing import Any
 
 from mlxcel.generation import ModelInfo
 from mlxcel.model.blas import BlasInfo
@@ -21,14 +24,19 @@ from mlxcel.respond.tool_parsers import detect_parser
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # weights are local; never reach for a hub
 
 import mlx.core as mx
+from mlx_lm.models.cache import KVCache, make_prompt_cache
 from mlx_lm.utils import load
 
-from mlxcel.model import flat_forward
+from mlxcel.model import flat_forward, forward
 from mlxcel.model.cpu_forms import fast_log_softmax, install_cpu_forms
 from mlxcel.model.mlx_engine import MlxEngine
 from mlxcel.model.prefix_cache import PrefixCache
+from mlxcel.model.prompt_disk import NAMES, Identity, Layout, PromptDisk
 from mlxcel.model.qmm import install_quantized_forms
 from mlxcel.model.sampling import Sampler, reference_log_softmax
+from mlxcel.model.spill_file import digest
+
+log = logging.getLogger(__name__)
 
 
 def load_mlx_model(
@@ -41,6 +49,8 @@ def load_mlx_model(
     prompt_cache_bytes: int,
     ctx_size: int | None = None,
     max_step_ms: float = 0.0,
+    prompt_cache_dir: Path | None = None,
+    prompt_cache_disk_bytes: int = 0,
 ) -> LoadedModel:
     """Load a local MLX model folder and wrap it as an engine (on the model thread).
 
@@ -48,18 +58,23 @@ def load_mlx_model(
     `max_step_ms` is the step length the prefill budget aims at (0: 1.5 times the
     decode step of a full batch of `max_batch` rows). `prompt_cache_bytes` bounds the KV states
     kept for reuse plus those of the live sequences (as `mlx_lm.server
-    --prompt-cache-bytes` does); 0 disables the cache."""
+    --prompt-cache-bytes` does); 0 disables the cache. With a `prompt_cache_dir`, its
+    entries spill to files there, within `prompt_cache_disk_bytes` (`prompt_disk`)."""
     model, tokenizer = load(str(path))[:2]
     fast = install_cpu_forms(model)  # on the CPU device only; Apple GPUs keep MLX's kernels
     quantized = install_quantized_forms(model)  # likewise
     grammars = GrammarCompiler.for_hf_tokenizer(tokenizer._tokenizer)
+    disk = None
+    if prompt_cache_dir is not None and prompt_cache_bytes > 0 and prompt_cache_disk_bytes > 0:
+        template = getattr(tokenizer, "chat_template", None) or ""
+        disk = _prompt_disk(model, template, path, prompt_cache_dir, prompt_cache_disk_bytes)
     engine = MlxEngine(
         model,
         tokenizer,
         StepBudget(cap=prefill_step_size, full_batch=max_batch, max_step_ms=max_step_ms),
         grammars,
         None,
-        PrefixCache(prompt_cache_bytes) if prompt_cache_bytes > 0 else None,
+        PrefixCache(prompt_cache_bytes, disk=disk) if prompt_cache_bytes > 0 else None,
         Sampler(fast_log_softmax if fast else reference_log_softmax),
         flat_forward.supports(model),
         _stop=frozenset(tokenizer.eos_token_ids),
@@ -77,4 +92,29 @@ def load_mlx_model(
         backend=backend,
         tool_parser=detect_parser(getattr(tokenizer, "chat_template", None), model_type),
     )
-    return LoadedModel(engine=engine, codec=TemplateCodec(tokenizer, grammars), info=info)
+    codec = TemplateCodec(tokenizer, grammars)
+    return LoadedModel(engine, codec, info, None if disk is None else disk.stats)
+
+
+def _prompt_disk(
+    model: Any, template: str, folder: Path, root: Path, max_bytes: int
+) -> PromptDisk | None:
+    """The disk tier of the model loaded from `folder` (None, logged, for a model whose
+    KV state is not plain keys and values). Its layout is read off a one-token forward."""
+    probe: list[Any] = make_prompt_cache(model)
+    forward.read_chunk(model, [[0]], [probe], [False])
+    if not probe or not all(
+        type(c) is KVCache and getattr(c.keys, "dtype", None) in NAMES for c in probe
+    ):
+        log.warning("prompt cache: %s keeps no plain KV state; no disk tier", folder.name)
+        return None
+    keys, values = probe[0].keys, probe[0].values
+    name = NAMES[keys.dtype]
+    layout = Layout(len(probe), keys.shape[1], keys.shape[3], values.shape[3], name)
+    config = hashlib.sha256((folder / "config.json").read_bytes()).hexdigest()
+    identity = Identity(f"{folder.resolve()}#{config}", digest(template))
+    try:
+        return PromptDisk(root, identity, layout, max_bytes)
+    except OSError as exc:  # the folder went away or read-only since the start-time check
+        log.warning("prompt cache: %s: %s; prompt caches stay in memory only", root, exc)
+        return None

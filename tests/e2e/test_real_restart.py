@@ -16,6 +16,7 @@ server = contextlib.contextmanager(start_server)
 
 def test_a_conversation_goes_on_after_a_restart(tmp_path: Path) -> None:
     store = ("--store", f"sqlite:{tmp_path / 'store.sqlite3'}", "--parallel", "1")
+    store += ("--prompt-cache-dir", str(tmp_path / "prompt-cache"))  # not the user's folder
     with server(tmp_path / "first", *store) as first, first.client() as client:
         conv = client.conversations.create()
         for text in ("My name is Zorblax. Reply OK.", "I live in Lisbon. Reply OK."):
