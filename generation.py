@@ -38,6 +38,19 @@ class Sampling:
     stop: tuple[str, ...] = ()
     """The reply ends before the first of these strings (the builder finds them in the
     answer text and stops the sequence; the engine never sees them)."""
+    frequency_penalty: float = 0.0
+    """Subtracted from a token's logit once for each time the sequence generated it."""
+    presence_penalty: float = 0.0
+    """Subtracted from a token's logit once the sequence has generated it."""
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    """(token id, value) pairs added to those tokens' logits at every step."""
+
+    @property
+    def adjusts_logits(self) -> bool:
+        """Whether penalties or a bias change this sequence's logits (OpenAI's rule:
+        `logit[t] += bias[t] - count[t] * frequency_penalty - (count[t] > 0) *
+        presence_penalty`, counting the tokens this sequence generated)."""
+        return bool(self.frequency_penalty or self.presence_penalty or self.logit_bias)
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +93,8 @@ class ModelInfo:
     """The tool-call format the model writes (picked from its chat template)."""
     vision: bool = False
     """Whether the model reads images; without it an image renders as a placeholder."""
+    vocab_size: int = 0
+    """Token ids run from 0 below this (0: unknown); `logit_bias` may name no other."""
 
 
 @dataclass(frozen=True, slots=True)

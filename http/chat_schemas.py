@@ -13,6 +13,15 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, JsonValue, model_validator
 
 from mlxcel.errors import InvalidRequest, UnsupportedFeature
+from mlxcel.http.chat_sampling import (
+    SEED_RANGE,
+    Penalty,
+    check_logit_bias_size,
+    check_n,
+    logit_bias,
+    stops,
+    wrapped_seed,
+)
 from mlxcel.http.item_schemas import _Model, check_parts
 from mlxcel.items import (
     ContentPart,
@@ -30,8 +39,6 @@ from mlxcel.items import (
 from mlxcel.prepare.params import ResponseParams
 
 LOGPROBS = "message.output_text.logprobs"
-SEED_RANGE = 2**63
-"""A seed is any signed 64-bit integer, as OpenAI takes it."""
 
 
 class TextPart(_Model):
@@ -164,8 +171,8 @@ Seed = Annotated[int, Field(ge=-SEED_RANGE, lt=SEED_RANGE)]
 
 
 class ChatCompletionBody(_Model):
-    """`POST /v1/chat/completions`. Fields this server does not use (penalties,
-    `logit_bias`, `metadata`, `store`, `reasoning_effort`) are accepted and ignored."""
+    """`POST /v1/chat/completions`. Fields this server does not use (`metadata`, `store`,
+    `reasoning_effort`) are accepted and ignored."""
 
     model: str
     messages: Annotated[list[ChatMessageIn], Field(min_length=1)]
@@ -178,6 +185,9 @@ class ChatCompletionBody(_Model):
     stop: Stop | None = None
     seed: Seed | None = None
     n: int | None = None
+    frequency_penalty: Penalty | None = None
+    presence_penalty: Penalty | None = None
+    logit_bias: dict[str, float] | None = None
     tools: list[ChatTool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
@@ -194,6 +204,7 @@ class ChatCompletionBody(_Model):
     def _bounded(cls, data: Any) -> Any:
         if isinstance(data, dict):
             check_parts(data.get("messages"), "messages")
+        check_logit_bias_size(data)
         return data
 
     @property
@@ -204,6 +215,12 @@ class ChatCompletionBody(_Model):
 class CompletionBody(_Model):
     """`POST /v1/completions`: one raw prompt, no chat template."""
 
+    @model_validator(mode="before")
+    @classmethod
+    def _bounded(cls, data: Any) -> Any:
+        check_logit_bias_size(data)
+        return data
+
     model: str
     prompt: str | Annotated[list[str], Field(min_length=1)]
     max_tokens: int | None = Field(default=16, ge=1)
@@ -212,6 +229,9 @@ class CompletionBody(_Model):
     stop: Stop | None = None
     seed: Seed | None = None
     n: int | None = None
+    frequency_penalty: Penalty | None = None
+    presence_penalty: Penalty | None = None
+    logit_bias: dict[str, float] | None = None
     best_of: int | None = None
     echo: bool | None = None
     suffix: str | None = None
@@ -231,7 +251,7 @@ class CompletionBody(_Model):
 
 def chat_params(body: ChatCompletionBody) -> ResponseParams:
     """`body` as parameters (run it off the event loop: messages can be many)."""
-    _check_n(body.n)
+    check_n(body.n)
     if body.top_logprobs and not body.logprobs:
         raise InvalidRequest(
             "'top_logprobs' needs 'logprobs' set to true.",
@@ -254,13 +274,16 @@ def chat_params(body: ChatCompletionBody) -> ResponseParams:
         prompt_cache_key=body.prompt_cache_key,
         include=(LOGPROBS,) if body.logprobs else (),
         chat_template_kwargs=body.chat_template_kwargs,
-        stop=_stops(body.stop),
-        seed=_seed(body.seed),
+        stop=stops(body.stop),
+        seed=wrapped_seed(body.seed),
+        frequency_penalty=body.frequency_penalty,
+        presence_penalty=body.presence_penalty,
+        logit_bias=logit_bias(body.logit_bias),
     )
 
 
 def completion_params(body: CompletionBody) -> ResponseParams:
-    _check_n(body.n)
+    check_n(body.n)
     if isinstance(body.prompt, list) and len(body.prompt) != 1:
         raise UnsupportedFeature(
             "Only one prompt per request is supported.", param="prompt", code="unsupported_value"
@@ -283,17 +306,13 @@ def completion_params(body: CompletionBody) -> ResponseParams:
         store=False,
         user=body.user,
         include=(LOGPROBS,) if body.logprobs is not None else (),
-        stop=_stops(body.stop),
-        seed=_seed(body.seed),
+        stop=stops(body.stop),
+        seed=wrapped_seed(body.seed),
+        frequency_penalty=body.frequency_penalty,
+        presence_penalty=body.presence_penalty,
+        logit_bias=logit_bias(body.logit_bias),
         raw=True,
     )
-
-
-def _check_n(n: int | None) -> None:
-    if n not in (None, 1):
-        raise UnsupportedFeature(
-            "Only 'n' 1 is supported: one choice per request.", param="n", code="unsupported_value"
-        )
 
 
 def _items(
@@ -377,14 +396,3 @@ def _text(
     spec = fmt.json_schema
     schema: dict[str, JsonValue] = spec.schema_ if spec.schema_ is not None else {"type": "object"}
     return {"format": {"type": "json_schema", "name": spec.name, "schema": schema}}
-
-
-def _stops(stop: str | list[str] | None) -> tuple[str, ...]:
-    if stop is None:
-        return ()
-    return (stop,) if isinstance(stop, str) else tuple(stop)
-
-
-def _seed(seed: int | None) -> int | None:
-    """The engine's generator takes an unsigned 64-bit seed."""
-    return None if seed is None else seed % SEED_RANGE

@@ -232,5 +232,11 @@ def fake_factory(
     return LoadedModel(
         engine=engine or FakeEngine(),
         codec=FakeCodec(opens_reasoning=opens_reasoning),
-        info=ModelInfo(name="fake", path="fake", context_length=context_length, backend="fake"),
+        info=ModelInfo(
+            name="fake",
+            path="fake",
+            context_length=context_length,
+            backend="fake",
+            vocab_size=0x110000,  # one token per character
+        ),
     )

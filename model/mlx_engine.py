@@ -29,7 +29,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from mlxcel.generation import PrefillProgress, Sampling, SequenceSpec, TokenStep
+from mlxcel.generation import PrefillProgress, SequenceSpec, TokenStep
 from mlxcel.model.constrained import GrammarCompiler, GrammarMasks
 from mlxcel.model.step_plan import MAX_PREFILL_ROWS, Chunk, StepBudget, Waiting, plan_chunk
 
@@ -40,51 +40,15 @@ from mlx_lm.models.cache import make_prompt_cache
 
 from mlxcel.model import flat_forward, forward
 from mlxcel.model.forward import KV
+from mlxcel.model.penalties import RowPenalties, adjust
 from mlxcel.model.prefix_cache import CacheKind, PrefixCache, common_prefix
-from mlxcel.model.sampling import Rng, Sampler, row_generator, token_logprob
+from mlxcel.model.rows import ChunkRead, Row
+from mlxcel.model.sampling import Sampler, row_generator, token_logprob
 
 log = logging.getLogger(__name__)
 
 SHARED_PREFIX = 32
 """Uncached prompt tokens two waiting prompts must share for one to wait for the other."""
-
-
-@dataclass
-class _Row:
-    """One sequence, from insert to its last token."""
-
-    spec: SequenceSpec
-    detokenizer: Any
-    matcher: Any | None
-    """The grammar's matcher (structured output), fed every token the row samples."""
-    cache: KV | None = None
-    """Its own KV state while its prompt is read (None before admission)."""
-    cached: int = 0
-    """Prompt tokens taken from the prefix cache."""
-    read: int = 0
-    """Prompt tokens in its KV state (cached ones included)."""
-    fed: list[int] = field(default_factory=list)
-    """Generated tokens in the decode batch's KV state, in order."""
-    last: int = 0
-    """The token the next decode step feeds."""
-    rng: Rng = field(default_factory=row_generator)  # its own: draws independent of the batch
-
-    @property
-    def prompt(self) -> tuple[int, ...]:
-        return self.spec.prompt
-
-    @property
-    def sampling(self) -> Sampling:
-        return self.spec.sampling
-
-
-@dataclass(frozen=True, slots=True)
-class _ChunkRead:
-    """A prompt chunk read in a step: the rows it finished, with their last logits."""
-
-    ended: tuple[int, ...]
-    """Sequence ids, in the chunk's order."""
-    logits: tuple[mx.array, ...]
 
 
 @dataclass
@@ -98,14 +62,14 @@ class MlxEngine:
     sampler: Sampler = field(default_factory=Sampler)
     flat: bool = False
     """Decode rows and the step's prompt chunk share one forward (`flat_forward`)."""
-    _waiting: deque[_Row] = field(default_factory=deque)
+    _waiting: deque[Row] = field(default_factory=deque)
     """Inserted, not yet admitted to reading (FIFO)."""
-    _reading: dict[int, _Row] = field(default_factory=dict)
+    _reading: dict[int, Row] = field(default_factory=dict)
     """Admitted, prompt being read, in admission order."""
-    _decoding: list[_Row] = field(default_factory=list)
+    _decoding: list[Row] = field(default_factory=list)
     """Rows of the decode batch, in the batch's order."""
     _batch: KV | None = None
-    _read: _ChunkRead | None = None
+    _read: ChunkRead | None = None
     """The chunk the decode forward read, its first tokens not yet sampled."""
     _stop: frozenset[int] = frozenset()
     _suspect: bool = False
@@ -121,8 +85,10 @@ class MlxEngine:
         matcher = None
         if sampling.grammar is not None and self.grammars is not None:
             matcher = self.grammars.matcher(sampling.grammar)
-        rng = row_generator(sampling.seed)
-        self._waiting.append(_Row(spec, self.tokenizer.detokenizer, matcher, rng=rng))
+        rng, penalties = row_generator(sampling.seed), RowPenalties.for_sampling(sampling)
+        self._waiting.append(
+            Row(spec, self.tokenizer.detokenizer, matcher, rng=rng, penalties=penalties)
+        )
 
     def decode(self) -> list[TokenStep]:
         """One token for every running row; where the model allows it, the same forward
@@ -226,14 +192,14 @@ class MlxEngine:
         budget = self.budget.tokens(len(self._decoding), batch, separate=separate)
         return plan_chunk(waiting, budget)
 
-    def _parts(self, chunk: Chunk) -> tuple[list[_Row], list[tuple[int, ...]], list[bool]]:
+    def _parts(self, chunk: Chunk) -> tuple[list[Row], list[tuple[int, ...]], list[bool]]:
         """The chunk's rows, the tokens each reads, and whether that ends its prompt."""
         rows = [self._reading[k] for k in chunk.keys]
         parts = [r.prompt[r.read : r.read + n] for r, n in zip(rows, chunk.reads, strict=True)]
         ending = [r.read + n == len(r.prompt) for r, n in zip(rows, chunk.reads, strict=True)]
         return rows, parts, ending
 
-    def _read_with(self, chunk: Chunk, lasts: list[int]) -> tuple[mx.array, _ChunkRead]:
+    def _read_with(self, chunk: Chunk, lasts: list[int]) -> tuple[mx.array, ChunkRead]:
         """One forward: the decode rows' next logits, and the chunk read."""
         assert self._batch is not None
         rows, parts, ending = self._parts(chunk)
@@ -248,7 +214,7 @@ class MlxEngine:
         ended = [i for i, e in enumerate(ending) if e]
         return logits, self._advance(rows, chunk, caches, ended, list(firsts) if ended else [])
 
-    def _read_alone(self, chunk: Chunk) -> _ChunkRead:
+    def _read_alone(self, chunk: Chunk) -> ChunkRead:
         """The chunk in a forward of its own."""
         self._suspect = True
         rows, parts, ending = self._parts(chunk)
@@ -262,14 +228,14 @@ class MlxEngine:
 
     @staticmethod
     def _advance(
-        rows: list[_Row], chunk: Chunk, caches: list[KV], ended: list[int], logits: list[mx.array]
-    ) -> _ChunkRead:
+        rows: list[Row], chunk: Chunk, caches: list[KV], ended: list[int], logits: list[mx.array]
+    ) -> ChunkRead:
         """Move the rows past what the chunk read; what it finished, with the logits."""
         for row, n, cache in zip(rows, chunk.reads, caches, strict=True):
             row.cache, row.read = cache, row.read + n
-        return _ChunkRead(tuple(rows[i].spec.seq_id for i in ended), tuple(logits))
+        return ChunkRead(tuple(rows[i].spec.seq_id for i in ended), tuple(logits))
 
-    def _finish(self, read: _ChunkRead) -> list[TokenStep]:
+    def _finish(self, read: ChunkRead) -> list[TokenStep]:
         """Sample the first token of every prompt the chunk finished (those still
         there: one may have been removed since), and let them join the decode batch."""
         alive = [(n, self._reading[k]) for n, k in enumerate(read.ended) if k in self._reading]
@@ -278,7 +244,7 @@ class MlxEngine:
         firsts = [row for _, row in alive]
         tokens, logprobs = self._sample(mx.stack([read.logits[n] for n, _ in alive]), firsts)
         steps: list[TokenStep] = []
-        joining: list[_Row] = []
+        joining: list[Row] = []
         for n, (row, token) in enumerate(zip(firsts, tokens, strict=True)):
             del self._reading[row.spec.seq_id]
             step = self._emit(row, token, logprobs.get(n), first=True)
@@ -295,7 +261,7 @@ class MlxEngine:
     def _admit(self) -> None:
         """Move waiting prompts to reading, oldest first, up to `MAX_PREFILL_ROWS`; one
         that shares an uncached prefix with a prompt being read waits for it."""
-        held: list[_Row] = []
+        held: list[Row] = []
         while self._waiting and len(self._reading) < MAX_PREFILL_ROWS:
             row = self._waiting.popleft()
             if self._shares_uncached(row):
@@ -315,7 +281,7 @@ class MlxEngine:
             live += sum(forward.nbytes(r.cache) for r in self._reading.values())
             self.prefix_cache.fit(live)
 
-    def _shares_uncached(self, row: _Row) -> bool:
+    def _shares_uncached(self, row: Row) -> bool:
         if self.prefix_cache is None:
             return False
         for other in self._reading.values():
@@ -328,19 +294,24 @@ class MlxEngine:
 
     # --- rows --------------------------------------------------------------------
 
-    def _sample(self, logits: mx.array, rows: list[_Row]) -> tuple[list[int], dict[int, Any]]:
+    def _sample(self, logits: mx.array, rows: list[Row]) -> tuple[list[int], dict[int, Any]]:
         matchers, rngs = [r.matcher for r in rows], [r.rng for r in rows]
+        penalties = [r.penalties for r in rows]
+        if any(p is not None for p in penalties):
+            logits = adjust(logits, penalties)
         if self.grammars is not None and any(m is not None for m in matchers):
             if self.masks is None or self.masks.vocab_size != logits.shape[-1]:
                 self.masks = self.grammars.masks(logits.shape[-1])
             logits = self.masks.apply(logits, matchers)
         tokens, logprobs = self.sampler.sample(logits, [r.sampling for r in rows], rngs)
-        for matcher, token in zip(matchers, tokens, strict=True):
+        for matcher, penalty, token in zip(matchers, penalties, tokens, strict=True):
             if matcher is not None:
                 matcher.consume_token(token)
+            if penalty is not None:
+                penalty.note(token)
         return tokens, logprobs
 
-    def _emit(self, row: _Row, token: int, vector: Any, *, first: bool) -> TokenStep:
+    def _emit(self, row: Row, token: int, vector: Any, *, first: bool) -> TokenStep:
         """The step reporting `token` for `row`, with its text and finish."""
         count = len(row.fed) + 1
         finish: Any = None
@@ -366,7 +337,7 @@ class MlxEngine:
     def _decode(self, ids: list[int]) -> str:
         return str(self.tokenizer.decode(ids))
 
-    def _join(self, rows: list[_Row]) -> None:
+    def _join(self, rows: list[Row]) -> None:
         """Rows whose prompt is read join the decode batch; their prompts' KV states are
         kept for later requests (the batch holds a copy)."""
         if not rows:
@@ -377,7 +348,7 @@ class MlxEngine:
         for row in rows:
             self._keep_prompt(row)
 
-    def _keep_prompt(self, row: _Row) -> None:
+    def _keep_prompt(self, row: Row) -> None:
         if row.cache is not None and row.read > row.cached:
             self._keep(row, list(row.prompt), row.cache, "user")
         row.cache = None
@@ -389,11 +360,11 @@ class MlxEngine:
         self._batch = None if self._batch is None else forward.keep_rows(self._batch, keep)
 
     @staticmethod
-    def _tokens(row: _Row) -> list[int]:
+    def _tokens(row: Row) -> list[int]:
         """The tokens a decoding row's KV state holds."""
         return [*row.prompt, *row.fed]
 
-    def _keep(self, row: _Row, tokens: list[int], cache: KV, kind: CacheKind) -> None:
+    def _keep(self, row: Row, tokens: list[int], cache: KV, kind: CacheKind) -> None:
         """Keep a KV state of `row`'s as an entry of its tenant's."""
         if self.prefix_cache is not None and tokens and not self._suspect:
             self.prefix_cache.store(tokens, cache, kind, row.spec.tenant)

@@ -76,5 +76,6 @@ def load_mlx_model(
         context_length=ctx_size or context_length(path),
         backend=backend,
         tool_parser=detect_parser(getattr(tokenizer, "chat_template", None), model_type),
+        vocab_size=len(tokenizer._tokenizer),
     )
     return LoadedModel(engine=engine, codec=TemplateCodec(tokenizer, grammars), info=info)

@@ -207,6 +207,9 @@ def build_request(
         top_logprobs=params.top_logprobs or 0,
         seed=params.seed,
         stop=params.stop,
+        frequency_penalty=params.frequency_penalty or 0.0,
+        presence_penalty=params.presence_penalty or 0.0,
+        logit_bias=_known_tokens(params.logit_bias, info.vocab_size),
     )
     return GenerationRequest(
         record=record,
@@ -216,6 +219,21 @@ def build_request(
         reasoning_opened=not params.raw and codec.opens_reasoning(params.chat_template_kwargs),
         echo_prefix=echo_prefix(params, model.names.alias, items),
     )
+
+
+def _known_tokens(
+    bias: tuple[tuple[int, float], ...], vocab_size: int
+) -> tuple[tuple[int, float], ...]:
+    """`logit_bias`, once every id in it is a token of the model's (400 otherwise)."""
+    outside = [token for token, _ in bias if vocab_size and token >= vocab_size]
+    if outside:
+        raise InvalidRequest(
+            f"Invalid 'logit_bias': token id {outside[0]} is outside the model's "
+            f"vocabulary (ids 0 to {vocab_size - 1}).",
+            param="logit_bias",
+            code="invalid_value",
+        )
+    return bias
 
 
 def _output_room(
