@@ -162,6 +162,33 @@ class PromptCodec(Protocol):
         against `schema`, in the model's own call markup where `parser` has one."""
         ...
 
+    def compile_custom_tools(
+        self,
+        custom: Sequence[CustomGrammar],
+        others: Sequence[str],
+        parser: str,
+        *,
+        call_schema: Mapping[str, Any] | None = None,
+        required: bool = False,
+    ) -> str | None:
+        """The grammar of a reply whose calls to the `custom` tools hold input their
+        grammars accept (text and calls to the `others` stay free; `required`: one call,
+        those to `others` valid against `call_schema`). None where the model's call
+        markup cannot be constrained; InvalidRequest for a grammar that is not valid."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class CustomGrammar:
+    """A `custom` tool's input grammar (`format: {"type": "grammar", ...}`)."""
+
+    name: str
+    """The (flat) name the model calls it by."""
+    syntax: Literal["lark", "regex"]
+    definition: str
+    param: str
+    """Where the request holds it (`tools[3].format`), for a 400."""
+
 
 @dataclass(frozen=True, slots=True)
 class SequenceFailed:

@@ -12,7 +12,14 @@ from collections.abc import Sequence
 from typing import Any
 
 from mlxcel.errors import ContextLengthExceeded, InvalidRequest, ModelNotFound, UnsupportedFeature
-from mlxcel.generation import GenerationRequest, ModelNames, PromptCodec, Sampling, ServedModel
+from mlxcel.generation import (
+    GenerationRequest,
+    ModelNames,
+    PromptCodec,
+    Sampling,
+    ServedModel,
+    ToolUse,
+)
 from mlxcel.items import (
     Compaction,
     Item,
@@ -144,7 +151,7 @@ def render(
         )
     if definitions is None:
         definitions, _, _ = tool_use(
-            params.tools, params.tool_choice, codec, skip=params.ignored_tools
+            params.tools, params.tool_choice, codec, skip=params.ignored_tools, grammar=False
         )
     items = params.input if items is None else items
     if params.raw:
@@ -201,7 +208,7 @@ def build_request(
         top_p=echo.top_p,
         top_k=params.top_k or 0,
         max_tokens=max_tokens,
-        grammar=call_grammar or output_grammar(params.text, codec),
+        grammar=_grammar(tools, call_grammar, params.text, codec),
         logprobs="message.output_text.logprobs" in (params.include or [])
         or bool(params.top_logprobs),
         top_logprobs=params.top_logprobs or 0,
@@ -219,6 +226,19 @@ def build_request(
         reasoning_opened=not params.raw and codec.opens_reasoning(params.chat_template_kwargs),
         echo_prefix=echo_prefix(params, model.names.alias, items),
     )
+
+
+def _grammar(
+    tools: ToolUse | None,
+    call_grammar: str | None,
+    text: dict[str, JsonValue] | None,
+    codec: PromptCodec,
+) -> str | None:
+    """A forced call's grammar; else the one `text.format` asks for; else the one that
+    enforces custom tools' grammars on their calls (the reply is free text otherwise)."""
+    if tools is not None and tools.required:
+        return call_grammar
+    return output_grammar(text, codec) or call_grammar
 
 
 def _known_tokens(

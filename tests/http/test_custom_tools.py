@@ -15,7 +15,7 @@ from openai.types.responses import (
 
 from support import FakeServer, in_thread, post
 
-GRAMMAR = 'start: "*** Begin Patch" LF body "*** End Patch"\n%import common.LF'
+GRAMMAR = 'start: "*** Begin Patch" LF body "*** End Patch"\nbody: /(?s:.*)/\n%import common.LF'
 APPLY_PATCH: dict[str, Any] = {
     "type": "custom",
     "name": "apply_patch",
