@@ -257,6 +257,9 @@ class ToolUse:
     """Flat names of namespaced functions, to (namespace, name)."""
     custom: frozenset[str] = frozenset()
     """Flat names of `custom` tools: their calls are `custom_tool_call`s."""
+    held: frozenset[str] = frozenset()
+    """Custom tools whose grammar the reply's grammar enforces on their tagged calls: a
+    reply that is only a bare JSON call to one of them is text, not a call."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -77,12 +77,13 @@ def _escape_rx(char: str) -> str:
     the hex digits in `\\u00XX`)."""
     text = escaped(char)
     if not text.startswith("\\u"):
-        return "".join(_literal(c) for c in text)
+        return "".join(literal_rx(c) for c in text)
     digits = "".join(f"[{d.lower()}{d.upper()}]" if d.isalpha() else d for d in text[2:])
     return r"\\u" + digits
 
 
-def _literal(char: str) -> str:
+def literal_rx(char: str) -> str:
+    """A regex matching exactly `char`."""
     return char if char.isalnum() or char == "_" else f"\\x{{{ord(char):X}}}"
 
 
@@ -125,10 +126,10 @@ def _seq(items: list[Any], dotall: bool) -> str:
 def _node(op: Any, arg: Any, dotall: bool) -> str:
     if op is sre_c.LITERAL:
         char = chr(arg)
-        return _either(None, {char}) if char in SPECIAL else f"/{_literal(char)}/"
+        return _either(None, {char}) if char in SPECIAL else f"/{literal_rx(char)}/"
     if op is sre_c.NOT_LITERAL:
         char = chr(arg)
-        return _either(f"[^{_literal(char)}{_NOT_SPECIAL}]", set(SPECIAL) - {char})
+        return _either(f"[^{literal_rx(char)}{_NOT_SPECIAL}]", set(SPECIAL) - {char})
     if op is sre_c.ANY:
         return _either(f"[^{_NOT_SPECIAL}]", set(SPECIAL) - (set() if dotall else {"\n"}))
     if op is sre_c.IN:
@@ -169,11 +170,11 @@ def _charset(items: list[tuple[Any, Any]]) -> str:
     specials: set[str] = set()
     for op, arg in members:
         if op is sre_c.LITERAL:
-            parts.append(_literal(chr(arg)))
+            parts.append(literal_rx(chr(arg)))
             specials |= {chr(arg)} & SPECIAL
         elif op is sre_c.RANGE:
             low, high = arg
-            parts.append(f"{_literal(chr(low))}-{_literal(chr(high))}")
+            parts.append(f"{literal_rx(chr(low))}-{literal_rx(chr(high))}")
             specials |= {c for c in SPECIAL if low <= ord(c) <= high}
         elif op is sre_c.CATEGORY:
             text, held = _category(arg)
@@ -242,7 +243,7 @@ def quote_lark(grammar: str) -> str:
         elif kind == "regex":
             body, _, flags = text[1:].rpartition("/")
             out.append(quote_regex(body.replace("\\/", "/"), flags))
-        elif kind in ("directive", "special", "ref", "range"):
+        elif kind in ("directive", "special", "ref"):
             raise Unquotable(f"{text[:32]!r} is not supported in an enforced grammar")
         else:
             out.append(_TERMINAL.sub(lambda m: "term_" + m.group().lower(), text))

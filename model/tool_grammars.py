@@ -9,12 +9,13 @@ reply that may call such a tool is decoded under this grammar:
     tool_k: "\\n{\\"name\\": \\"NAME\\", \\"arguments\\": {\\"input\\": \\"" @g_k "\\"}}\\n"
     other: "\\n{\\"name\\": \\"" ("f" | "g" | …) "\\"" REST
 
-Text outside calls is free (the call tokens are special tokens no text can spell), a
+Text outside calls is free but for the call tags' own text (the tags must come as
+their special tokens, which is where the grammar takes hold), a
 call to another tool is free after its name (or, when the reply must call, valid
 against the calls' schema, as `tagged_call_grammar` does), and a call to a custom tool
 with a grammar is its exact JSON with the input written under that grammar, rewritten
-for the JSON string (`json_quote.py`). A `lark` grammar is its own sub-grammar `@g_k`;
-a `regex` is llguidance's own JSON string with a `pattern`. Each grammar is validated
+for the JSON string (`json_quote.py`), as a sub-grammar `@g_k` (a `regex` is the
+grammar of that one terminal). Each grammar is validated
 alone first: an invalid one is a 400 naming its tool. One the rewrite cannot carry is
 shown to the model but not enforced (logged), and so is every grammar of a model whose
 calls are not written in the Hermes form.
@@ -31,7 +32,7 @@ import llguidance
 
 from mlxcel.errors import InvalidRequest
 from mlxcel.generation import CustomGrammar
-from mlxcel.model.json_quote import Unquotable, quote_lark
+from mlxcel.model.json_quote import Unquotable, quote_lark, quote_regex
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +40,9 @@ MAX_GRAMMAR_BYTES = 64 * 1024
 """A custom tool's grammar definition may be at most this long."""
 NAME_OPENING = '\n{"name": "'
 CALL_CLOSING = "}}\n"
+FREE = r"/(?s:.*)/ & ~/(?s:.*<\/?tool_call>.*)/"
+"""Free text that does not spell a call tag: the parser reads the tags' text, so a tag
+written with ordinary tokens would open a call no grammar holds."""
 COMPACT_JSON = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
 
@@ -89,10 +93,9 @@ def hermes_reply(
     """The llguidance grammar of a reply in the Hermes form whose calls to `custom`
     tools follow their grammars (see the module's docstring); None when no grammar
     can be carried."""
-    open_token, close_token = tokens
-    bodies: list[str] = []
     rules: list[str] = []
     subs: list[dict[str, str]] = []
+    enforced: list[str] = []
     free = list(others)
     for k, tool in enumerate(custom):
         try:
@@ -102,28 +105,38 @@ def hermes_reply(
             free.append(tool.name)
             continue
         rules.append(f"tool_{k}: {_lit(_opening(tool.name))} {value} {_lit(CALL_CLOSING)}")
-        bodies.append(f"tool_{k}")
-    if not bodies:
+        enforced.append(tool.name)
+    if not enforced:
         return None
+    bodies = [f"tool_{k}" for k, t in enumerate(custom) if t.name in enforced]
     if required and call_schema is not None:
         schema = json.dumps({**call_schema, "x-guidance": COMPACT_JSON})
         rules.append(f'other: "\\n" %json {schema} "\\n"')
         bodies.append("other")
     elif free and not required:
         names = " | ".join(_lit(json.dumps(n)[1:-1]) for n in free)
-        rules.append(f'other: {_lit(NAME_OPENING)} ({names}) "\\"" REST')
-        rules.append("REST: /(?s:.*)/")
+        rules += [f'other: {_lit(NAME_OPENING)} ({names}) "\\"" REST', f"REST: {FREE}"]
         bodies.append("other")
-    head = "start: call" if required else "start: TEXT (call TEXT)*\nTEXT: /(?s:.*)/"
-    call = f"call: <[{open_token}]> ({' | '.join(bodies)}) <[{close_token}]>"
-    main = "\n".join([head, call, *rules])
+    open_token, close_token = tokens
+    rules.append(f"call: <[{open_token}]> ({' | '.join(bodies)}) <[{close_token}]>")
+    main = "\n".join([_head(required), *rules])
     return json.dumps({"grammars": [{"lark_grammar": main}, *subs]})
+
+
+def _head(required: bool) -> str:
+    """The reply: one tagged call (`required`), or text and tagged calls. (A reply that
+    is only a bare or fenced JSON call is text here: free text is one greedy lexeme, so
+    no grammar could hold such a call, and the builder does not read it as one.)"""
+    if required:
+        return "start: call"
+    return f"start: TEXT (call TEXT)*\nTEXT: {FREE}"
 
 
 def _value(tool: CustomGrammar, k: int, subs: list[dict[str, str]]) -> str:
     """The Lark expression of the tool's input as a JSON string (quotes included)."""
     if tool.syntax == "regex":
-        schema = {"type": "string", "pattern": f"^(?:{tool.definition})$"}
-        return f"%json {json.dumps(schema)}"
-    subs.append({"name": f"g{k}", "lark_grammar": quote_lark(tool.definition)})
+        quoted = "start: " + quote_regex(tool.definition)
+    else:
+        quoted = quote_lark(tool.definition)
+    subs.append({"name": f"g{k}", "lark_grammar": quoted})
     return f'"\\"" @g{k} "\\""'

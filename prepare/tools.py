@@ -10,6 +10,7 @@ form), so the model cannot answer without it.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
@@ -183,7 +184,10 @@ def tool_use(
         return definitions, use, None
     enforced = [c for c in custom_grammars(tools, skip) if c.name in use.names]
     if enforced:
-        return definitions, use, _custom_grammar(use, enforced, codec)
+        held = _custom_grammar(use, enforced, codec)
+        if held is not None:
+            use = dataclasses.replace(use, held=frozenset(c.name for c in enforced))
+        return definitions, use, held
     return definitions, use, _call_grammar(use, codec) if use.required else None
 
 

@@ -258,6 +258,25 @@ async def test_custom_and_function_tools_side_by_side(fake_server: FakeServer) -
         ),
         ({"tools": [{**APPLY_PATCH, "description": ["x"]}]}, "tools[0].description"),
         (
+            {
+                "tools": [
+                    {**APPLY_PATCH, "format": {**APPLY_PATCH["format"], "definition": "start: x"}}
+                ]
+            },
+            "tools[0].format.definition",
+        ),
+        (
+            {
+                "tools": [
+                    {
+                        **APPLY_PATCH,
+                        "format": {"type": "grammar", "syntax": "regex", "definition": "(a"},
+                    }
+                ]
+            },
+            "tools[0].format.definition",
+        ),
+        (
             {"tools": [APPLY_PATCH], "tool_choice": {"type": "custom", "name": "nope"}},
             "tool_choice",
         ),
