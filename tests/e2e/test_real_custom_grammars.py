@@ -12,31 +12,12 @@ import llguidance
 import llguidance.hf
 import pytest
 from openai.types.responses import ResponseCustomToolCall
+from patch_grammar import PATCH_GRAMMAR
 
 from server_process import RealServer
 
 pytestmark = pytest.mark.e2e
 
-PATCH_GRAMMAR = r"""start: begin_patch hunk+ end_patch
-begin_patch: "*** Begin Patch" LF
-end_patch: "*** End Patch" LF?
-
-hunk: add_hunk | delete_hunk | update_hunk
-add_hunk: "*** Add File: " filename LF add_line+
-delete_hunk: "*** Delete File: " filename LF
-update_hunk: "*** Update File: " filename LF change_move? change?
-
-filename: /(.+)/
-add_line: "+" /(.*)/ LF -> line
-
-change_move: "*** Move to: " filename LF
-change: (change_context | change_line)+ eof_line?
-change_context: ("@@" | "@@ " /(.+)/) LF
-change_line: ("+" | "-" | " ") /(.*)/ LF
-eof_line: "*** End of File" LF
-
-%import common.LF
-"""
 APPLY_PATCH = {
     "type": "custom",
     "name": "apply_patch",

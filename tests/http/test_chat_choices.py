@@ -18,6 +18,7 @@ from support import (
     FakeServer,
     StartServer,
     an_ordinary_request_completes,
+    chat_body,
     in_thread,
     raw_request,
     read_until,
@@ -25,12 +26,6 @@ from support import (
 )
 
 ROUTES = ["/v1/chat/completions", "/v1/completions"]
-
-
-def body_for(path: str, text: str, **extra: Any) -> dict[str, Any]:
-    if path.endswith("/chat/completions"):
-        return {"model": "fake-model", "messages": [{"role": "user", "content": text}], **extra}
-    return {"model": "fake-model", "prompt": text, **extra}
 
 
 async def test_n_choices_each_with_its_index_and_usage_summed(fake_server: FakeServer) -> None:
@@ -126,7 +121,7 @@ async def test_bad_sampling_fields_are_openai_shaped_400s(
     fake_server: FakeServer, path: str, change: dict[str, Any], param: str
 ) -> None:
     async with httpx.AsyncClient(base_url=fake_server.url, timeout=30) as http:
-        r = await http.post(path, json=body_for(path, "hi") | change)
+        r = await http.post(path, json=chat_body(path, "hi") | change)
     assert r.status_code == 400, r.text
     error = r.json()["error"]
     assert set(error) == {"message", "type", "param", "code"}
@@ -139,7 +134,7 @@ async def test_penalties_and_a_bias_are_accepted_where_valid(
 ) -> None:
     extra = {"frequency_penalty": 2, "presence_penalty": -2, "logit_bias": {"65": -100}}
     async with httpx.AsyncClient(base_url=fake_server.url, timeout=30) as http:
-        r = await http.post(path, json=body_for(path, "echo: fine", **extra))
+        r = await http.post(path, json=chat_body(path, "echo: fine", **extra))
     assert r.status_code == 200, r.text
 
 
@@ -149,7 +144,9 @@ async def test_a_huge_logit_bias_is_refused_before_it_is_read_entry_by_entry(
     huge = {str(i): 1 for i in range(300_000)}
     async with httpx.AsyncClient(base_url=fake_server.url, timeout=60) as http:
         started = time.monotonic()
-        r = await http.post("/v1/chat/completions", json=body_for(ROUTES[0], "hi", logit_bias=huge))
+        r = await http.post(
+            "/v1/chat/completions", json=chat_body(ROUTES[0], "hi", logit_bias=huge)
+        )
         took = time.monotonic() - started
     assert r.status_code == 400
     assert r.json()["error"]["param"] == "logit_bias"
@@ -162,9 +159,9 @@ async def test_n_needs_a_slot_for_each_choice(start_fake_server: StartServer, pa
     server = await start_fake_server(FakeEngine(step_delay=0.002), parallel=2, max_queue_depth=0)
     async with httpx.AsyncClient(base_url=server.url, timeout=30) as http:
         for stream in (False, True):
-            r = await http.post(path, json=body_for(path, "echo: a", n=3, stream=stream))
+            r = await http.post(path, json=chat_body(path, "echo: a", n=3, stream=stream))
             assert r.status_code == 503, r.text
-        ok = await http.post(path, json=body_for(path, "echo: a", n=2))
+        ok = await http.post(path, json=chat_body(path, "echo: a", n=2))
         assert ok.status_code == 200
         assert len(ok.json()["choices"]) == 2
         health = (await http.get("/health")).json()
@@ -180,7 +177,7 @@ async def test_hanging_up_mid_stream_with_n_4_frees_every_slot(
     server = await start_fake_server(engine, parallel=4, max_queue_depth=0)
     engine.hold()
     stream = await raw_request(
-        server.url, body_for(path, "echo: w0 w1 w2 w3 w4 w5", n=4, stream=True), path=path
+        server.url, chat_body(path, "echo: w0 w1 w2 w3 w4 w5", n=4, stream=True), path=path
     )
     await read_until(stream, b'"index": 3')  # every choice has its slot and its first word
     await wait_until(lambda: engine.active == 4)
@@ -189,7 +186,7 @@ async def test_hanging_up_mid_stream_with_n_4_frees_every_slot(
     engine.release()
     async with httpx.AsyncClient(base_url=server.url, timeout=30) as http:
         with trio.fail_after(10):
-            r = await http.post(path, json=body_for(path, "echo: again", n=4))
+            r = await http.post(path, json=chat_body(path, "echo: again", n=4))
     assert r.status_code == 200, r.text
     assert len(r.json()["choices"]) == 4
     await an_ordinary_request_completes(server)

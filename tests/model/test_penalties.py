@@ -13,12 +13,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mlxcel.config import Settings
 from mlxcel.generation import Sampling, SequenceSpec, TokenStep
 from mlxcel.model.blas import load_fast_blas
 from mlxcel.model.engine import LoadedModel
 
-from tiny_model import ensure_tiny_model
+from tiny_model import ensure_tiny_model, load_tiny
 
 pytestmark = pytest.mark.mlx
 
@@ -30,16 +29,8 @@ def tiny_path() -> Path:
 
 
 def load(path: Path) -> LoadedModel:
-    from mlxcel.model.mlx_load import load_mlx_model
-
-    return load_mlx_model(
-        path,
-        name="tiny",
-        max_batch=4,
-        prefill_step_size=64,
-        blas=load_fast_blas(),
-        prompt_cache_bytes=Settings().prompt_cache_bytes,
-    )
+    loaded: LoadedModel = load_tiny(path)
+    return loaded
 
 
 def prompt(loaded: LoadedModel, text: str) -> tuple[int, ...]:

@@ -14,6 +14,7 @@ from typing import Any
 
 import llguidance
 import pytest
+from patch_grammar import PATCH_GRAMMAR
 
 from mlxcel.errors import InvalidRequest
 from mlxcel.generation import CustomGrammar
@@ -21,28 +22,6 @@ from mlxcel.model.constrained import GrammarCompiler
 from mlxcel.model.json_quote import Unquotable, quote_lark
 
 from tiny_model import ensure_tiny_model
-
-PATCH_GRAMMAR = r"""start: begin_patch hunk+ end_patch
-begin_patch: "*** Begin Patch" LF
-end_patch: "*** End Patch" LF?
-
-hunk: add_hunk | delete_hunk | update_hunk
-add_hunk: "*** Add File: " filename LF add_line+
-delete_hunk: "*** Delete File: " filename LF
-update_hunk: "*** Update File: " filename LF change_move? change?
-
-filename: /(.+)/
-add_line: "+" /(.*)/ LF -> line
-
-change_move: "*** Move to: " filename LF
-change: (change_context | change_line)+ eof_line?
-change_context: ("@@" | "@@ " /(.+)/) LF
-change_line: ("+" | "-" | " ") /(.*)/ LF
-eof_line: "*** End of File" LF
-
-%import common.LF
-"""
-"""A grammar of the shape of Codex CLI's `apply_patch` tool."""
 
 PATCHES = [
     '*** Begin Patch\n*** Add File: a "q".py\n+print("hi\\n")\t\n*** End Patch\n',
