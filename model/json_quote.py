@@ -22,14 +22,12 @@ from __future__ import annotations
 import json
 import re
 import warnings
+from re import _constants as sre_c  # type: ignore[attr-defined]
+from re import _parser as sre_p  # type: ignore[attr-defined]
 from typing import Any
 
-try:  # the regex parser of the standard library (named `sre_parse` before 3.11)
-    from re import _constants as sre_c  # type: ignore[attr-defined]
-    from re import _parser as sre_p  # type: ignore[attr-defined]
-except ImportError:  # pragma: no cover - older Pythons
-    import sre_constants as sre_c  # type: ignore[no-redef]
-    import sre_parse as sre_p  # type: ignore[no-redef]
+# The standard library's regex parser: its tree is read here, so no regex syntax is
+# re-implemented.
 
 SPECIAL = frozenset(chr(c) for c in range(0x20)) | {'"', "\\"}
 """The characters JSON escapes; every other one stands for itself."""
