@@ -6,10 +6,12 @@ regex by Python's `re`."""
 from __future__ import annotations
 
 import re
+import time
 from typing import Any
 
 import llguidance
 import llguidance.hf
+import openai
 import pytest
 from openai.types.responses import ResponseCustomToolCall
 from patch_grammar import PATCH_GRAMMAR
@@ -99,3 +101,54 @@ def test_a_regex_tool_input_always_matches_in_auto_and_forced_modes(
                 inputs.append(call.input)
                 assert re.fullmatch(TAG, call.input), (run, choice, call.input)
     assert len(inputs) >= RUNS  # every forced request made its call
+
+
+DEEP_LARK = "start: r0\n" + "\n".join(f'r{i}: r{i + 1} r{i + 1} | "x"' for i in range(500))
+DEEP_LARK += '\nr500: "y"'
+
+
+@pytest.mark.parametrize(
+    ("syntax", "definition"),
+    [
+        ("regex", "((a{100}){100}){100}"),
+        ("regex", "(a|aa)*(a|aa)*b{1000}"),
+        ("lark", DEEP_LARK),
+        ("lark", "start: /[\\s\\S]{1000}x/"),
+    ],
+)
+def test_a_pathological_grammar_is_answered_in_bounded_time(
+    real_server: RealServer, syntax: str, definition: str
+) -> None:
+    client = real_server.client()
+    tool = {
+        "type": "custom",
+        "name": "t",
+        "format": {"type": "grammar", "syntax": syntax, "definition": definition},
+    }
+    started = time.monotonic()
+    response = client.responses.create(
+        model=real_server.alias,
+        input="Call the tool.",
+        tools=[tool],  # type: ignore[list-item]
+        tool_choice={"type": "custom", "name": "t"},
+        max_output_tokens=16,
+    )
+    assert time.monotonic() - started < 120
+    assert response.status in ("completed", "incomplete")
+    ordinary = client.responses.create(
+        model=real_server.alias, input="Say hi.", max_output_tokens=4, temperature=0
+    )
+    assert ordinary.status in ("completed", "incomplete")
+
+
+def test_an_invalid_grammar_is_a_400_naming_the_tool(real_server: RealServer) -> None:
+    tool = {**APPLY_PATCH, "format": {**APPLY_PATCH["format"], "definition": "start: nowhere"}}
+    with pytest.raises(openai.BadRequestError) as caught:
+        real_server.client().responses.create(
+            model=real_server.alias,
+            input="Patch.",
+            tools=[tool],  # type: ignore[list-item]
+            max_output_tokens=8,
+        )
+    assert caught.value.body["param"] == "tools[0].format.definition"  # type: ignore[index]
+    assert "apply_patch" in caught.value.message
