@@ -132,6 +132,15 @@ def _head(required: bool) -> str:
     return f"start: TEXT (call TEXT)*\nTEXT: {FREE}"
 
 
+def enforceable(tool: CustomGrammar) -> bool:
+    """Whether the rewrite carries the tool's grammar (else it is shown, not enforced)."""
+    try:
+        _value(tool, 0, [])
+    except Unquotable:
+        return False
+    return True
+
+
 def _value(tool: CustomGrammar, k: int, subs: list[dict[str, str]]) -> str:
     """The Lark expression of the tool's input as a JSON string (quotes included)."""
     if tool.syntax == "regex":

@@ -17,6 +17,7 @@ from typing import Any
 from mlxcel.errors import InvalidRequest, UnsupportedFeature
 from mlxcel.generation import CustomGrammar, PromptCodec, ToolUse
 from mlxcel.items import JsonValue, flat_name
+from mlxcel.model.tool_grammars import enforceable
 from mlxcel.prepare.custom_tools import custom_definition, custom_grammars, custom_names
 from mlxcel.prepare.policy import HOSTED_TOOLS_HINT
 
@@ -186,7 +187,8 @@ def tool_use(
     if enforced:
         held = _custom_grammar(use, enforced, codec)
         if held is not None:
-            use = dataclasses.replace(use, held=frozenset(c.name for c in enforced))
+            names = frozenset(c.name for c in enforced if enforceable(c))
+            use = dataclasses.replace(use, held=names)
         return definitions, use, held
     return definitions, use, _call_grammar(use, codec) if use.required else None
 

@@ -217,3 +217,34 @@ def test_a_call_tag_spelled_with_ordinary_tokens_is_refused(
     assert not all(matcher.consume_token(t) for t in spelled)
     inside = '<tool_call>\n{"name": "get_weather", "arguments": "</tool_call> <tool_call>"}'
     assert not _accepts(compiler, grammar, inside + "\n</tool_call>")
+
+
+def test_only_enforced_tools_lose_the_bare_call_fallback(
+    compiler: tuple[GrammarCompiler, Any],
+) -> None:
+    from mlxcel.model.prompt import TemplateCodec
+    from mlxcel.prepare.tools import tool_use
+
+    grammars, hf = compiler
+    codec = TemplateCodec(hf, grammars)
+    tools: list[dict[str, Any]] = [
+        {
+            "type": "custom",
+            "name": "held",
+            "format": {"type": "grammar", "syntax": "regex", "definition": "[a-z]+"},
+        },
+        {
+            "type": "custom",
+            "name": "shown",
+            "format": {"type": "grammar", "syntax": "lark", "definition": 'start: "a"i'},
+        },
+        {"type": "custom", "name": "free"},
+    ]
+    _, use, grammar = tool_use(tools, "auto", codec, parser="hermes")  # type: ignore[arg-type]
+    assert grammar is not None
+    assert use is not None
+    assert use.held == frozenset({"held"})
+    _, other, none = tool_use(tools, "auto", codec, parser="llama3")  # type: ignore[arg-type]
+    assert none is None
+    assert other is not None
+    assert other.held == frozenset()
