@@ -38,6 +38,19 @@ class Sampling:
     stop: tuple[str, ...] = ()
     """The reply ends before the first of these strings (the builder finds them in the
     answer text and stops the sequence; the engine never sees them)."""
+    frequency_penalty: float = 0.0
+    """Subtracted from a token's logit once for each time the sequence generated it."""
+    presence_penalty: float = 0.0
+    """Subtracted from a token's logit once the sequence has generated it."""
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    """(token id, value) pairs added to those tokens' logits at every step."""
+
+    @property
+    def adjusts_logits(self) -> bool:
+        """Whether penalties or a bias change this sequence's logits (OpenAI's rule:
+        `logit[t] += bias[t] - count[t] * frequency_penalty - (count[t] > 0) *
+        presence_penalty`, counting the tokens this sequence generated)."""
+        return bool(self.frequency_penalty or self.presence_penalty or self.logit_bias)
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +93,8 @@ class ModelInfo:
     """The tool-call format the model writes (picked from its chat template)."""
     vision: bool = False
     """Whether the model reads images; without it an image renders as a placeholder."""
+    vocab_size: int = 0
+    """Token ids run from 0 below this (0: unknown); `logit_bias` may name no other."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,6 +161,33 @@ class PromptCodec(Protocol):
         """The grammar of one forced tool call whose JSON (`name`, `arguments`) is valid
         against `schema`, in the model's own call markup where `parser` has one."""
         ...
+
+    def compile_custom_tools(
+        self,
+        custom: Sequence[CustomGrammar],
+        others: Sequence[str],
+        parser: str,
+        *,
+        call_schema: Mapping[str, Any] | None = None,
+        required: bool = False,
+    ) -> str | None:
+        """The grammar of a reply whose calls to the `custom` tools hold input their
+        grammars accept (text and calls to the `others` stay free; `required`: one call,
+        those to `others` valid against `call_schema`). None where the model's call
+        markup cannot be constrained; InvalidRequest for a grammar that is not valid."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class CustomGrammar:
+    """A `custom` tool's input grammar (`format: {"type": "grammar", ...}`)."""
+
+    name: str
+    """The (flat) name the model calls it by."""
+    syntax: Literal["lark", "regex"]
+    definition: str
+    param: str
+    """Where the request holds it (`tools[3].format`), for a 400."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -217,6 +259,9 @@ class ToolUse:
     """Flat names of `custom` tools: their calls are `custom_tool_call`s."""
     max_calls: int | None = None
     """At most this many calls are shown (`max_tool_calls`); later ones are ignored."""
+    held: frozenset[str] = frozenset()
+    """Custom tools whose grammar the reply's grammar enforces on their tagged calls: a
+    reply that is only a bare JSON call to one of them is text, not a call."""
 
 
 @dataclass(frozen=True, slots=True)

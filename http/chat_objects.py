@@ -7,6 +7,7 @@ reasoning items the `reasoning_content`, its function calls the `tool_calls`.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -76,8 +77,17 @@ def _tool_call(call: FunctionCall, index: int | None = None) -> dict[str, Any]:
     return out | {"id": call.call_id, "type": "function", "function": function}
 
 
-def chat_completion(record: ResponseRecord, *, logprobs: bool) -> dict[str, Any]:
-    """The `chat.completion` object of a finished response."""
+def chat_completion(records: Sequence[ResponseRecord], *, logprobs: bool) -> dict[str, Any]:
+    """The `chat.completion` object of finished responses, one choice each (`n`); the
+    first one's id names it."""
+    choices = [_chat_choice(record, i, logprobs) for i, record in enumerate(records)]
+    return _envelope(records[0], "chat.completion", "chatcmpl") | {
+        "choices": choices,
+        "usage": usage_json(summed_usage([r.usage for r in records])),
+    }
+
+
+def _chat_choice(record: ResponseRecord, index: int, logprobs: bool) -> dict[str, Any]:
     calls = [item for item in record.output if isinstance(item, FunctionCall)]
     reasoning = "".join(item.text for item in record.output if isinstance(item, Reasoning))
     text = record.output_text
@@ -90,16 +100,26 @@ def chat_completion(record: ResponseRecord, *, logprobs: bool) -> dict[str, Any]
         message["tool_calls"] = [_tool_call(call) for call in calls]
     if reasoning:
         message["reasoning_content"] = reasoning
-    choice = {
-        "index": 0,
+    return {
+        "index": index,
         "message": message,
         "logprobs": _chat_logprobs(_logprobs(record)) if logprobs else None,
         "finish_reason": finish_reason(record),
     }
-    return _envelope(record, "chat.completion", "chatcmpl") | {
-        "choices": [choice],
-        "usage": usage_json(record.usage),
-    }
+
+
+def summed_usage(usages: Sequence[Usage | None]) -> Usage:
+    """The usage of `n` choices on one prompt, as OpenAI counts it: the prompt once,
+    the completions' tokens summed."""
+    first = usages[0] or Usage()
+    rest = [u or Usage() for u in usages]
+    return Usage(
+        input_tokens=first.input_tokens,
+        output_tokens=sum(u.output_tokens for u in rest),
+        cached_tokens=first.cached_tokens,
+        reasoning_tokens=sum(u.reasoning_tokens for u in rest),
+        cache_write_tokens=first.cache_write_tokens,
+    )
 
 
 def _chat_logprobs(entries: list[TokenLogprob]) -> dict[str, Any]:
@@ -129,6 +149,10 @@ class ChatChunks:
     record: ResponseRecord
     include_usage: bool
     logprobs: bool
+    index: int = 0
+    """The choice these chunks are of."""
+    final_usage: bool = True
+    """The usage chunk follows the finish (off for one of `n` choices: it is summed)."""
     _calls: dict[str, int] = field(default_factory=dict)
     """Each function call's item id, to its index in `tool_calls`."""
 
@@ -152,12 +176,13 @@ class ChatChunks:
                 return [error_chunk(event)]
             case ResponseFinished(record=record) if record.status != "failed":
                 last = [self._chunk({}, finish=finish_reason(record))]
-                if self.include_usage:
-                    last.append(
-                        self._envelope() | {"choices": [], "usage": usage_json(record.usage)}
-                    )
+                if self.include_usage and self.final_usage:
+                    last.append(self.usage_chunk(record.usage))
                 return last
         return []
+
+    def usage_chunk(self, usage: Usage | None) -> dict[str, Any]:
+        return self._envelope() | {"choices": [], "usage": usage_json(usage)}
 
     def _envelope(self) -> dict[str, Any]:
         out = _envelope(self.record, "chat.completion.chunk", "chatcmpl")
@@ -166,21 +191,32 @@ class ChatChunks:
     def _chunk(
         self, delta: dict[str, Any], *, finish: str | None = None, logprobs: Any = None
     ) -> dict[str, Any]:
-        choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
+        choice = {
+            "index": self.index,
+            "delta": delta,
+            "logprobs": logprobs,
+            "finish_reason": finish,
+        }
         return self._envelope() | {"choices": [choice]}
 
 
 # --- legacy completions -------------------------------------------------------------
 
 
-def text_completion(record: ResponseRecord, *, prefix: str, logprobs: bool) -> dict[str, Any]:
-    """The `text_completion` object of a finished response; `prefix` is the echoed prompt."""
-    text = prefix + record.output_text
-    found = _text_logprobs(_logprobs(record), len(prefix)) if logprobs else None
-    choice = {"text": text, "index": 0, "logprobs": found, "finish_reason": finish_reason(record)}
-    return _envelope(record, "text_completion", "cmpl") | {
-        "choices": [choice],
-        "usage": _text_usage(record.usage),
+def text_completion(
+    records: Sequence[ResponseRecord], *, prefix: str, logprobs: bool
+) -> dict[str, Any]:
+    """The `text_completion` object of finished responses, one choice each (`n`);
+    `prefix` is the echoed prompt."""
+    choices = []
+    for index, record in enumerate(records):
+        found = _text_logprobs(_logprobs(record), len(prefix)) if logprobs else None
+        text = prefix + record.output_text
+        finish = finish_reason(record)
+        choices.append({"text": text, "index": index, "logprobs": found, "finish_reason": finish})
+    return _envelope(records[0], "text_completion", "cmpl") | {
+        "choices": choices,
+        "usage": _text_usage(summed_usage([r.usage for r in records])),
     }
 
 
@@ -213,6 +249,8 @@ class TextChunks:
     logprobs: bool
     prefix: str = ""
     """The echoed prompt, sent first."""
+    index: int = 0
+    final_usage: bool = True
     _offset: int = 0
 
     def first(self) -> dict[str, Any] | None:
@@ -229,11 +267,13 @@ class TextChunks:
                 return [error_chunk(event)]
             case ResponseFinished(record=record) if record.status != "failed":
                 last = [self._chunk("", finish=finish_reason(record))]
-                if self.include_usage:
-                    usage = _text_usage(record.usage)
-                    last.append(self._envelope() | {"choices": [], "usage": usage})
+                if self.include_usage and self.final_usage:
+                    last.append(self.usage_chunk(record.usage))
                 return last
         return []
+
+    def usage_chunk(self, usage: Usage | None) -> dict[str, Any]:
+        return self._envelope() | {"choices": [], "usage": _text_usage(usage)}
 
     def _envelope(self) -> dict[str, Any]:
         out = _envelope(self.record, "text_completion", "cmpl")
@@ -242,5 +282,5 @@ class TextChunks:
     def _chunk(
         self, text: str, *, finish: str | None = None, logprobs: Any = None
     ) -> dict[str, Any]:
-        choice = {"text": text, "index": 0, "logprobs": logprobs, "finish_reason": finish}
+        choice = {"text": text, "index": self.index, "logprobs": logprobs, "finish_reason": finish}
         return self._envelope() | {"choices": [choice]}

@@ -1,9 +1,9 @@
 """Chat Completions and legacy Completions at the edge: pydantic models of their request
 bodies, and their conversion into the `ResponseParams` preparation reads.
 
-A chat request is a Responses request without storage: its messages become conversation
-items (assistant `tool_calls` become function calls, `tool` messages their outputs), its
-`response_format` the Responses `text.format`. A completion is one raw prompt text.
+A chat request is a Responses request without storage: messages become conversation items
+(assistant `tool_calls` function calls, `tool` messages their outputs), `response_format` the
+Responses `text.format`. A completion is one raw prompt text.
 """
 
 from __future__ import annotations
@@ -13,6 +13,15 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, JsonValue, model_validator
 
 from mlxcel.errors import InvalidRequest, UnsupportedFeature
+from mlxcel.http.chat_sampling import (
+    SEED_RANGE,
+    Penalty,
+    check_logit_bias_size,
+    check_n,
+    logit_bias,
+    stops,
+    wrapped_seed,
+)
 from mlxcel.http.files import ChatFilePart
 from mlxcel.http.item_schemas import _Model, check_parts
 from mlxcel.items import (
@@ -31,8 +40,6 @@ from mlxcel.items import (
 from mlxcel.prepare.params import ResponseParams
 
 LOGPROBS = "message.output_text.logprobs"
-SEED_RANGE = 2**63
-"""A seed is any signed 64-bit integer, as OpenAI takes it."""
 
 
 class TextPart(_Model):
@@ -54,8 +61,7 @@ class ImageUrl(_Model):
 
 
 class ImagePart(_Model):
-    """An image in a user message: a URL (a data URL too), kept as sent; a model without
-    vision reads a placeholder (or the request answers 400 under `--images reject`)."""
+    """An image in a user message (a URL or data URL), read as an `input_image` part."""
 
     type: Literal["image_url"]
     image_url: ImageUrl
@@ -167,8 +173,8 @@ Seed = Annotated[int, Field(ge=-SEED_RANGE, lt=SEED_RANGE)]
 
 
 class ChatCompletionBody(_Model):
-    """`POST /v1/chat/completions`. Fields this server does not use (penalties,
-    `logit_bias`, `metadata`, `store`, `reasoning_effort`) are accepted and ignored."""
+    """`POST /v1/chat/completions`. Fields this server does not use (`metadata`, `store`,
+    `reasoning_effort`) are accepted and ignored."""
 
     model: str
     messages: Annotated[list[ChatMessageIn], Field(min_length=1)]
@@ -181,6 +187,9 @@ class ChatCompletionBody(_Model):
     stop: Stop | None = None
     seed: Seed | None = None
     n: int | None = None
+    frequency_penalty: Penalty | None = None
+    presence_penalty: Penalty | None = None
+    logit_bias: dict[str, float] | None = None
     tools: list[ChatTool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
@@ -197,6 +206,7 @@ class ChatCompletionBody(_Model):
     def _bounded(cls, data: Any) -> Any:
         if isinstance(data, dict):
             check_parts(data.get("messages"), "messages")
+        check_logit_bias_size(data)
         return data
 
     @property
@@ -207,6 +217,12 @@ class ChatCompletionBody(_Model):
 class CompletionBody(_Model):
     """`POST /v1/completions`: one raw prompt, no chat template."""
 
+    @model_validator(mode="before")
+    @classmethod
+    def _bounded(cls, data: Any) -> Any:
+        check_logit_bias_size(data)
+        return data
+
     model: str
     prompt: str | Annotated[list[str], Field(min_length=1)]
     max_tokens: int | None = Field(default=16, ge=1)
@@ -215,6 +231,9 @@ class CompletionBody(_Model):
     stop: Stop | None = None
     seed: Seed | None = None
     n: int | None = None
+    frequency_penalty: Penalty | None = None
+    presence_penalty: Penalty | None = None
+    logit_bias: dict[str, float] | None = None
     best_of: int | None = None
     echo: bool | None = None
     suffix: str | None = None
@@ -234,7 +253,7 @@ class CompletionBody(_Model):
 
 def chat_params(body: ChatCompletionBody) -> ResponseParams:
     """`body` as parameters (run it off the event loop: messages can be many)."""
-    _check_n(body.n)
+    check_n(body.n)
     if body.top_logprobs and not body.logprobs:
         raise InvalidRequest(
             "'top_logprobs' needs 'logprobs' set to true.",
@@ -257,13 +276,16 @@ def chat_params(body: ChatCompletionBody) -> ResponseParams:
         prompt_cache_key=body.prompt_cache_key,
         include=(LOGPROBS,) if body.logprobs else (),
         chat_template_kwargs=body.chat_template_kwargs,
-        stop=_stops(body.stop),
-        seed=_seed(body.seed),
+        stop=stops(body.stop),
+        seed=wrapped_seed(body.seed),
+        frequency_penalty=body.frequency_penalty,
+        presence_penalty=body.presence_penalty,
+        logit_bias=logit_bias(body.logit_bias),
     )
 
 
 def completion_params(body: CompletionBody) -> ResponseParams:
-    _check_n(body.n)
+    check_n(body.n)
     if isinstance(body.prompt, list) and len(body.prompt) != 1:
         raise UnsupportedFeature(
             "Only one prompt per request is supported.", param="prompt", code="unsupported_value"
@@ -286,17 +308,13 @@ def completion_params(body: CompletionBody) -> ResponseParams:
         store=False,
         user=body.user,
         include=(LOGPROBS,) if body.logprobs is not None else (),
-        stop=_stops(body.stop),
-        seed=_seed(body.seed),
+        stop=stops(body.stop),
+        seed=wrapped_seed(body.seed),
+        frequency_penalty=body.frequency_penalty,
+        presence_penalty=body.presence_penalty,
+        logit_bias=logit_bias(body.logit_bias),
         raw=True,
     )
-
-
-def _check_n(n: int | None) -> None:
-    if n not in (None, 1):
-        raise UnsupportedFeature(
-            "Only 'n' 1 is supported: one choice per request.", param="n", code="unsupported_value"
-        )
 
 
 def _items(
@@ -342,9 +360,9 @@ def _assistant(message: AssistantMessage, index: int) -> list[Item]:
 
 
 def _user_part(part: TextPart | ImagePart | ChatFilePart) -> ContentPart:
-    if isinstance(part, TextPart | ChatFilePart):
-        return InputText(part.text)
-    return InputImage(part.image_url.url, detail=part.image_url.detail or "auto")
+    if isinstance(part, ImagePart):
+        return InputImage(part.image_url.url, detail=part.image_url.detail or "auto")
+    return InputText(part.text)
 
 
 def _joined(content: Text) -> str:
@@ -380,14 +398,3 @@ def _text(
     spec = fmt.json_schema
     schema: dict[str, JsonValue] = spec.schema_ if spec.schema_ is not None else {"type": "object"}
     return {"format": {"type": "json_schema", "name": spec.name, "schema": schema}}
-
-
-def _stops(stop: str | list[str] | None) -> tuple[str, ...]:
-    if stop is None:
-        return ()
-    return (stop,) if isinstance(stop, str) else tuple(stop)
-
-
-def _seed(seed: int | None) -> int | None:
-    """The engine's generator takes an unsigned 64-bit seed."""
-    return None if seed is None else seed % SEED_RANGE

@@ -17,7 +17,7 @@ import logging
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import trio
 from quart import Response
@@ -83,6 +83,19 @@ class EventStreamBody:
 
 Translate = Callable[[ResponseEvent], list[dict[str, Any]]]
 
+
+class EventSource(Protocol):
+    """What a translated stream reads: one response's events (`ResponseStream`), or
+    several read as one (`http/choices.py`)."""
+
+    @property
+    def response_id(self) -> str: ...
+
+    async def __anext__(self) -> ResponseEvent: ...
+
+    async def aclose(self) -> None: ...
+
+
 DONE = b"data: [DONE]\n\n"
 
 
@@ -113,7 +126,7 @@ class DataStreamBody:
     def __init__(
         self,
         first: list[dict[str, Any]],
-        events: ResponseStream,
+        events: EventSource,
         translate: Translate,
         *,
         keepalive_secs: float,
@@ -181,9 +194,20 @@ async def translated_response(
     stream = h.scheduler.stream(generation)
     bind_to_exchange(stream)
     await stream.submit()
+    return data_stream_response(h, stream, first, translate, framing)
+
+
+def data_stream_response(
+    h: Handles,
+    events: EventSource,
+    first: list[dict[str, Any]],
+    translate: Translate,
+    framing: Framing = DATA_FRAMES,
+) -> Response:
+    """The `text/event-stream` answer that writes `first`, then `events` translated."""
     body = DataStreamBody(
         first,
-        stream,
+        events,
         translate,
         keepalive_secs=h.keepalive_secs,
         note=exchange_note(),

@@ -12,6 +12,7 @@ failed generation.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -24,6 +25,10 @@ if TYPE_CHECKING:
     from llguidance._lib import JsonCompileOptions
 
 from mlxcel.errors import InvalidRequest
+from mlxcel.generation import CustomGrammar
+from mlxcel.model.tool_grammars import hermes_reply, validate
+
+log = logging.getLogger(__name__)
 
 MAX_SCHEMA_BYTES = 64 * 1024
 
@@ -100,6 +105,30 @@ class GrammarCompiler:
         error = llguidance.LLMatcher.validate_grammar(grammar, self._tokenizer)
         if error:
             raise InvalidRequest(f"Invalid JSON schema: {error}", code="invalid_json_schema")
+        return grammar
+
+    def compile_custom_tools(
+        self,
+        custom: Sequence[CustomGrammar],
+        others: Sequence[str],
+        tokens: tuple[int, int] | None,
+        *,
+        call_schema: Mapping[str, Any] | None = None,
+        required: bool = False,
+    ) -> str | None:
+        """Each custom tool's grammar validated (400 naming the tool), then the reply's
+        grammar in the Hermes form when the call `tokens` are known (`tool_grammars`)."""
+        for tool in custom:
+            validate(tool, self._tokenizer)
+        if tokens is None:
+            return None
+        grammar = hermes_reply(custom, others, tokens, call_schema=call_schema, required=required)
+        if grammar is None:
+            return None
+        error = llguidance.LLMatcher.validate_grammar(grammar, self._tokenizer)
+        if error:  # each grammar was valid alone: show them, do not block the request
+            log.warning("custom tool grammars not enforced: %s", error[:500])
+            return None
         return grammar
 
     def matcher(self, grammar: str) -> llguidance.LLMatcher:

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mlxcel.generation import (
+    CustomGrammar,
     FinishReason,
     ModelInfo,
     PrefillProgress,
@@ -34,6 +35,7 @@ from mlxcel.generation import (
 from mlxcel.items import TokenLogprob
 from mlxcel.model.constrained import compile_schema
 from mlxcel.model.engine import LoadedModel
+from mlxcel.model.tool_grammars import validate
 
 DEFAULT_REPLY = "The quick brown fox jumps over the lazy dog."
 HELD_STEP_SECS = 0.005
@@ -76,6 +78,21 @@ class FakeCodec:
     def compile_call(self, schema: Mapping[str, Any], parser: str) -> str:
         """A bare JSON call (the fake has no call tokens); the fake ignores it."""
         return compile_schema(schema)
+
+    def compile_custom_tools(
+        self,
+        custom: Sequence[CustomGrammar],
+        others: Sequence[str],
+        parser: str,
+        *,
+        call_schema: Mapping[str, Any] | None = None,
+        required: bool = False,
+    ) -> str | None:
+        """Each grammar validated like the real codec's (without a tokenizer); nothing to
+        enforce (the fake has no call tokens)."""
+        for tool in custom:
+            validate(tool, None)
+        return None
 
 
 def scripted_reply(prompt: Sequence[int]) -> list[str]:
@@ -235,5 +252,11 @@ def fake_factory(
     return LoadedModel(
         engine=engine or FakeEngine(),
         codec=FakeCodec(opens_reasoning=opens_reasoning),
-        info=ModelInfo(name="fake", path="fake", context_length=context_length, backend="fake"),
+        info=ModelInfo(
+            name="fake",
+            path="fake",
+            context_length=context_length,
+            backend="fake",
+            vocab_size=0x110000,  # one token per character
+        ),
     )

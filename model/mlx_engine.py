@@ -39,24 +39,16 @@ from mlx_lm.models.cache import make_prompt_cache
 
 from mlxcel.model import flat_forward, forward
 from mlxcel.model.decode_batch import DecodeBatch
-from mlxcel.model.engine_row import Row
 from mlxcel.model.forward import KV
+from mlxcel.model.penalties import RowPenalties, adjust
 from mlxcel.model.prefix_cache import CacheKind, PrefixCache, common_prefix
+from mlxcel.model.rows import ChunkRead, Row
 from mlxcel.model.sampling import Sampler, row_generator, token_logprob
 
 log = logging.getLogger(__name__)
 
 SHARED_PREFIX = 32
 """Uncached prompt tokens two waiting prompts must share for one to wait for the other."""
-
-
-@dataclass(frozen=True, slots=True)
-class _ChunkRead:
-    """A prompt chunk read in a step: the rows it finished, with their last logits."""
-
-    ended: tuple[int, ...]
-    """Sequence ids, in the chunk's order."""
-    logits: tuple[mx.array, ...]
 
 
 @dataclass
@@ -76,7 +68,7 @@ class MlxEngine:
     """Admitted, prompt being read, in admission order."""
     _running: DecodeBatch[Row] = field(default_factory=DecodeBatch)
     """The decoding rows and their KV states."""
-    _read: _ChunkRead | None = None
+    _read: ChunkRead | None = None
     """The chunk the decode forward read, its first tokens not yet sampled."""
     _stop: frozenset[int] = frozenset()
     _suspect: bool = False
@@ -96,8 +88,10 @@ class MlxEngine:
         matcher = None
         if sampling.grammar is not None and self.grammars is not None:
             matcher = self.grammars.matcher(sampling.grammar)
-        rng = row_generator(sampling.seed)
-        self._waiting.append(Row(spec, self.tokenizer.detokenizer, matcher, rng=rng))
+        rng, penalties = row_generator(sampling.seed), RowPenalties.for_sampling(sampling)
+        self._waiting.append(
+            Row(spec, self.tokenizer.detokenizer, matcher, rng=rng, penalties=penalties)
+        )
 
     def decode(self) -> list[TokenStep]:
         """One token for every running row; where the model allows it, the same forward
@@ -230,7 +224,7 @@ class MlxEngine:
 
     def _read_with(
         self, chunk: Chunk, groups: list[flat_forward.Group]
-    ) -> tuple[mx.array, _ChunkRead]:
+    ) -> tuple[mx.array, ChunkRead]:
         """One forward: the decode rows' next logits, and the chunk read."""
         rows, parts, ending = self._parts(chunk)
         opened = forward.open_chunk(parts, [r.cache for r in rows if r.cache is not None])
@@ -242,7 +236,7 @@ class MlxEngine:
         ended = [i for i, e in enumerate(ending) if e]
         return logits, self._advance(rows, chunk, caches, ended, list(firsts) if ended else [])
 
-    def _read_alone(self, chunk: Chunk) -> _ChunkRead:
+    def _read_alone(self, chunk: Chunk) -> ChunkRead:
         """The chunk in a forward of its own."""
         self._suspect = True
         rows, parts, ending = self._parts(chunk)
@@ -257,13 +251,13 @@ class MlxEngine:
     @staticmethod
     def _advance(
         rows: list[Row], chunk: Chunk, caches: list[KV], ended: list[int], logits: list[mx.array]
-    ) -> _ChunkRead:
+    ) -> ChunkRead:
         """Move the rows past what the chunk read; what it finished, with the logits."""
         for row, n, cache in zip(rows, chunk.reads, caches, strict=True):
             row.cache, row.read = cache, row.read + n
-        return _ChunkRead(tuple(rows[i].spec.seq_id for i in ended), tuple(logits))
+        return ChunkRead(tuple(rows[i].spec.seq_id for i in ended), tuple(logits))
 
-    def _finish(self, read: _ChunkRead) -> list[TokenStep]:
+    def _finish(self, read: ChunkRead) -> list[TokenStep]:
         """Sample the first token of every prompt the chunk finished (those still
         there: one may have been removed since), and let them join the decode batch."""
         alive = [(n, self._reading[k]) for n, k in enumerate(read.ended) if k in self._reading]
@@ -324,14 +318,19 @@ class MlxEngine:
 
     def _sample(self, logits: mx.array, rows: list[Row]) -> tuple[list[int], dict[int, Any]]:
         matchers, rngs = [r.matcher for r in rows], [r.rng for r in rows]
+        penalties = [r.penalties for r in rows]
+        if any(p is not None for p in penalties):
+            logits = adjust(logits, penalties)
         if self.grammars is not None and any(m is not None for m in matchers):
             if self.masks is None or self.masks.vocab_size != logits.shape[-1]:
                 self.masks = self.grammars.masks(logits.shape[-1])
             logits = self.masks.apply(logits, matchers)
         tokens, logprobs = self.sampler.sample(logits, [r.sampling for r in rows], rngs)
-        for matcher, token in zip(matchers, tokens, strict=True):
+        for matcher, penalty, token in zip(matchers, penalties, tokens, strict=True):
             if matcher is not None:
                 matcher.consume_token(token)
+            if penalty is not None:
+                penalty.note(token)
         return tokens, logprobs
 
     def _emit(self, row: Row, token: int, vector: Any, *, first: bool) -> TokenStep:

@@ -91,6 +91,7 @@ def load_mlx_model(
         context_length=ctx_size or context_length(path),
         backend=backend,
         tool_parser=detect_parser(getattr(tokenizer, "chat_template", None), model_type),
+        vocab_size=len(tokenizer._tokenizer),
     )
     codec = TemplateCodec(tokenizer, grammars)
     return LoadedModel(engine, codec, info, None if disk is None else disk.stats)

@@ -19,8 +19,10 @@ from typing import Any, Protocol
 from tokenizers import Tokenizer
 
 from mlxcel.errors import InvalidRequest
+from mlxcel.generation import CustomGrammar
 from mlxcel.items import FunctionCall, FunctionCallOutput, Item, Message, Reasoning, replay
 from mlxcel.model.constrained import GrammarCompiler, compile_schema
+from mlxcel.model.tool_grammars import validate
 
 ChatMessage = dict[str, Any]
 
@@ -120,6 +122,26 @@ class TemplateCodec:
         if parser != "hermes" or self._grammars is None or self._call_tokens is None:
             return self.compile_schema(schema)
         return self._grammars.compile_tagged_call(schema, *self._call_tokens)
+
+    def compile_custom_tools(
+        self,
+        custom: Sequence[CustomGrammar],
+        others: Sequence[str],
+        parser: str,
+        *,
+        call_schema: Mapping[str, Any] | None = None,
+        required: bool = False,
+    ) -> str | None:
+        """Enforced in the Hermes form with whole `<tool_call>` tokens (`tool_grammars`);
+        elsewhere each grammar is only validated."""
+        if self._grammars is None:
+            for tool in custom:
+                validate(tool, None)
+            return None
+        tokens = self._call_tokens if parser == "hermes" else None
+        return self._grammars.compile_custom_tools(
+            custom, others, tokens, call_schema=call_schema, required=required
+        )
 
     def render(
         self,

@@ -2,16 +2,18 @@
 
 Chat templates know only functions, so a custom tool is shown to the model as a function
 with one string argument, `input`; a grammar in its `format` is added to its description
-for the model to read. The grammar is not enforced while decoding. The model's call comes
-back as a `custom_tool_call` whose `input` is that argument (`items.custom_input`).
+for the model to read, and enforced while the model writes the call where its call markup
+allows (`model/tool_grammars.py`). The model's call comes back as a `custom_tool_call`
+whose `input` is that argument (`items.custom_input`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
 
 from mlxcel.errors import InvalidRequest
+from mlxcel.generation import CustomGrammar
 from mlxcel.items import JsonValue, flat_name
 
 INPUT_PARAMETERS: dict[str, Any] = {
@@ -83,3 +85,28 @@ def custom_names(tools: Sequence[dict[str, JsonValue]] | None) -> frozenset[str]
             if isinstance(member, dict) and member.get("type") == "custom":
                 names.add(flat_name(str(tool.get("name")), str(member.get("name"))))
     return frozenset(names)
+
+
+def custom_grammars(
+    tools: Sequence[dict[str, JsonValue]] | None, skip: frozenset[int] = frozenset()
+) -> list[CustomGrammar]:
+    """The grammars of the request's custom tools (namespaced ones included), by the
+    flat names the model calls them by; tools at the places in `skip` are left out."""
+    found: list[CustomGrammar] = []
+    for index, tool in enumerate(tools or []):
+        if index in skip:
+            continue
+        members = tool.get("tools") if tool.get("type") == "namespace" else [tool]
+        for inner, member in enumerate(members if isinstance(members, list) else []):
+            if not isinstance(member, dict) or member.get("type") != "custom":
+                continue
+            where = f"tools[{index}]" if member is tool else f"tools[{index}].tools[{inner}]"
+            grammar = _grammar(member.get("format"), f"{where}.format")
+            if grammar is None:
+                continue
+            name = str(member.get("name"))
+            if member is not tool:
+                name = flat_name(str(tool.get("name")), name)
+            syntax: Literal["lark", "regex"] = "lark" if grammar[0] == "lark" else "regex"
+            found.append(CustomGrammar(name, syntax, grammar[1], f"{where}.format"))
+    return found

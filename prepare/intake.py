@@ -14,7 +14,14 @@ from collections.abc import Sequence
 from typing import Any
 
 from mlxcel.errors import ContextLengthExceeded, InvalidRequest, ModelNotFound
-from mlxcel.generation import GenerationRequest, ModelNames, PromptCodec, Sampling, ServedModel
+from mlxcel.generation import (
+    GenerationRequest,
+    ModelNames,
+    PromptCodec,
+    Sampling,
+    ServedModel,
+    ToolUse,
+)
 from mlxcel.items import (
     Compaction,
     Item,
@@ -146,7 +153,7 @@ def render(
         )
     if definitions is None:
         definitions, _, _ = tool_use(
-            params.tools, params.tool_choice, codec, skip=params.ignored_tools
+            params.tools, params.tool_choice, codec, skip=params.ignored_tools, grammar=False
         )
     items = params.input if items is None else items
     if params.raw:
@@ -213,12 +220,15 @@ def build_request(
         top_p=echo.top_p,
         top_k=params.top_k or 0,
         max_tokens=max_tokens,
-        grammar=call_grammar or output_grammar(params.text, codec),
+        grammar=_grammar(tools, call_grammar, params.text, codec),
         logprobs="message.output_text.logprobs" in (params.include or [])
         or bool(params.top_logprobs),
         top_logprobs=params.top_logprobs or 0,
         seed=params.seed,
         stop=params.stop,
+        frequency_penalty=params.frequency_penalty or 0.0,
+        presence_penalty=params.presence_penalty or 0.0,
+        logit_bias=_known_tokens(params.logit_bias, info.vocab_size),
     )
     return GenerationRequest(
         record=record,
@@ -229,6 +239,34 @@ def build_request(
         echo_prefix=echo_prefix(params, model.names.alias, items),
         truncated_items=dropped,
     )
+
+
+def _grammar(
+    tools: ToolUse | None,
+    call_grammar: str | None,
+    text: dict[str, JsonValue] | None,
+    codec: PromptCodec,
+) -> str | None:
+    """A forced call's grammar; else the one `text.format` asks for; else the one that
+    enforces custom tools' grammars on their calls (the reply is free text otherwise)."""
+    if tools is not None and tools.required:
+        return call_grammar
+    return output_grammar(text, codec) or call_grammar
+
+
+def _known_tokens(
+    bias: tuple[tuple[int, float], ...], vocab_size: int
+) -> tuple[tuple[int, float], ...]:
+    """`logit_bias`, once every id in it is a token of the model's (400 otherwise)."""
+    outside = [token for token, _ in bias if vocab_size and token >= vocab_size]
+    if outside:
+        raise InvalidRequest(
+            f"Invalid 'logit_bias': token id {outside[0]} is outside the model's "
+            f"vocabulary (ids 0 to {vocab_size - 1}).",
+            param="logit_bias",
+            code="invalid_value",
+        )
+    return bias
 
 
 def _output_room(

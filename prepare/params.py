@@ -57,6 +57,11 @@ class ResponseParams:
     """Reasoning items the client sent back with a signature (`store/echo.py`), by their
     place in `input`: the trace filed under it, when there is one, is restored."""
     seed: int | None = None
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    """(token id, bias) pairs (Chat Completions and Completions; the Responses API has
+    none of these three)."""
     raw: bool = False
     """The input is one prompt text, tokenised as it stands: no chat template (legacy
     completions)."""

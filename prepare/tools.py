@@ -10,13 +10,15 @@ form), so the model cannot answer without it.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
 from mlxcel.errors import InvalidRequest, UnsupportedFeature
-from mlxcel.generation import PromptCodec, ToolUse
+from mlxcel.generation import CustomGrammar, PromptCodec, ToolUse
 from mlxcel.items import JsonValue, flat_name
-from mlxcel.prepare.custom_tools import custom_definition, custom_names
+from mlxcel.model.tool_grammars import enforceable
+from mlxcel.prepare.custom_tools import custom_definition, custom_grammars, custom_names
 from mlxcel.prepare.policy import HOSTED_TOOLS_HINT
 
 
@@ -141,9 +143,11 @@ def tool_use(
     parser: str = "hermes",
     parallel: bool | None = None,
     skip: frozenset[int] = frozenset(),
+    grammar: bool = True,
 ) -> tuple[list[dict[str, Any]], ToolUse | None, str | None]:
     """The tools to render (but those at the places in `skip`), how the reply may call
-    them, and a forced call's grammar."""
+    them, and (unless `grammar` is off) the reply's grammar: a forced call's, or the one
+    enforcing custom tools' grammars on their calls."""
     definitions, namespaces = function_tools(tools, skip)
     _check_unique(definitions)
     mode, name = chosen_tool(choice)
@@ -177,26 +181,51 @@ def tool_use(
         namespaces=namespaces,
         custom=custom,
     )
+    if not grammar:
+        return definitions, use, None
+    enforced = [c for c in custom_grammars(tools, skip) if c.name in use.names]
+    if enforced:
+        held = _custom_grammar(use, enforced, codec)
+        if held is not None:
+            names = frozenset(c.name for c in enforced if enforceable(c))
+            use = dataclasses.replace(use, held=names)
+        return definitions, use, held
     return definitions, use, _call_grammar(use, codec) if use.required else None
+
+
+def _custom_grammar(use: ToolUse, custom: list[CustomGrammar], codec: PromptCodec) -> str | None:
+    """The grammar enforcing the custom tools' grammars on their calls; calls to the
+    other allowed tools are free, or valid against their parameters when the reply
+    must call."""
+    constrained = {c.name for c in custom}
+    others = [name for name in use.parameters if name in use.names - constrained]
+    schema = _calls_schema(use, others) if use.required and others else None
+    return codec.compile_custom_tools(
+        custom, others, use.parser, call_schema=schema, required=use.required
+    )
 
 
 def _call_grammar(use: ToolUse, codec: PromptCodec) -> str:
     """The grammar of the one call a reply must make: an allowed tool's name, and
     arguments valid against its parameters (a 400 for parameters no grammar can hold)."""
-    calls = [
-        {
-            "type": "object",
-            "properties": {"name": {"const": tool}, "arguments": arguments},
-            "required": ["name", "arguments"],
-            "additionalProperties": False,
-        }
-        for tool, arguments in use.parameters.items()
-        if tool in use.names
-    ]
-    schema = calls[0] if len(calls) == 1 else {"anyOf": calls}
+    schema = _calls_schema(use, [tool for tool in use.parameters if tool in use.names])
     try:
         return codec.compile_call(schema, use.parser)
     except InvalidRequest as exc:
         raise InvalidRequest(
             f"Invalid tool parameters: {exc.message}", param="tools", code="invalid_tool_parameters"
         ) from exc
+
+
+def _calls_schema(use: ToolUse, names: list[str]) -> dict[str, Any]:
+    """The JSON schema of one call (`name`, `arguments`) to one of `names`."""
+    calls = [
+        {
+            "type": "object",
+            "properties": {"name": {"const": tool}, "arguments": use.parameters[tool]},
+            "required": ["name", "arguments"],
+            "additionalProperties": False,
+        }
+        for tool in names
+    ]
+    return calls[0] if len(calls) == 1 else {"anyOf": calls}

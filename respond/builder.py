@@ -287,7 +287,7 @@ class ResponseBuilder:
             return []
         assert self._tools is not None
         assert self._calls is not None
-        call = fallback_call(held, self._tools.names)
+        call = fallback_call(held, self._tools.names - self._tools.held)
         if call is None:
             return self._text(held, logprobs)
         index = self._calls.spare_index()

@@ -171,3 +171,11 @@ async def an_ordinary_request_completes(server: FakeServer, within: float = 10) 
                 await trio.sleep(0.02)
     assert r.status_code == 200, r.text
     assert r.json()["status"] == "completed"
+
+
+def chat_body(path: str, text: str, **extra: Any) -> dict[str, Any]:
+    """A body for `path`: Chat Completions (`text` as the user message) or Completions
+    (`text` as the prompt)."""
+    if path.endswith("/chat/completions"):
+        return {"model": "fake-model", "messages": [{"role": "user", "content": text}], **extra}
+    return {"model": "fake-model", "prompt": text, **extra}

@@ -100,3 +100,20 @@ def _build_tiny_model(source: Path, out: Path) -> None:
     for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
         if (source / name).is_file():
             shutil.copyfile(source / name, out / name)
+
+
+def load_tiny(path: Path, *, max_batch: int = 4, prefill_step_size: int = 64) -> Any:
+    """The tiny model loaded as the server loads a model (a `LoadedModel`), with the
+    default prompt cache; call after `load_fast_blas()`."""
+    from mlxcel.config import Settings
+    from mlxcel.model.blas import load_fast_blas
+    from mlxcel.model.mlx_load import load_mlx_model
+
+    return load_mlx_model(
+        path,
+        name="tiny",
+        max_batch=max_batch,
+        prefill_step_size=prefill_step_size,
+        blas=load_fast_blas(),
+        prompt_cache_bytes=Settings().prompt_cache_bytes,
+    )

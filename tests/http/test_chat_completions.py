@@ -271,7 +271,7 @@ async def test_a_stop_string_across_tokens_is_never_streamed(fake_server: FakeSe
 @pytest.mark.parametrize(
     ("change", "param"),
     [
-        pytest.param({"n": 2}, "n", id="n"),
+        pytest.param({"n": 9}, "n", id="n-above-the-bound"),
         pytest.param({"messages": []}, "messages", id="empty-messages"),
         pytest.param({"messages": [{"role": "wizard", "content": "x"}]}, "messages[0]", id="role"),
         pytest.param({"messages": [{"role": "assistant"}]}, "messages[0].content", id="empty"),

@@ -80,7 +80,7 @@ async def test_a_stream_with_usage_and_a_stop_string(fake_server: FakeServer) ->
         pytest.param({"prompt": ["a", "b"]}, "prompt", id="two-prompts"),
         pytest.param({"prompt": [1, 2, 3]}, "prompt", id="token-prompt"),
         pytest.param({"best_of": 2}, "best_of", id="best-of"),
-        pytest.param({"n": 3}, "n", id="n"),
+        pytest.param({"n": 9}, "n", id="n-above-the-bound"),
         pytest.param({"suffix": "end"}, "suffix", id="suffix"),
         pytest.param({"logprobs": 9}, "logprobs", id="logprobs"),
         pytest.param({"max_tokens": 0}, "max_tokens", id="max-tokens"),

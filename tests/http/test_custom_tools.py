@@ -15,7 +15,7 @@ from openai.types.responses import (
 
 from support import FakeServer, in_thread, post
 
-GRAMMAR = 'start: "*** Begin Patch" LF body "*** End Patch"\n%import common.LF'
+GRAMMAR = 'start: "*** Begin Patch" LF body "*** End Patch"\nbody: /(?s:.*)/\n%import common.LF'
 APPLY_PATCH: dict[str, Any] = {
     "type": "custom",
     "name": "apply_patch",
@@ -257,6 +257,25 @@ async def test_custom_and_function_tools_side_by_side(fake_server: FakeServer) -
             "tools[0].format",
         ),
         ({"tools": [{**APPLY_PATCH, "description": ["x"]}]}, "tools[0].description"),
+        (
+            {
+                "tools": [
+                    {**APPLY_PATCH, "format": {**APPLY_PATCH["format"], "definition": "start: x"}}
+                ]
+            },
+            "tools[0].format.definition",
+        ),
+        (
+            {
+                "tools": [
+                    {
+                        **APPLY_PATCH,
+                        "format": {"type": "grammar", "syntax": "regex", "definition": "(a"},
+                    }
+                ]
+            },
+            "tools[0].format.definition",
+        ),
         (
             {"tools": [APPLY_PATCH], "tool_choice": {"type": "custom", "name": "nope"}},
             "tool_choice",

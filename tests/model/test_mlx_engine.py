@@ -11,12 +11,11 @@ from typing import Any
 
 import pytest
 
-from mlxcel.config import Settings
 from mlxcel.generation import Sampling, SequenceSpec, TokenStep
 from mlxcel.model.blas import load_fast_blas
 from mlxcel.model.engine import LoadedModel
 
-from tiny_model import ensure_tiny_model
+from tiny_model import ensure_tiny_model, load_tiny
 
 pytestmark = pytest.mark.mlx
 
@@ -28,16 +27,8 @@ def tiny_path() -> Path:
 
 
 def load(path: Path, *, max_batch: int = 4, prefill_step_size: int = 16) -> LoadedModel:
-    from mlxcel.model.mlx_load import load_mlx_model
-
-    return load_mlx_model(
-        path,
-        name="tiny",
-        max_batch=max_batch,
-        prefill_step_size=prefill_step_size,
-        blas=load_fast_blas(),
-        prompt_cache_bytes=Settings().prompt_cache_bytes,
-    )
+    loaded: LoadedModel = load_tiny(path, max_batch=max_batch, prefill_step_size=prefill_step_size)
+    return loaded
 
 
 def prompt(loaded: LoadedModel, text: str) -> tuple[int, ...]:

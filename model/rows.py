@@ -1,4 +1,4 @@
-"""The MLX engine's state of one sequence, from insert to its last token.
+"""The MLX engine's record of one sequence (`Row`) and of a prompt chunk read (`ChunkRead`).
 
 Import this module only on the model thread, after `load_fast_blas()`.
 """
@@ -8,8 +8,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import mlx.core as mx
+
 from mlxcel.generation import Sampling, SequenceSpec
 from mlxcel.model.forward import KV
+from mlxcel.model.penalties import RowPenalties
 from mlxcel.model.sampling import Rng, row_generator
 
 
@@ -32,6 +35,7 @@ class Row:
     last: int = 0
     """The token the next decode step feeds."""
     rng: Rng = field(default_factory=row_generator)  # its own: draws independent of the batch
+    penalties: RowPenalties | None = None  # None: the fast path (no penalty, no bias)
 
     @property
     def prompt(self) -> tuple[int, ...]:
@@ -50,3 +54,12 @@ class Row:
     def tokens(self) -> list[int]:
         """The tokens a decoding row's KV state holds."""
         return [*self.spec.prompt, *self.fed]
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkRead:
+    """A prompt chunk read in a step: the rows it finished, with their last logits."""
+
+    ended: tuple[int, ...]
+    """Sequence ids, in the chunk's order."""
+    logits: tuple[mx.array, ...]
