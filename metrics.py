@@ -52,6 +52,7 @@ class Metrics:
         self._http_series(self.registry)
         self._state_series(self.registry)
         self._generation_series(self.registry)
+        self._model_series(self.registry)
         for status in JOB_STATES:
             self.jobs.labels(status)
         for status in JOB_ENDINGS:
@@ -144,6 +145,40 @@ class Metrics:
             buckets=_STEP_BUCKETS,
             registry=r,
         )
+
+    def _model_series(self, r: CollectorRegistry) -> None:
+        """Loads and unloads of the configured models."""
+        self.model_loads = Counter(
+            "mlxcel_model_loads",
+            "Model loads by model and outcome (loaded, failed).",
+            ("model", "outcome"),
+            registry=r,
+        )
+        self.model_load_seconds = Histogram(
+            "mlxcel_model_load_seconds",
+            "From a load's start (making room included) to the model serving, or failing.",
+            ("model",),
+            buckets=_LONG_BUCKETS,
+            registry=r,
+        )
+        self.model_unloads = Counter(
+            "mlxcel_model_unloads", "Model unloads by model.", ("model",), registry=r
+        )
+        self.model_unload_seconds = Histogram(
+            "mlxcel_model_unload_seconds",
+            "From an unload's start (its work draining included) to its memory returned.",
+            ("model",),
+            buckets=_LONG_BUCKETS,
+            registry=r,
+        )
+
+    def model_loaded(self, model: str, outcome: str, secs: float) -> None:
+        self.model_loads.labels(model, outcome).inc()
+        self.model_load_seconds.labels(model).observe(secs)
+
+    def model_unloaded(self, model: str, secs: float) -> None:
+        self.model_unloads.labels(model).inc()
+        self.model_unload_seconds.labels(model).observe(secs)
 
     def observe_request(
         self, route: str | None, method: str, status: int | None, secs: float

@@ -30,7 +30,7 @@ from mlxcel.http.chat_schemas import (
     completion_params,
 )
 from mlxcel.http.guards import current_tenant
-from mlxcel.http.handles import Handles, handles, json_response
+from mlxcel.http.handles import Handles, handles, json_response, served
 from mlxcel.http.rate_limits import metered, rate_limited
 from mlxcel.http.streaming import translated_response
 from mlxcel.prepare.front import prepare_chat
@@ -46,7 +46,7 @@ chat = Blueprint("chat", __name__)
 async def create_chat_completion() -> Response:
     body = await read_model(ChatCompletionBody)
     h = handles()
-    model = h.served()
+    model = await served(body.model)
     check_item_count(body.messages, model.info.context_length)
     params = await off_loop(chat_params, body)
     generation = await _prepare(h, model, params)
@@ -65,7 +65,7 @@ async def create_completion() -> Response:
     body = await read_model(CompletionBody)
     h = handles()
     params = completion_params(body)  # its 400s before the 503 of a model still loading
-    generation = await _prepare(h, h.served(), params)
+    generation = await _prepare(h, await served(body.model), params)
     prefix = body.text if body.echo else ""
     logprobs = body.logprobs is not None
     if not body.stream:
