@@ -5,10 +5,13 @@ its drain; SIGHUP reads the keys file again meanwhile."""
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import functools
 import gc
 import logging
 import signal
+import sys
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 
@@ -82,6 +85,9 @@ def release_memory() -> None:
     import mlx.core as mx
 
     mx.clear_cache()
+    if sys.platform == "linux":  # glibc keeps freed heap pages until asked to trim them
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
 def load_model(path: Path, names: ModelNames, settings: Settings) -> LoadedModel:
