@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import threading
+from collections.abc import Awaitable
 
 import pytest
 import trio
@@ -79,6 +80,27 @@ def request(model: str, text: str = "echo: hello there") -> GenerationRequest:
     return GenerationRequest(record, tuple(prompt), Sampling(max_tokens=50))
 
 
+async def at_once(
+    router: FleetScheduler, models: list[str], besides: Awaitable[None] | None = None
+) -> list[ResponseRecord]:
+    """A request for each of `models`, all at once (and `besides` among them)."""
+    records: list[ResponseRecord] = []
+
+    async def ask(model: str) -> None:
+        records.append(await router.generate(request(model)))
+
+    async def other() -> None:
+        if besides is not None:
+            await besides
+
+    async with trio.open_nursery() as together:
+        together.start_soon(ask, models[0])
+        together.start_soon(other)
+        for model in models[1:]:
+            together.start_soon(ask, model)
+    return records
+
+
 async def until(fleet: Fleet, model: str, state: str) -> None:
     with trio.fail_after(30):
         while fleet.state(model) != state:  # noqa: ASYNC110 - the fleet has no such event
@@ -107,14 +129,7 @@ async def test_a_storm_of_requests_shares_one_load(
     loads = Loads()
     fleet, router = await start(nursery, loads)
     await until(fleet, "a", "loaded")
-    records: list[ResponseRecord] = []
-
-    async def one() -> None:
-        records.append(await router.generate(request("b")))
-
-    async with trio.open_nursery() as storm:
-        for _ in range(6):  # two slots and four places in the line
-            storm.start_soon(one)
+    records = await at_once(router, ["b"] * 6)  # two slots and four places in the line
     assert [r.status for r in records] == ["completed"] * 6
     assert loads.count["b"] == 1
 
@@ -214,15 +229,7 @@ async def test_an_unload_racing_a_request_serves_the_request(
     loads = Loads()
     fleet, router = await start(nursery, loads)
     await until(fleet, "a", "loaded")
-    records: list[ResponseRecord] = []
-
-    async def ask() -> None:
-        records.append(await router.generate(request("a")))
-
-    async with trio.open_nursery() as race:
-        race.start_soon(ask)
-        race.start_soon(fleet.unload, "a")
-        race.start_soon(ask)
+    records = await at_once(router, ["a", "a"], fleet.unload("a"))
     assert [r.status for r in records] == ["completed", "completed"]
     assert fleet.state("a") in ("loaded", "unloaded")
 
