@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import aclosing
+from typing import cast
 
 import trio
 from quart import stream_with_context
@@ -31,7 +32,6 @@ def loading_body(key: str, then: Then) -> AsyncIterator[bytes]:
     h = handles()
     encoder = SseEncoder(progress=h.progress_events)
 
-    @stream_with_context
     async def frames() -> AsyncIterator[bytes]:
         fleet = handles().fleet
         try:
@@ -56,4 +56,6 @@ def loading_body(key: str, then: Then) -> AsyncIterator[bytes]:
             async for frame in body:
                 yield frame
 
-    return frames()
+    # In the request's context, as the route is (its tenant, its key's admission).
+    in_context = cast(Callable[[], AsyncIterator[bytes]], stream_with_context(frames))
+    return in_context()

@@ -71,13 +71,23 @@ def _client(url: str) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{url}/v1", api_key="sk-none", max_retries=0, timeout=30)
 
 
+def _list(url: str) -> Any:
+    with _client(url) as client:
+        return client.models.list()
+
+
+def _create(url: str, **kw: Any) -> Any:
+    with _client(url) as client:
+        return client.responses.create(**kw)
+
+
 async def _states(url: str) -> dict[str, str]:
-    listed = await in_thread(lambda: _client(url).models.list())
-    return {m.id: m.model_extra["state"] for m in listed.data}  # type: ignore[index]
+    listed = await in_thread(_list, url)
+    return {m.id: m.model_extra["state"] for m in listed.data}
 
 
 async def _ask(url: str, model: str, text: str = "echo: hello", **kw: Any) -> Any:
-    return await in_thread(lambda: _client(url).responses.create(model=model, input=text, **kw))
+    return await in_thread(_create, url, model=model, input=text, **kw)
 
 
 async def test_two_models_listed_routed_and_chained(start: Start) -> None:
