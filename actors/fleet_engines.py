@@ -57,8 +57,9 @@ async def run_engines(
     """Load `config`'s model and run its engines until cancelled; `publish` them and
     report started once the model is loaded. A model that fails to load raises here,
     before started (the model thread's error)."""
+    metrics = spec.metrics.for_model(config.names.alias)
     async with trio.open_nursery() as nursery:
-        actor = ModelActor(config.factory, spec.parallel, spec.metrics)
+        actor = ModelActor(config.factory, spec.parallel, metrics)
         model: ModelHandle = await nursery.start(actor.run)
         await model.ready.wait()  # the model thread's error, if it fails, cancels this
         scheduler_actor = Scheduler(
@@ -69,7 +70,7 @@ async def run_engines(
             max_queue_depth=spec.max_queue_depth,
             keepalive_secs=spec.keepalive_secs,
             send_timeout_secs=spec.send_timeout_secs,
-            metrics=spec.metrics,
+            metrics=metrics,
         )
         scheduler: SchedulerHandle = await nursery.start(scheduler_actor.run)
         publish(Engines(config.names, model, scheduler))

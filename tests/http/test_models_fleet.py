@@ -115,6 +115,12 @@ async def test_a_limit_of_one_flips_the_states(start: Start) -> None:
         assert (states[model], states[other]) == ("loaded", "unloaded")
     health = await _health(url)
     assert health["models"] == {"a": "unloaded", "b": "loaded"}
+    async with httpx.AsyncClient(base_url=url, timeout=30) as http:
+        text = (await http.get("/metrics")).text
+    for model, loads in (("a", 2), ("b", 2)):  # a at start and once more; b twice
+        assert f'mlxcel_model_loads_total{{model="{model}",outcome="loaded"}} {loads}.0' in text
+        assert f'mlxcel_response_duration_seconds_count{{model="{model}"}}' in text
+    assert 'mlxcel_model_unloads_total{model="a"} 2.0' in text
 
 
 async def test_other_routes_name_their_model(start: Start) -> None:
