@@ -214,3 +214,28 @@ async def test_clients_hanging_up_during_a_load(start: Start) -> None:
             await trio.sleep(0.05)
     assert (await _ask(url, "a")).model == "a"  # b had no lease left behind: it unloads
     assert (await _health(url))["models"] == {"a": "loaded", "b": "unloaded"}
+
+
+async def test_a_background_job_holds_the_next_load_until_it_ends(start: Start) -> None:
+    url, engines, _ = await start()
+    engines["a"].hold()
+    job = await _ask(url, "a", "echo: one two three", background=True)
+    answers: list[Any] = []
+
+    async def ask_b() -> None:
+        answers.append(await _ask(url, "b", "echo: after"))
+
+    async with trio.open_nursery() as waiting:
+        waiting.start_soon(ask_b)
+        with trio.fail_after(10):
+            while (await _states(url))["a"] != "unloading":  # noqa: ASYNC110 - polls as clients do
+                await trio.sleep(0.02)
+        await trio.sleep(0.3)
+        assert await _states(url) == {"a": "unloading", "b": "loading"}  # b waits for room
+        assert answers == []
+        engines["a"].release()
+    assert answers[0].output_text == "after"
+    with _client(url) as client:
+        done = await in_thread(client.responses.retrieve, job.id)
+    assert (done.status, done.output_text) == ("completed", "one two three")
+    assert await _states(url) == {"a": "unloaded", "b": "loaded"}
