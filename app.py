@@ -8,11 +8,15 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+from collections.abc import Callable, Sequence
 
 import trio
 
+from mlxcel.actors.fleet import ConfiguredModel, Fleet
+from mlxcel.actors.fleet_engines import EngineSpec
+from mlxcel.actors.fleet_router import FleetScheduler
 from mlxcel.actors.jobs import JobsHandle, JobSupervisor
-from mlxcel.actors.scheduler import Scheduler, SchedulerHandle
+from mlxcel.actors.scheduler import SchedulerHandle
 from mlxcel.actors.webhooks import WebhookPolicy, WebhookSender, WebhooksHandle
 from mlxcel.config import Settings
 from mlxcel.errors import ConfigError
@@ -23,7 +27,6 @@ from mlxcel.http.serve import serve_http
 from mlxcel.http.sse import numbered_frame
 from mlxcel.keys import KeyLimits, Keyring
 from mlxcel.metrics import Metrics
-from mlxcel.model.actor import ModelActor
 from mlxcel.model.engine import EngineFactory, LoadedModel
 from mlxcel.prepare.policy import ClientPolicy
 from mlxcel.quotas import Limiter
@@ -42,6 +45,8 @@ async def serve(
     factory: EngineFactory,
     names: ModelNames,
     *,
+    more: Sequence[ConfiguredModel] = (),
+    after_unload: Callable[[], None] | None = None,
     shutdown: trio.Event | None = None,
     keyring: Keyring | None = None,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
@@ -66,9 +71,7 @@ async def serve(
     if keyring is None:
         keyring = Keyring.load(settings.api_keys, settings.api_key_file)
     check_tool_parser(settings.tool_call_parser)
-    names = served_names(names, settings.model_aliases)
-    if settings.tool_call_parser is not None:
-        factory = functools.partial(_with_tool_parser, factory, settings.tool_call_parser)
+    models = configured_models(settings, [ConfiguredModel(names, factory), *more])
     store_actor = StoreActor(
         settings.responses,
         settings.conversations,
@@ -81,7 +84,9 @@ async def serve(
     )
     # The store outlives every other actor: it closes once the last of them is done.
     async with store_actor.open() as store, trio.open_nursery() as nursery:
-        handles = await _start_actors(nursery, settings, factory, names, shutdown, store, keyring)
+        handles = await _start_actors(
+            nursery, settings, models, after_unload, shutdown, store, keyring
+        )
         app = create_app(
             handles,
             body_timeout_secs=settings.body_timeout_secs,
@@ -101,7 +106,8 @@ async def serve(
                 graceful_timeout=settings.shutdown_timeout_secs + SHUTDOWN_GRACE_SECS,
             )
             urls = await edge.start(http)
-            log.info("listening on %s (model %s)", ", ".join(urls), names.alias)
+            served = ", ".join(m.names.alias for m in models)
+            log.info("listening on %s (models: %s)", ", ".join(urls), served)
             task_status.started(urls)
             grace = settings.shutdown_timeout_secs
             edge.start_soon(_drain, shutdown, grace, handles.scheduler, handles.jobs)
@@ -112,19 +118,17 @@ async def serve(
 async def _start_actors(
     nursery: trio.Nursery,
     settings: Settings,
-    factory: EngineFactory,
-    names: ModelNames,
+    models: Sequence[ConfiguredModel],
+    after_unload: Callable[[], None] | None,
     shutdown: trio.Event,
     store: StoreHandle,
     keyring: Keyring,
 ) -> Handles:
-    """Start model → scheduler → jobs in `nursery`, each once the one before is
-    ready; the handles the HTTP edge talks to."""
+    """Start the fleet (each model's engines: model → scheduler) → jobs in `nursery`,
+    each once the one before is ready; the handles the HTTP edge talks to."""
     metrics = Metrics()
     echo = store.echo
-    model = await nursery.start(ModelActor(factory, settings.parallel, metrics).run)
-    scheduler_actor = Scheduler(
-        model,
+    spec = EngineSpec(
         store,
         echo,
         parallel=settings.parallel,
@@ -133,7 +137,16 @@ async def _start_actors(
         send_timeout_secs=settings.send_timeout_secs,
         metrics=metrics,
     )
-    scheduler = await nursery.start(scheduler_actor.run)
+    fleet_actor = Fleet(
+        models,
+        spec,
+        max_loaded=settings.max_loaded_models,
+        idle_unload_secs=settings.idle_unload_secs,
+        metrics=metrics,
+        after_unload=after_unload,
+    )
+    fleet: Fleet = await nursery.start(fleet_actor.run)
+    scheduler = FleetScheduler(fleet, settings.max_queue_depth)
     supervisor = JobSupervisor(
         scheduler,
         store,
@@ -145,12 +158,12 @@ async def _start_actors(
     )
     jobs = await nursery.start(supervisor.run)
     return Handles(
-        model,
+        fleet,
         scheduler,
         store,
         jobs,
         echo,
-        names,
+        fleet.names(fleet.default),
         background_enabled=settings.background_enabled,
         keyring=keyring,
         policy=ClientPolicy(
@@ -213,9 +226,39 @@ async def _drain(
     await scheduler.end_all()
 
 
+def configured_models(
+    settings: Settings, models: Sequence[ConfiguredModel]
+) -> list[ConfiguredModel]:
+    """`models` with the `--model-alias` patterns given to the model each names, the
+    `--pin`s marked and the `--tool-call-parser` applied; a pattern or pin that names no
+    model is a `ConfigError` at start, not a 404 on every request it would catch."""
+    aliases: dict[str, list[tuple[str, str]]] = {m.names.alias: [] for m in models}
+    for pattern, target in settings.model_aliases:
+        owner = next((m for m in models if m.names.matches(target)), None)
+        if owner is None:
+            served = ", ".join(repr(m.names.alias) for m in models)
+            raise ConfigError(
+                f"--model-alias {pattern}={target}: {target!r} is not a served model "
+                f"(they answer to {served} and their folders' names)"
+            )
+        aliases[owner.names.alias].append((pattern, target))
+    for pin in settings.pinned_models:
+        if not any(m.names.matches(pin) for m in models):
+            raise ConfigError(f"--pin {pin}: no served model has that name")
+    configured = []
+    for m in models:
+        factory = m.factory
+        if settings.tool_call_parser is not None:
+            factory = functools.partial(_with_tool_parser, factory, settings.tool_call_parser)
+        pinned = any(m.names.matches(pin) for pin in settings.pinned_models)
+        names = served_names(m.names, tuple(aliases[m.names.alias]))
+        configured.append(ConfiguredModel(names, factory, pinned or m.pinned))
+    return configured
+
+
 def served_names(names: ModelNames, aliases: tuple[tuple[str, str], ...]) -> ModelNames:
-    """The model's names with the `--model-alias` patterns: every route checks a
-    request's `model` against these (`prepare.intake.check_model`)."""
+    """The model's names with the `--model-alias` patterns that name it: every route
+    checks a request's `model` against these (`prepare.intake.check_model`)."""
     try:
         return names.aliased(aliases)
     except ValueError as exc:

@@ -25,7 +25,19 @@ class Settings:
     alias: str | None = None
     model_aliases: tuple[tuple[str, str], ...] = ()
     """`(PATTERN, NAME)` pairs from `--model-alias`: a request's `model` matching the glob
-    PATTERN is served by NAME, which must be the served model's (checked at start)."""
+    PATTERN is served by NAME, which must be a served model's (checked at start)."""
+    named_models: tuple[tuple[str, Path], ...] = ()
+    """`--model NAME=PATH`, in order: more models the server may load by name (after
+    `model`, when given; otherwise the first of these is the default)."""
+    models_dir: Path | None = None
+    """`--models-dir`: each MLX model folder in it is a model, named by its folder."""
+    max_loaded_models: int = 1
+    """At most this many models are loaded at once (the least recently used unpinned
+    one is unloaded to make room)."""
+    idle_unload_secs: float = 0.0
+    """A model no request used for this long is unloaded; 0 keeps models loaded."""
+    pinned_models: tuple[str, ...] = ()
+    """`--pin`: models loaded at start and never unloaded."""
     host: str = "127.0.0.1"
     port: int = 8080
     ctx_size: int | None = None
@@ -163,6 +175,7 @@ class Settings:
                 "(scheme, host and port; no path)",
             ),
         ]
+        checks += self._model_checks()
         for ok, message in checks:
             if not ok:
                 raise ConfigError(message)
@@ -191,6 +204,12 @@ class Settings:
         from mlxcel.webhooks import parse_target  # only when read: settings load no layer
 
         return parse_target(self.webhook_url, self.webhook_secret, "--webhook-url/--webhook-secret")
+
+    def _model_checks(self) -> list[tuple[bool, str]]:
+        return [
+            (self.max_loaded_models >= 1, "--max-loaded-models must be at least 1"),
+            (self.idle_unload_secs >= 0, "--idle-unload-secs must be 0 (never) or more"),
+        ]
 
     @property
     def background_enabled(self) -> bool:

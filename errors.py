@@ -20,6 +20,8 @@ is the one place that maps these to status codes and OpenAI error bodies.
     ├── Unauthenticated           no valid API key
     ├── ShuttingDown              the server is draining; no new generation starts
     ├── ModelNotReady             the model is still loading
+    ├── ModelLoadFailed           the model named could not be loaded
+    ├── ModelPinned               a pinned model cannot be unloaded
     ├── GenerationFailed          the engine failed while generating
     └── ConfigError               flags or environment are invalid at start-up
 """
@@ -137,6 +139,15 @@ class ShuttingDown(MlxcelError):
 
 class ModelNotReady(MlxcelError):
     """The model is still loading; the server answers once it is ready."""
+
+
+class ModelLoadFailed(MlxcelError):
+    """The model the request names could not be loaded (its folder is damaged, memory
+    ran out); the other models serve on."""
+
+
+class ModelPinned(MlxcelError):
+    """The model is pinned (`--pin`): it stays loaded."""
 
 
 class StoreUnavailable(MlxcelError):

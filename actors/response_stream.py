@@ -168,6 +168,11 @@ class SchedulerHandle:
         self._control = control
         self.max_queue_depth = depth
 
+    @property
+    def control(self) -> trio.MemorySendChannel[SchedulerCommand]:
+        """The scheduler's inbox (a stream routed to this scheduler sends there)."""
+        return self._control
+
     def stream(self, request: GenerationRequest, *, waits: bool = False) -> ResponseStream:
         """A stream for `request`, owned by the caller; `submit()` it, then read it."""
         return ResponseStream(

@@ -69,7 +69,7 @@ class Scheduler:
             echo,
             keepalive_secs=keepalive_secs,
             send_timeout_secs=send_timeout_secs,
-            metrics=metrics or Metrics(),
+            metrics=metrics or Metrics().for_model(""),
         )
         self._parallel = parallel
         self._depth = max_queue_depth

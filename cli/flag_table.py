@@ -4,71 +4,20 @@ help. `cli/flags.py` turns this table into the command line's parser and the set
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
+from mlxcel.cli.flag_kinds import Flag, switch
+from mlxcel.cli.model_flag_table import MODEL_FLAGS
 from mlxcel.config import Settings
 
-
-@dataclass(frozen=True, slots=True)
-class Flag:
-    names: tuple[str, ...]
-    dest: str
-    kind: Callable[[str], Any]
-    default: Any
-    env: str | None
-    help: str
-    repeat: bool = False
-    """May be given several times; the environment's value comes first."""
-    negatable: bool = False
-    """An on/off flag on by default: `--no-NAME` turns it off."""
-
-
-def switch(raw: str) -> bool:
-    """An on/off flag's environment value. A flag of this kind takes no value on the
-    command line (on when given)."""
-    value = raw.strip().lower()
-    if value in ("1", "true", "yes", "on"):
-        return True
-    if value in ("", "0", "false", "no", "off"):
-        return False
-    raise ValueError(raw)
+__all__ = ["FLAGS", "Flag", "switch"]
 
 
 _DEFAULTS = Settings()
 """Each flag's default is its setting's, so defaults are written once, in config.py."""
 
 FLAGS: tuple[Flag, ...] = (
-    Flag(
-        ("-m", "--model"),
-        "model",
-        Path,
-        _DEFAULTS.model,
-        "LLAMA_ARG_MODEL",
-        "local MLX model folder to serve (default: the embedded default model, "
-        "Qwen2.5-Coder-0.5B-Instruct, obtained by `mlxcel fetch-model`)",
-    ),
-    Flag(
-        ("-a", "--alias"),
-        "alias",
-        str,
-        _DEFAULTS.alias,
-        "LLAMA_ARG_ALIAS",
-        "name clients use in `model` (default: the model folder's name)",
-    ),
-    Flag(
-        ("--model-alias",),
-        "model_alias",
-        str,
-        None,
-        "MLXCEL_MODEL_ALIAS",
-        "PATTERN=NAME: a request naming a model that matches the glob PATTERN "
-        "(`claude-*`) gets NAME, the served model; repeat it or comma-separate several; "
-        "without a match an unknown name is a 404",
-        repeat=True,
-    ),
+    *MODEL_FLAGS,
     Flag(("--host",), "host", str, _DEFAULTS.host, "LLAMA_ARG_HOST", "address to listen on"),
     Flag(("--port",), "port", int, _DEFAULTS.port, "LLAMA_ARG_PORT", "port to listen on"),
     Flag(

@@ -8,6 +8,7 @@ wins over its variable. Each flag's default is its setting's (`config.py`).
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import Any
 
 from mlxcel import __version__
@@ -98,13 +99,36 @@ def model_aliases(values: list[str]) -> tuple[tuple[str, str], ...]:
     return tuple(pairs)
 
 
+def model_flags(values: list[str]) -> tuple[Path | None, tuple[tuple[str, Path], ...]]:
+    """The `--model` values: a first one without a name (a bare path, served under
+    `--alias` or its folder's name, as a single model always was), and the `NAME=PATH`
+    ones in order. A value is named when it has a `=` with no `/` before it."""
+    bare: Path | None = None
+    named: list[tuple[str, Path]] = []
+    for i, value in enumerate(values):
+        name, equals, path = value.partition("=")
+        if equals and name.strip() and "/" not in name and path.strip():
+            named.append((name.strip(), Path(path.strip())))
+        elif i == 0:
+            bare = Path(value)
+        else:
+            raise ConfigError(f"--model {value}: give each further model a name (NAME=PATH)")
+    return bare, tuple(named)
+
+
 def settings_from_args(args: argparse.Namespace) -> Settings:
     keys = tuple(k.strip() for value in args.api_key for k in value.split(",") if k.strip())
     origins = tuple(o.strip() for o in (args.cors_origins or "").split(",") if o.strip())
+    model, named = model_flags(args.model)
     return Settings(
-        model=args.model,
+        model=model,
         alias=args.alias,
         model_aliases=model_aliases(args.model_alias),
+        named_models=named,
+        models_dir=args.models_dir,
+        max_loaded_models=args.max_loaded_models,
+        idle_unload_secs=args.idle_unload_secs,
+        pinned_models=tuple(p.strip() for v in args.pin for p in v.split(",") if p.strip()),
         host=args.host,
         port=args.port,
         ctx_size=args.ctx_size,

@@ -5,14 +5,20 @@ its drain; SIGHUP reads the keys file again meanwhile."""
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import functools
+import gc
 import logging
 import signal
+import sys
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 
 import trio
 
-from mlxcel.app import check_tool_parser, serve, served_names
+from mlxcel.actors.fleet import ConfiguredModel
+from mlxcel.app import check_tool_parser, configured_models, serve
 from mlxcel.cli.prompt_cache import resolve_prompt_cache_dir
 from mlxcel.config import Settings
 from mlxcel.errors import ConfigError
@@ -45,6 +51,46 @@ def resolve_model(settings: Settings) -> tuple[Path, ModelNames]:
     return path, ModelNames(alias=alias, path=str(path))
 
 
+def resolve_models(settings: Settings) -> list[tuple[Path, ModelNames]]:
+    """Every model the server may load, the default first: `--model PATH` (or the
+    embedded default model when no model is named at all), each `--model NAME=PATH`,
+    then each MLX folder in `--models-dir` by its folder's name."""
+    found: list[tuple[Path, ModelNames]] = []
+    if settings.model is not None or not (settings.named_models or settings.models_dir):
+        found.append(resolve_model(settings))
+    for name, given in settings.named_models:
+        path = given.expanduser().resolve()
+        if not (path / "config.json").is_file():
+            raise ConfigError(f"--model {name}={given}: not an MLX model folder (no config.json)")
+        found.append((path, ModelNames(alias=name, path=str(path))))
+    if settings.models_dir is not None:
+        folder = settings.models_dir.expanduser().resolve()
+        if not folder.is_dir():
+            raise ConfigError(f"--models-dir {settings.models_dir}: not a folder")
+        inside = sorted(p for p in folder.iterdir() if (p / "config.json").is_file())
+        if not inside:
+            raise ConfigError(f"--models-dir {settings.models_dir}: no MLX model folder in it")
+        found += [(p, ModelNames(alias=p.name, path=str(p))) for p in inside]
+    seen: set[str] = set()
+    for _, names in found:
+        if names.alias.lower() in seen:
+            raise ConfigError(f"two models are named {names.alias!r}: name them apart")
+        seen.add(names.alias.lower())
+    return found
+
+
+def release_memory() -> None:
+    """After a model is unloaded: its arrays collected and MLX's buffer cache emptied, so
+    the memory goes back to the system rather than waiting in MLX's cache."""
+    gc.collect()
+    import mlx.core as mx
+
+    mx.clear_cache()
+    if sys.platform == "linux":  # glibc keeps freed heap pages until asked to trim them
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
 def load_model(path: Path, names: ModelNames, settings: Settings) -> LoadedModel:
     """The engine factory for the real model: runs on the model actor's thread."""
     from mlxcel.model.blas import describe, load_fast_blas
@@ -74,15 +120,19 @@ def run(settings: Settings) -> None:
     """Serve `settings` until interrupted (the console commands' entry point)."""
     check_tool_parser(settings.tool_call_parser)  # a bad name stops us before anything starts
     keyring = Keyring.load(settings.api_keys, settings.api_key_file)  # so does a bad key
-    path, names = resolve_model(settings)
-    served_names(names, settings.model_aliases)  # so does an alias to another model
-    settings = resolve_prompt_cache_dir(settings)  # and a --prompt-cache-dir not writable
+    settings = resolve_prompt_cache_dir(settings)  # so does a --prompt-cache-dir not writable
+    found = resolve_models(settings)
+    models = [ConfiguredModel(n, functools.partial(load_model, p, n, settings)) for p, n in found]
+    configured_models(settings, models)  # so does an alias or a pin naming no model
     from mlxcel.model.blas import load_fast_blas
 
     load_fast_blas()  # before anything imports mlx.core
-    factory = functools.partial(load_model, path, names, settings)
-    log.info("loading %s from %s", names.alias, path)
-    serve_until_signalled(settings, factory, names, keyring)
+    for path, names in found:
+        log.info("model %s: %s", names.alias, path)
+    first = models[0]
+    serve_until_signalled(
+        settings, first.factory, first.names, keyring, more=models[1:], after_unload=release_memory
+    )
 
 
 def serve_until_signalled(
@@ -90,12 +140,23 @@ def serve_until_signalled(
     factory: EngineFactory,
     names: ModelNames,
     keyring: Keyring | None = None,
+    *,
+    more: Sequence[ConfiguredModel] = (),
+    after_unload: Callable[[], None] | None = None,
 ) -> None:
     """Run the server in a new Trio run until SIGINT or SIGTERM and its drain (SIGHUP
-    reads the keys file again); a ConfigError found while starting comes out as itself."""
+    reads the keys file again); a ConfigError found while starting comes out as itself.
+    `more`: the models served besides the default one (`factory`, `names`)."""
     if keyring is None:
         keyring = Keyring.load(settings.api_keys, settings.api_key_file)
-    serving = functools.partial(_serve_until_signalled, settings, factory, names, keyring)
+    serving = functools.partial(
+        _serve_until_signalled,
+        settings,
+        functools.partial(serve, more=more, after_unload=after_unload),
+        factory,
+        names,
+        keyring,
+    )
     try:
         trio.run(serving)
     except BaseExceptionGroup as group:
@@ -111,7 +172,11 @@ def serve_until_signalled(
 
 
 async def _serve_until_signalled(
-    settings: Settings, factory: EngineFactory, names: ModelNames, keyring: Keyring
+    settings: Settings,
+    serving: Callable[..., Awaitable[None]],
+    factory: EngineFactory,
+    names: ModelNames,
+    keyring: Keyring,
 ) -> None:
     """Serve until SIGINT or SIGTERM, drain, and return normally; a second signal stops
     everything at once. SIGHUP reloads the keys file meanwhile."""
@@ -120,7 +185,7 @@ async def _serve_until_signalled(
         async with trio.open_nursery() as nursery:
 
             async def serve_then_stop() -> None:
-                await serve(settings, factory, names, shutdown=shutdown, keyring=keyring)
+                await serving(settings, factory, names, shutdown=shutdown, keyring=keyring)
                 nursery.cancel_scope.cancel()  # drained: stop listening for signals
 
             nursery.start_soon(serve_then_stop)

@@ -43,7 +43,7 @@ from mlxcel.http.choices import (
     with_summed_usage,
 )
 from mlxcel.http.guards import current_tenant
-from mlxcel.http.handles import Handles, handles, json_response
+from mlxcel.http.handles import Handles, handles, json_response, served
 from mlxcel.http.rate_limits import rate_limited
 from mlxcel.http.streaming import data_stream_response, translated_response
 from mlxcel.items import ResponseRecord
@@ -60,7 +60,7 @@ chat = Blueprint("chat", __name__)
 async def create_chat_completion() -> Response:
     body = await read_model(ChatCompletionBody)
     h = handles()
-    model = h.served()
+    model = await served(body.model)
     check_item_count(body.messages, model.info.context_length)
     params = await off_loop(chat_params, body)
     generations = await _prepare(h, model, params, check_n(body.n))
@@ -82,7 +82,7 @@ async def create_completion() -> Response:
     body = await read_model(CompletionBody)
     h = handles()
     params = completion_params(body)  # its 400s before the 503 of a model still loading
-    generations = await _prepare(h, h.served(), params, check_n(body.n))
+    generations = await _prepare(h, await served(body.model), params, check_n(body.n))
     prefix = body.text if body.echo else ""
     logprobs = body.logprobs is not None
     if not body.stream:

@@ -11,14 +11,13 @@ from mlxcel.errors import InvalidRequest
 from mlxcel.http.access_log import exchange_note
 from mlxcel.http.body import read_model
 from mlxcel.http.guards import current_tenant
-from mlxcel.http.handles import handles, json_response
+from mlxcel.http.handles import handles, json_response, served
 from mlxcel.http.objects import item_json, usage_json
 from mlxcel.http.params import compaction_params
 from mlxcel.http.rate_limits import metered_generate, rate_limited
 from mlxcel.http.schemas import CompactBody
 from mlxcel.items import new_id
 from mlxcel.prepare.front import prepare_compaction
-from mlxcel.prepare.intake import check_model
 from mlxcel.prepare.limits import check_item_count
 from mlxcel.prepare.offload import off_loop
 
@@ -30,8 +29,7 @@ compact = Blueprint("compact", __name__)
 async def compact_history() -> Response:
     body = await read_model(CompactBody)
     h = handles()
-    check_model(h.names, body.model)  # a 404 before any other answer
-    model = h.served()
+    model = await served(body.model)  # a 404 before any other answer
     _check(body, model.info.context_length)
     params = await off_loop(compaction_params, body, tenant=current_tenant())
     compaction = await prepare_compaction(params, model, h.store)

@@ -26,7 +26,7 @@ from mlxcel.http.access_log import note_record
 from mlxcel.http.body import read_model
 from mlxcel.http.chat_objects import finished
 from mlxcel.http.guards import current_tenant
-from mlxcel.http.handles import handles, json_response
+from mlxcel.http.handles import handles, json_response, served
 from mlxcel.http.messages_objects import Thinking, message_json
 from mlxcel.http.messages_params import message_params
 from mlxcel.http.messages_schemas import CountTokensBody, MessagesBody
@@ -35,7 +35,6 @@ from mlxcel.http.rate_limits import metered, rate_limited
 from mlxcel.http.streaming import translated_response
 from mlxcel.items import new_id
 from mlxcel.prepare.front import input_token_count, prepare_chat
-from mlxcel.prepare.intake import check_model
 from mlxcel.prepare.limits import check_item_count
 from mlxcel.prepare.offload import off_loop
 from mlxcel.store.echo import trace_signature
@@ -94,8 +93,7 @@ async def create_message() -> Response:
 async def count_message_tokens() -> Response:
     body = await read_model(CountTokensBody)
     h = handles()
-    check_model(h.names, body.model)  # a 404 before the 503 of a model still loading
-    model = h.served()
+    model = await served(body.model)  # a 404 before any other answer
     check_item_count(body.messages, model.info.context_length)
     params = await off_loop(message_params, body)
     params = dataclasses.replace(params, tenant=current_tenant())
@@ -106,8 +104,7 @@ async def count_message_tokens() -> Response:
 async def _prepare(body: MessagesBody) -> GenerationRequest:
     """The request prepared for its tenant, as a chat completion is; its traces signed."""
     h = handles()
-    check_model(h.names, body.model)
-    model = h.served()
+    model = await served(body.model)
     check_item_count(body.messages, model.info.context_length)
     params = await off_loop(message_params, body)
     params = dataclasses.replace(params, tenant=current_tenant())

@@ -108,11 +108,12 @@ _ERRORS = {
     "408": "The request body did not arrive within the body deadline.",
     "413": "The request body is too large.",
     "415": "The request body is not JSON.",
+    "409": "The model is pinned (`--pin`): it stays loaded.",
     "429": "Too many background jobs, or the API key spent a rate limit or its daily token "
     "quota (`--rate-limit-rpm`, `--rate-limit-tpm`, `--daily-token-quota`); retry after "
     "`Retry-After`.",
-    "503": "Not now: the model is loading, every slot and queue place is taken, or the "
-    "server is shutting down.",
+    "503": "Not now: the model is loading or could not be loaded (`model_load_failed`), "
+    "every slot and queue place is taken, or the server is shutting down.",
     "529": "Overloaded: every slot and queue place is taken (Anthropic's status for it).",
 }
 _RETRY_AFTER = {

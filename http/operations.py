@@ -20,6 +20,7 @@ from mlxcel.http.schemas import (
     ConversationUpdateBody,
     CreateResponseBody,
     InputTokensBody,
+    ModelAction,
 )
 
 
@@ -71,10 +72,37 @@ OPERATIONS: dict[str, Operation] = {
         public=True,
     ),
     "models": Operation(
-        "List the loaded model",
+        "List the configured models",
         "models",
-        "A list with the one loaded model; in Anthropic's shape (`data`, `has_more`, "
+        "A list of every model the server may load, each with its `state` (`loaded`, "
+        "`loading`, `unloading`, `unloaded`); in Anthropic's shape (`data`, `has_more`, "
         "`first_id`, `last_id`) when the request carries `anthropic-version`.",
+    ),
+    "load_model": Operation(
+        "Load a configured model",
+        "models",
+        "The `model` object once it is loaded (another unloaded at `--max-loaded-models`).",
+        refusals=("503",),
+    ),
+    "unload_model": Operation(
+        "Unload a model once its work has drained",
+        "models",
+        "The `model` object once it is unloaded.",
+        refusals=("409",),
+    ),
+    "load_named_model": Operation(
+        "Load a configured model (llama.cpp's form)",
+        "models",
+        'The `model` object once it is loaded, with `"success": true`.',
+        body=ModelAction,
+        refusals=("503",),
+    ),
+    "unload_named_model": Operation(
+        "Unload a model (llama.cpp's form)",
+        "models",
+        'The `model` object once it is unloaded, with `"success": true`.',
+        body=ModelAction,
+        refusals=("409",),
     ),
     "retrieve_model": Operation(
         "Retrieve the loaded model by a name it answers to",

@@ -6,21 +6,27 @@ response stream to SSE frames; background ones answer their `queued` record at o
 
 from __future__ import annotations
 
+import functools
+from collections.abc import AsyncGenerator, AsyncIterable
+from contextlib import aclosing
+
 from quart import Blueprint, Response
 
 from mlxcel.errors import InvalidRequest
+from mlxcel.generation import GenerationRequest, ServedModel
 from mlxcel.http.access_log import exchange_note, note_record
 from mlxcel.http.body import read_model
 from mlxcel.http.files import check_file_urls
 from mlxcel.http.guards import current_tenant
-from mlxcel.http.handles import Handles, handles, json_response
+from mlxcel.http.handles import Handles, handles, json_response, served
+from mlxcel.http.loading import loading_body
 from mlxcel.http.objects import response_json
 from mlxcel.http.params import response_params
 from mlxcel.http.rate_limits import metered, rate_limited
 from mlxcel.http.schemas import CreateResponseBody, InputTokensBody
+from mlxcel.http.sse import SseEncoder
 from mlxcel.http.streaming import EventStreamBody, bind_to_exchange
 from mlxcel.prepare.front import input_token_count, prepare_response
-from mlxcel.prepare.intake import check_model
 from mlxcel.prepare.limits import check_item_count
 from mlxcel.prepare.offload import off_loop
 from mlxcel.respond.events import ResponseCreated
@@ -37,17 +43,14 @@ dropped so the prompt fits the context window (0 when none were)."""
 async def create_response() -> Response:
     body = await read_model(CreateResponseBody)
     h = handles()
-    model = h.served()
-    if body.truncation != "auto":  # else the oldest turns are dropped to fit
-        check_item_count(body.input, model.info.context_length)  # before any work on it
+    key = h.fleet.find(body.model)  # a 404 before any other answer
     check_file_urls(body.input, h.policy.image_placeholders)
-    if body.background:
-        _check_background(h, body)
-    params = await off_loop(response_params, body, tenant=current_tenant())
-    prepared = await prepare_response(params, model, policy=h.policy, store=h.store, echo=h.echo)
-    generation = await metered(prepared)
+    if body.stream and h.fleet.state(key) != "loaded":
+        # The stream opens now and has `mlx.progress` events while the model loads.
+        return _event_stream(loading_body(key, functools.partial(_streamed, body)))
+    generation = await _prepared(body, await served(body.model))
     truncated = {TRUNCATED_HEADER: str(generation.truncated_items)} if body.truncation else {}
-    if params.background:
+    if generation.record.echo.background:
         record = await h.jobs.submit(generation)
         note_record(record)
         return _with_headers(json_response(response_json(record)), truncated)
@@ -55,20 +58,55 @@ async def create_response() -> Response:
         record = await h.scheduler.generate(generation)
         note_record(record)
         return _with_headers(json_response(response_json(record)), truncated)
+    return _with_headers(_event_stream(await _streamed_body(generation)), truncated)
+
+
+async def _prepared(body: CreateResponseBody, model: ServedModel) -> GenerationRequest:
+    """`body` prepared for `model`, its tokens reserved on the request's key."""
+    h = handles()
+    if body.truncation != "auto":  # else the oldest turns are dropped to fit
+        check_item_count(body.input, model.info.context_length)  # before any work on it
+    if body.background:
+        _check_background(h, body)
+    params = await off_loop(response_params, body, tenant=current_tenant())
+    prepared = await prepare_response(params, model, policy=h.policy, store=h.store, echo=h.echo)
+    return await metered(prepared)
+
+
+async def _streamed(
+    body: CreateResponseBody, model: ServedModel, encoder: SseEncoder
+) -> AsyncGenerator[bytes]:
+    """The frames of a streamed response once its model is loaded (`loading_body`)."""
+    streamed = await _streamed_body(await _prepared(body, model), encoder)
+    async with aclosing(streamed):
+        async for frame in streamed:
+            yield frame
+
+
+async def _streamed_body(
+    generation: GenerationRequest, encoder: SseEncoder | None = None
+) -> EventStreamBody:
+    """The response submitted (503 when full) and its stream bound to the exchange."""
+    h = handles()
     note_record(generation.record)  # its usage once the stream ends
     stream = h.scheduler.stream(generation)
     bind_to_exchange(stream)
     await stream.submit()  # 503 when full
+    return EventStreamBody(
+        ResponseCreated(generation.record),
+        stream,
+        keepalive_secs=h.keepalive_secs,
+        progress=h.progress_events,
+        note=exchange_note(),
+        encoder=encoder,
+    )
+
+
+def _event_stream(body: AsyncIterable[bytes]) -> Response:
     return Response(
-        EventStreamBody(
-            ResponseCreated(generation.record),
-            stream,
-            keepalive_secs=h.keepalive_secs,
-            progress=h.progress_events,
-            note=exchange_note(),
-        ),
+        body,
         content_type="text/event-stream",
-        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **truncated},
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
     )
 
 
@@ -81,13 +119,12 @@ def _with_headers(response: Response, headers: dict[str, str]) -> Response:
 async def count_input_tokens() -> Response:
     body = await read_model(InputTokensBody)
     h = handles()
-    if body.model is not None:
-        check_model(h.names, body.model)  # a 404 before the 503 of a model still loading
-    model = h.served()
+    model = await served(body.model)  # a 404 before any other answer
     if body.truncation != "auto":
         check_item_count(body.input, model.info.context_length)
     check_file_urls(body.input, h.policy.image_placeholders)
-    params = await off_loop(response_params, body, model=h.names.alias, tenant=current_tenant())
+    alias = model.names.alias
+    params = await off_loop(response_params, body, model=alias, tenant=current_tenant())
     tokens = await input_token_count(params, model, policy=h.policy, store=h.store, echo=h.echo)
     return json_response({"object": "response.input_tokens", "input_tokens": tokens})
 

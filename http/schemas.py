@@ -198,3 +198,9 @@ def list_page(
         "last_id": data[-1]["id"] if data else None,
         "has_more": len(ordered) - start > limit,
     }
+
+
+class ModelAction(_Model):
+    """llama.cpp's `POST /models/load` and `/models/unload` body."""
+
+    model: str

@@ -11,12 +11,13 @@ from typing import Any
 from quart import Blueprint, Response, current_app
 
 from mlxcel import __version__
+from mlxcel.http.body import read_model
 from mlxcel.http.errors import error_body
 from mlxcel.http.handles import handles, json_response
 from mlxcel.http.messages import speaks_anthropic
 from mlxcel.http.messages_objects import model_json, model_list_json
 from mlxcel.http.openapi import openapi_document_for
-from mlxcel.prepare.intake import check_model
+from mlxcel.http.schemas import ModelAction
 
 health_routes = Blueprint("health", __name__)
 """Mounted once, without `/v1`, and open without an API key."""
@@ -25,20 +26,28 @@ service = Blueprint("service", __name__)
 
 @health_routes.get("/health")
 async def health() -> Response:
+    """200 while any model can serve (one is loaded, or one can be loaded on demand),
+    with each model's state."""
     h = handles()
     if h.stopping.is_set():
         body = error_body("The server is shutting down.", "server_error", code="stopping")
         return json_response(body, 503)
-    if not h.model.ready.is_set():
+    if not h.fleet.can_serve():
         body = error_body("The model is still loading.", "server_error", code="loading")
+        body["models"] = _states()
         return json_response(body, 503)
     slots = await h.scheduler.statistics()
     return json_response(
         {
             "status": "ok",
             "slots": {"total": slots.slots, "busy": slots.busy, "queued": slots.queued},
+            "models": _states(),
         }
     )
+
+
+def _states() -> dict[str, str]:
+    return {name: state for name, state, _ in handles().fleet.models()}
 
 
 @health_routes.get("/")
@@ -48,26 +57,77 @@ async def root() -> Response:
 
 @service.get("/models")
 async def models() -> Response:
-    h = handles()
-    entry = _model(h.names.alias)
+    """Every configured model, with its state (`loaded`, `loading`, `unloading`,
+    `unloaded`) in OpenAI's shape."""
+    entries = [_model(name) for name, _, _ in handles().fleet.models()]
     if speaks_anthropic():
-        return json_response(model_list_json([entry]))
-    return json_response({"object": "list", "data": [entry]})
+        return json_response(model_list_json(entries))
+    return json_response({"object": "list", "data": entries})
 
 
 @service.get("/models/<path:model_id>")
 async def retrieve_model(model_id: str) -> Response:
-    """The loaded model under a name it answers to (as asked); 404 for any other."""
-    check_model(handles().names, model_id)
+    """A configured model under a name it answers to (as asked); 404 for any other."""
+    handles().fleet.find(model_id)
     return json_response(_model(model_id))
 
 
+@service.post("/models/<path:model_id>/load")
+async def load_model(model_id: str) -> Response:
+    """Load a configured model now (evicting another at the limit); answers once loaded."""
+    return json_response(await _load(model_id))
+
+
+@service.post("/models/<path:model_id>/unload")
+async def unload_model(model_id: str) -> Response:
+    """Unload a model once its work has drained; 409 for a pinned one."""
+    return json_response(await _unload(model_id))
+
+
+@service.post("/models/load")
+async def load_named_model() -> Response:
+    """llama.cpp's router form: `{"model": id}`."""
+    body = await read_model(ModelAction)
+    return json_response({**await _load(body.model), "success": True})
+
+
+@service.post("/models/unload")
+async def unload_named_model() -> Response:
+    """llama.cpp's router form: `{"model": id}`."""
+    body = await read_model(ModelAction)
+    return json_response({**await _unload(body.model), "success": True})
+
+
+async def _load(model_id: str) -> dict[str, Any]:
+    fleet = handles().fleet
+    await fleet.load(fleet.find(model_id))
+    return _model(model_id)
+
+
+async def _unload(model_id: str) -> dict[str, Any]:
+    fleet = handles().fleet
+    await fleet.unload(fleet.find(model_id))
+    return _model(model_id)
+
+
 def _model(model_id: str) -> dict[str, Any]:
+    """The `model` object of `model_id` (a name of a configured model)."""
     h = handles()
+    key = h.fleet.find(model_id)
     if speaks_anthropic():
-        context_length = h.model.info.context_length if h.model.ready.is_set() else None
+        found = [e for e in h.fleet.loaded() if e.names.alias == key]
+        context_length = found[0].model.info.context_length if found else None
         return model_json(model_id, h.started, context_length)
-    return {"id": model_id, "object": "model", "created": h.started, "owned_by": "mlxcel"}
+    entry: dict[str, Any] = {
+        "id": model_id,
+        "object": "model",
+        "created": h.started,
+        "owned_by": "mlxcel",
+        "state": h.fleet.state(key),
+    }
+    if (error := h.fleet.error(key)) is not None:
+        entry["load_error"] = error
+    return entry
 
 
 _DOCUMENT = "openapi_document"

@@ -45,12 +45,14 @@ class EventStreamBody:
         keepalive_secs: float,
         progress: bool,
         note: ExchangeNote | None = None,
+        encoder: SseEncoder | None = None,
     ) -> None:
+        """`encoder`: one that numbered frames before these (a model's load)."""
         self._created: ResponseCreated | None = created
         self._note = note
         self._events = events
         self._keepalive = keepalive_secs
-        self._encoder = SseEncoder(progress=progress)
+        self._encoder = encoder or SseEncoder(progress=progress)
 
     def __aiter__(self) -> EventStreamBody:
         return self

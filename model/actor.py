@@ -79,7 +79,7 @@ class ModelActor:
     ) -> None:
         self._factory = factory
         self._max_sequences = max_sequences
-        self._metrics = metrics or Metrics()
+        self._metrics = metrics or Metrics().for_model("")
         self._ids = itertools.count(1)
         # Per-sequence event channels; touched only on the Trio thread.
         self._routes: dict[int, trio.MemorySendChannel[ModelEvent]] = {}

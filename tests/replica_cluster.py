@@ -82,9 +82,10 @@ def poll(
 
 def metric(replica: ServerProcess, series: str) -> float:
     text = httpx.get(f"{replica.url}/metrics", timeout=10).text
-    found = re.search(rf"^{re.escape(series)} (\S+)$", text, re.MULTILINE)
-    assert found is not None, series
-    return float(found.group(1))
+    pattern = rf'^{re.escape(series)}(?:{{model="[^"]*"}})? (\S+)$'  # over every model
+    found = re.findall(pattern, text, re.MULTILINE)
+    assert found, series
+    return sum(float(value) for value in found)
 
 
 def texts(items: Sequence[BaseModel]) -> list[str]:

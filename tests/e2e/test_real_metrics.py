@@ -13,15 +13,15 @@ pytestmark = pytest.mark.e2e
 
 
 def scrape(server: RealServer) -> dict[str, float]:
-    """The unlabelled samples (the server-wide series) by name."""
+    """The server-wide value of each series by name (unlabelled, or over every model)."""
     r = httpx.get(f"{server.url}/metrics", timeout=30)
     assert r.status_code == 200, r.text
-    return {
-        sample.name: sample.value
-        for family in text_string_to_metric_families(r.text)
-        for sample in family.samples
-        if not sample.labels
-    }
+    values: dict[str, float] = {}
+    for family in text_string_to_metric_families(r.text):
+        for sample in family.samples:
+            if set(sample.labels) <= {"model"}:  # a generation series: added up over models
+                values[sample.name] = values.get(sample.name, 0.0) + sample.value
+    return values
 
 
 def test_a_real_request_moves_tokens_cache_hits_and_engine_steps(real_server: RealServer) -> None:

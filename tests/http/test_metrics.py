@@ -34,7 +34,15 @@ class Scrape:
     values: dict[tuple[str, frozenset[tuple[str, str]]], float]
 
     def __call__(self, name: str, **labels: str) -> float:
-        return self.values.get((name, frozenset(labels.items())), 0.0)
+        """The sample with exactly these labels; without labels, the server-wide value
+        (a generation series' samples added up over its models)."""
+        if labels:
+            return self.values.get((name, frozenset(labels.items())), 0.0)
+        return sum(
+            value
+            for (sample, key), value in self.values.items()
+            if sample == name and {label for label, _ in key} <= {"model"}
+        )
 
     def labelled(self, name: str, label: str) -> set[str]:
         """Every value `label` takes in the samples of `name`."""

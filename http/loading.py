@@ -1,0 +1,61 @@
+"""A streamed response whose model is not loaded yet: the stream opens at once and has an
+`mlx.progress` event each quiet interval while the model loads (clients such as Codex
+CLI give up on a stream without data events), then the response's own events follow,
+numbered on. A load that fails, or a request refused once the model is there (its 400s,
+a full line), ends the stream with one `error` event: the 200 has been sent."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from contextlib import aclosing
+from typing import cast
+
+import trio
+from quart import stream_with_context
+
+from mlxcel.errors import MlxcelError
+from mlxcel.generation import ServedModel
+from mlxcel.http.handles import handles
+from mlxcel.http.sse import SseEncoder
+from mlxcel.respond.events import KeepAlive, StreamError
+
+log = logging.getLogger(__name__)
+
+Then = Callable[[ServedModel, SseEncoder], AsyncGenerator[bytes]]
+"""What the stream sends once the model is loaded, given it and the frames' encoder."""
+
+
+def loading_body(key: str, then: Then) -> AsyncIterator[bytes]:
+    """The frames of a stream that waits for model `key` to load, then runs `then`
+    (in the request's context, so it prepares as the route would)."""
+    h = handles()
+    encoder = SseEncoder(progress=h.progress_events)
+
+    async def frames() -> AsyncIterator[bytes]:
+        fleet = handles().fleet
+        try:
+            while True:
+                with trio.move_on_after(h.keepalive_secs):
+                    engines = await fleet.acquire(key)  # held until the response is queued
+                    break
+                yield encoder.encode(KeepAlive(""))  # still loading
+            try:
+                body = then(engines.served(), encoder)
+                first = await anext(body)
+            finally:
+                fleet.release(key)  # the response, once queued, holds the model itself
+        except StopAsyncIteration:
+            return
+        except MlxcelError as exc:
+            code = exc.code or "server_error"
+            yield encoder.encode(StreamError("", code, exc.message))
+            return
+        yield first
+        async with aclosing(body):
+            async for frame in body:
+                yield frame
+
+    # In the request's context, as the route is (its tenant, its key's admission).
+    in_context = cast(Callable[[], AsyncIterator[bytes]], stream_with_context(frames))
+    return in_context()
