@@ -180,6 +180,9 @@ class Settings:
             if not ok:
                 raise ConfigError(message)
         self._check_webhook()
+        self._check_store()
+
+    def _check_store(self) -> None:
         try:
             sqlite_path(self.store)
             redis_url(self.store)

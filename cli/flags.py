@@ -119,16 +119,8 @@ def model_flags(values: list[str]) -> tuple[Path | None, tuple[tuple[str, Path],
 def settings_from_args(args: argparse.Namespace) -> Settings:
     keys = tuple(k.strip() for value in args.api_key for k in value.split(",") if k.strip())
     origins = tuple(o.strip() for o in (args.cors_origins or "").split(",") if o.strip())
-    model, named = model_flags(args.model)
     return Settings(
-        model=model,
-        alias=args.alias,
-        model_aliases=model_aliases(args.model_alias),
-        named_models=named,
-        models_dir=args.models_dir,
-        max_loaded_models=args.max_loaded_models,
-        idle_unload_secs=args.idle_unload_secs,
-        pinned_models=tuple(p.strip() for v in args.pin for p in v.split(",") if p.strip()),
+        **_model_fields(args),
         host=args.host,
         port=args.port,
         ctx_size=args.ctx_size,
@@ -180,3 +172,18 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         webhook_timeout_secs=args.webhook_timeout_secs,
         webhook_backoff_secs=args.webhook_backoff_secs,
     )
+
+
+def _model_fields(args: argparse.Namespace) -> dict[str, Any]:
+    """The settings of the served models (`--model`, aliases, loading and pinning)."""
+    model, named = model_flags(args.model)
+    return {
+        "model": model,
+        "alias": args.alias,
+        "model_aliases": model_aliases(args.model_alias),
+        "named_models": named,
+        "models_dir": args.models_dir,
+        "max_loaded_models": args.max_loaded_models,
+        "idle_unload_secs": args.idle_unload_secs,
+        "pinned_models": tuple(p.strip() for v in args.pin for p in v.split(",") if p.strip()),
+    }
