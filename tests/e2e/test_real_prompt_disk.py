@@ -28,24 +28,31 @@ PROMPT = (
 )
 
 
-def ask(client: OpenAI, model: str) -> tuple[str, int, int]:
+def ask(url: str, key: str, model: str) -> tuple[str, int, int]:
     """The greedy answer, the prompt's tokens and those the prompt cache served."""
-    resp = client.responses.create(model=model, input=PROMPT, max_output_tokens=24, temperature=0)
+    with client_for(url, key) as client:
+        resp = client.responses.create(
+            model=model, input=PROMPT, max_output_tokens=24, temperature=0
+        )
     assert resp.usage is not None
     return resp.output_text, resp.usage.input_tokens, resp.usage.input_tokens_details.cached_tokens
 
 
-def hang_up(client: OpenAI, model: str) -> None:
+def hang_up(url: str, key: str, model: str) -> None:
     """Stream the prompt and leave at the first text delta."""
-    with client.responses.create(
-        model=model, input=PROMPT, max_output_tokens=24, temperature=0, stream=True
-    ) as stream:
+    with (
+        client_for(url, key) as client,
+        client.responses.create(
+            model=model, input=PROMPT, max_output_tokens=24, temperature=0, stream=True
+        ) as stream,
+    ):
         for event in stream:
             if event.type == "response.output_text.delta":
                 break
 
 
 def client_for(url: str, key: str) -> OpenAI:
+    """A client of its own (closed by its `with`: no socket outlives the server)."""
     return OpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0, timeout=900)
 
 
@@ -60,29 +67,29 @@ def test_a_long_prompt_is_served_from_disk_after_a_restart(tmp_path: Path) -> No
     folder = tmp_path / "prompt-cache"
     flags = ("--parallel", "1", "--prompt-cache-dir", str(folder), "--api-key", ",".join(KEYS))
     with server(tmp_path / "cold", *flags) as cold:
-        text, tokens, cached = ask(client_for(cold.url, KEYS[0]), cold.alias)
+        text, tokens, cached = ask(cold.url, KEYS[0], cold.alias)
         assert tokens > 1500
         assert cached == 0
     files = list(folder.rglob("*.safetensors"))
     assert files  # written at shutdown
 
     with server(tmp_path / "warm", *flags) as warm:
-        again, _, cached = ask(client_for(warm.url, KEYS[0]), warm.alias)
+        again, _, cached = ask(warm.url, KEYS[0], warm.alias)
         assert again == text  # the same greedy answer as the cold read
         assert cached >= tokens - 2  # all but the last token (or two) from the file
         assert metric(warm.url, "mlxcel_prompt_cache_disk_hits_total") == 1
-        other, _, cached = ask(client_for(warm.url, KEYS[1]), warm.alias)
+        other, _, cached = ask(warm.url, KEYS[1], warm.alias)
         assert cached == 0  # the other tenant reads it all: never alice's file
         assert other == text
-        hang_up(client_for(warm.url, KEYS[1]), warm.alias)  # bob leaves mid-answer
-        assert ask(client_for(warm.url, KEYS[0]), warm.alias)[0] == text
+        hang_up(warm.url, KEYS[1], warm.alias)  # bob leaves mid-answer
+        assert ask(warm.url, KEYS[0], warm.alias)[0] == text
 
     for path in folder.rglob("*.safetensors"):  # damage every file, keeping its header
         raw = bytearray(path.read_bytes())
         raw[-100] ^= 0x10
         path.write_bytes(bytes(raw))
     with server(tmp_path / "tampered", *flags) as tampered:
-        after, _, cached = ask(client_for(tampered.url, KEYS[0]), tampered.alias)
+        after, _, cached = ask(tampered.url, KEYS[0], tampered.alias)
         assert cached == 0
         assert after == text
         assert metric(tampered.url, "mlxcel_prompt_cache_disk_rejected_total") >= 1
@@ -110,16 +117,16 @@ def test_a_budget_too_small_for_any_file_keeps_serving(tmp_path: Path) -> None:
     flags = ("--parallel", "1", "--prompt-cache-dir", str(folder))
     flags += ("--prompt-cache-disk-bytes", "4096", "--api-key", KEYS[0])
     with server(tmp_path / "small", *flags) as small:
-        client = client_for(small.url, KEYS[0])
-        short = client.responses.create(
-            model=small.alias, input="Say OK.", max_output_tokens=4, temperature=0
-        )
+        with client_for(small.url, KEYS[0]) as client:
+            short = client.responses.create(
+                model=small.alias, input="Say OK.", max_output_tokens=4, temperature=0
+            )
         assert short.status == "completed"
     with server(tmp_path / "small-again", *flags) as again:
-        client = client_for(again.url, KEYS[0])
-        reply = client.responses.create(
-            model=again.alias, input="Say OK.", max_output_tokens=4, temperature=0
-        )
+        with client_for(again.url, KEYS[0]) as client:
+            reply = client.responses.create(
+                model=again.alias, input="Say OK.", max_output_tokens=4, temperature=0
+            )
         assert reply.output_text == short.output_text
         assert metric(again.url, "mlxcel_prompt_cache_disk_files") == 0
         assert httpx.get(f"{again.url}/health").status_code == 200
