@@ -20,6 +20,16 @@ def _rss_mb(server: ServerProcess) -> float:
     raise AssertionError("no VmRSS")
 
 
+def _returned_mb(server: ServerProcess, loaded_mb: float, want: float) -> float:
+    """How far the resident set fell below `loaded_mb`, waiting up to 5 s for `want`:
+    the allocator hands freed pages back in its own time, and keeps some (measured drops
+    for the 486 MB default model: 150-250 MB)."""
+    started = time.monotonic()
+    while (returned := loaded_mb - _rss_mb(server)) <= want and time.monotonic() - started < 5:
+        time.sleep(0.25)
+    return returned
+
+
 def _states(server: ServerProcess) -> dict[str, str]:
     listed = server.client().models.list()
     return {m.id: m.model_extra["state"] for m in listed.data}  # type: ignore[index]
@@ -54,10 +64,10 @@ def test_two_real_models_load_on_demand_and_unload_when_idle(tmp_path: Path) -> 
         assert _states(server) == {"coder": "loaded", "tiny": "unloaded"}  # one at a time
         loaded_mb = _rss_mb(server)
         _until(server, "coder", "unloaded", patience=10)  # idle 1 s (checked each 0.25 s)
-        unloaded_mb = _rss_mb(server)
-        assert loaded_mb - unloaded_mb > 200, (loaded_mb, unloaded_mb)  # a 486 MB folder
+        assert _returned_mb(server, loaded_mb, 100) > 100, loaded_mb  # a 486 MB folder
         again = client.responses.create(model="coder", input="hi", max_output_tokens=2)
         assert again.status in ("completed", "incomplete")
-        assert server.http().get("/health").json()["models"]["coder"] == "loaded"
+        with server.http() as http:
+            assert http.get("/health").json()["models"]["coder"] == "loaded"
     finally:
         servers.close()
