@@ -25,7 +25,7 @@ from mlxcel.http.params import response_params
 from mlxcel.http.rate_limits import metered, rate_limited
 from mlxcel.http.schemas import CreateResponseBody, InputTokensBody
 from mlxcel.http.sse import SseEncoder
-from mlxcel.http.streaming import EventStreamBody, bind_to_exchange
+from mlxcel.http.streaming import EventStreamBody, submitted_stream
 from mlxcel.prepare.front import input_token_count, prepare_response
 from mlxcel.prepare.limits import check_item_count
 from mlxcel.prepare.offload import off_loop
@@ -88,13 +88,9 @@ async def _streamed_body(
 ) -> EventStreamBody:
     """The response submitted (503 when full) and its stream bound to the exchange."""
     h = handles()
-    note_record(generation.record)  # its usage once the stream ends
-    stream = h.scheduler.stream(generation)
-    bind_to_exchange(stream)
-    await stream.submit()  # 503 when full
     return EventStreamBody(
         ResponseCreated(generation.record),
-        stream,
+        await submitted_stream(h, generation),
         keepalive_secs=h.keepalive_secs,
         progress=h.progress_events,
         note=exchange_note(),

@@ -192,11 +192,18 @@ async def translated_response(
 ) -> Response:
     """The streamed answer of `generation` in another wire format: submitted now (503,
     or the format's overloaded answer, when the line is full) and bound to the exchange."""
-    note_record(generation.record)  # its usage once the stream ends
+    stream = await submitted_stream(h, generation)
+    return data_stream_response(h, stream, first, translate, framing)
+
+
+async def submitted_stream(h: Handles, generation: GenerationRequest) -> ResponseStream:
+    """`generation`'s stream, submitted (503 when the line is full) and closed when the
+    HTTP exchange ends; its usage reaches the access log when it ends."""
+    note_record(generation.record)
     stream = h.scheduler.stream(generation)
     bind_to_exchange(stream)
     await stream.submit()
-    return data_stream_response(h, stream, first, translate, framing)
+    return stream
 
 
 def data_stream_response(
