@@ -4,7 +4,9 @@
 SQLite (a server that keeps its responses across restarts keeps its prompt caches too)
 and to none with a memory or Redis store. A folder named on the command line that cannot
 be written stops the server at start; the default one only turns the disk tier off, with
-a warning: the server serves as well without it.
+a warning: the server serves as well without it. The folder and the tier's files are
+the server's user's alone (0700, 0600: `model/prompt_folder.py`), made so at start
+whatever an earlier release left.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from pathlib import Path
 from mlxcel.cli.flag_table import Flag
 from mlxcel.config import Settings
 from mlxcel.errors import ConfigError
+from mlxcel.model.prompt_folder import close_tree, create_private
 from mlxcel.store.limits import sqlite_path
 
 log = logging.getLogger(__name__)
@@ -72,11 +75,13 @@ def resolve_prompt_cache_dir(settings: Settings) -> Settings:
 
 
 def unwritable(folder: Path) -> str | None:
-    """Why files cannot be written in `folder` (created if missing), or None."""
+    """Why files cannot be written in `folder` (created if missing, and closed with the
+    tier's files in it), or None."""
     probe = folder / f".probe-{os.getpid()}"
     try:
-        folder.mkdir(parents=True, exist_ok=True)
-        probe.write_bytes(b"")
+        close_tree(folder)
+        probe.unlink(missing_ok=True)  # a crashed server's of the same pid
+        os.close(create_private(probe))
         probe.unlink()
     except OSError as exc:
         return f"cannot write there ({exc.strerror or exc})"

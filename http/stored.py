@@ -13,7 +13,6 @@ from mlxcel.http.resume import resume, wants_stream
 from mlxcel.http.schemas import list_page
 from mlxcel.items import ResponseRecord
 from mlxcel.prepare.offload import off_loop
-from mlxcel.store.tables import Table
 
 stored = Blueprint("stored", __name__)
 
@@ -44,8 +43,7 @@ async def delete_response(response_id: str) -> Response:
             param="response_id",
             code="response_not_finished",
         )
-    await h.store.delete(response_id, Table.RESPONSES)
-    await h.store.delete(response_id, Table.EPHEMERAL)
+    await h.store.delete_response(response_id)  # its event log too: it holds its text
     return json_response({"id": response_id, "object": "response.deleted", "deleted": True})
 
 

@@ -17,6 +17,7 @@ worker never calls MLX: it writes NumPy views of the evaluated arrays, and hands
 state back for the model thread to release (`reap`). Reading runs on the model thread,
 on the prefill path of the request that hits. Beyond `max_bytes` of files under the
 directory, the least recently used (by modification time, renewed by a hit) are removed.
+Folders are 0700 and files 0600 (`prompt_folder`): a file holds its prompt's tokens.
 
 Import this module only on the model thread, after `load_fast_blas()`.
 """
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import queue
 import threading
 import time
@@ -39,7 +41,7 @@ import numpy as np
 from mlx_lm.models.cache import KVCache
 
 from mlxcel.metrics import PromptDiskStats
-from mlxcel.model import spill_file
+from mlxcel.model import prompt_folder, spill_file
 from mlxcel.model.spill_file import DTYPES, Tensor
 
 log = logging.getLogger(__name__)
@@ -68,7 +70,7 @@ class Identity:
 
     @property
     def key(self) -> str:
-        return spill_file.digest(self.model, self.template)[:16]
+        return spill_file.digest(self.model, self.template)[: prompt_folder.KEY_DIGITS]
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,7 +106,8 @@ class PromptDisk:
     def __init__(self, root: Path, identity: Identity, layout: Layout, max_bytes: int) -> None:
         self.root = root
         self.folder = root / identity.key
-        self.folder.mkdir(parents=True, exist_ok=True)
+        prompt_folder.close_folder(root)  # 0700, and the files 0600: they hold prompts
+        prompt_folder.close_model_folder(self.folder)
         self.identity, self.layout, self.max_bytes = identity, layout, max_bytes
         self._index: dict[str, _Entry] = {}
         self._lock = threading.Lock()  # the index and the counters
@@ -322,8 +325,8 @@ class PromptDisk:
             log.info("prompt cache: %d files on disk in %s", len(self._index), self.folder)
 
     def _touch(self, name: str) -> None:
-        with contextlib.suppress(OSError):
-            (self.folder / name).touch()
+        with contextlib.suppress(OSError):  # never creates it: removed meanwhile, it stays so
+            os.utime(self.folder / name)
 
     def _count(self, **counts: int) -> None:
         with self._lock:

@@ -5,8 +5,8 @@ The disk tier (`prompt_disk`) writes these on a worker thread, which must not ca
 the already-evaluated arrays: safetensors is an 8-byte header length, a JSON header
 (each tensor's dtype, shape and byte range, and a `__metadata__` map of strings) and the
 tensors' bytes, which `mx.load` reads back. A file is written atomically: to a temporary
-name in the same folder, flushed and fsynced, then renamed over its final name and the
-folder fsynced, so a reader sees the whole file or none. The metadata carries a CRC-32 of
+name in the same folder (0600 from its creation), flushed and fsynced, then renamed over
+its final name and the folder fsynced, so a reader sees the whole file or none. The metadata carries a CRC-32 of
 the tensor bytes, so a damaged file is found out when read.
 
 Imports nothing of MLX.
@@ -26,6 +26,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from mlxcel.model.prompt_folder import create_private
 
 FORMAT = "mlxcel-prompt-cache/1"
 """The `format` metadata value of every file this module writes."""
@@ -111,7 +113,8 @@ def write_atomic(path: Path, tensors: Sequence[Tensor], metadata: dict[str, str]
     text += b" " * (-len(text) % 8)  # the tensors start 8-byte aligned
     temp = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}.part")
     try:
-        with temp.open("wb") as out:
+        fd = create_private(temp)  # 0600 from the start: the tokens are in the header
+        with os.fdopen(fd, "wb") as out:
             out.write(struct.pack("<Q", len(text)))
             out.write(text)
             for rows in chunks:

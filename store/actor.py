@@ -113,6 +113,15 @@ class StoreHandle:
     async def delete(self, response_id: str, table: Table = Table.RESPONSES) -> bool:
         return await self._backend.delete(table, response_id)
 
+    async def delete_response(self, response_id: str) -> bool:
+        """Delete a finished response, stored or ephemeral, with its event log (in one
+        step of the backend); whether it was there."""
+        tables = (Table.RESPONSES, Table.EPHEMERAL)
+        if self.events is not None:
+            return await self.events.delete_response(response_id, tables)
+        found = [await self._backend.delete(table, response_id) for table in tables]
+        return any(found)
+
     # --- conversations: each tenant's ids are its own (`conversation_key`) -------------
 
     async def put_conversation(self, conversation: Conversation, *, tenant: str = "") -> bool:

@@ -12,7 +12,8 @@ that would pass either is *truncated*: its frames are dropped and later ones are
 kept (a resume of it is refused), while the others' frames stay whole. Room is made
 first by dropping the logs whose responses ended longest ago; a running job's log is
 never dropped for another's. An ended log is kept as long as its response is (the
-responses' TTL, or the ephemeral TTL for `store: false`), then dropped.
+responses' TTL, or the ephemeral TTL for `store: false`), then dropped; a response
+deleted by its tenant takes its log with it, in the same step (`delete_response`).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import trio
 
 from mlxcel.items import ResponseRecord
 from mlxcel.store.limits import StoreLimits
-from mlxcel.store.tables import TableStatistics
+from mlxcel.store.tables import Table, TableStatistics
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +95,14 @@ class EventLog(Protocol):
         """The logs kept and their frames' bytes, once the expired ones are dropped."""
         ...
 
+    async def delete_response(self, response_id: str, tables: tuple[Table, ...]) -> bool:
+        """Delete the response from the store's `tables` and drop its log, in one atomic
+        step of the backend (a log must not outlive its deleted response: it holds the
+        response's text); whether the response was in one of them. An append that comes
+        later (the job's terminal frame, stored after its end) starts no log again: only
+        frame 0 starts one."""
+        ...
+
 
 class Doorbell:
     """Wakes the readers waiting on a log when it grows in this process."""
@@ -133,9 +142,16 @@ class _Log:
 class MemoryEventLog:
     """`EventLog` in this process's memory, on the store's clock."""
 
-    def __init__(self, limits: EventLimits, clock: Callable[[], float]) -> None:
+    def __init__(
+        self,
+        limits: EventLimits,
+        clock: Callable[[], float],
+        remove: Callable[[Table, str], bool],
+    ) -> None:
         self.limits = limits
         self._clock = clock
+        self._remove = remove
+        """Deletes a value from the backend's table without a checkpoint."""
         self._logs: dict[str, _Log] = {}
         self._ended: OrderedDict[str, None] = OrderedDict()
         """The ended logs, the longest ended first: the first dropped for room."""
@@ -191,6 +207,16 @@ class MemoryEventLog:
         await trio.lowlevel.cancel_shielded_checkpoint()
         return TableStatistics(entries=len(self._logs), bytes=self._bytes)
 
+    async def delete_response(self, response_id: str, tables: tuple[Table, ...]) -> bool:
+        try:
+            found = [self._remove(table, response_id) for table in tables]
+            if response_id in self._logs:
+                self._drop(response_id)
+            self._bell.ring(response_id)  # a follower reads again and finds it gone
+            return any(found)
+        finally:
+            await trio.lowlevel.cancel_shielded_checkpoint()
+
     def _keep(self, response_id: str, log: _Log, frames: tuple[bytes, ...]) -> bool:
         """Keep `frames` within the caps, dropping ended logs for room; or truncate."""
         if log.truncated:
@@ -226,7 +252,7 @@ def event_log(backend: object, limits: EventLimits) -> EventLog:
     from mlxcel.store.memory import MemoryBackend
 
     if isinstance(backend, MemoryBackend):
-        return MemoryEventLog(limits, backend.clock)
+        return MemoryEventLog(limits, backend.clock, backend.remove)
     from mlxcel.store.sqlite import SqliteBackend
 
     if isinstance(backend, SqliteBackend):

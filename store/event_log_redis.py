@@ -8,7 +8,8 @@ that finds the job ended; one left unended goes a day after its last frame. The 
 bytes are summed in `ev:bytes` (each log's in the hash `ev:sizes`); the
 ended logs are ordered by their end in `ev:ended` (dropped first for room) and by their
 expiry in `ev:exp` (dropped by the next append or read once due). Appends and reads are
-one script each, so the bounds hold whichever replica writes.
+one script each, so the bounds hold whichever replica writes; a deleted response's log
+goes in the script that deletes the response.
 
 Readers follow a log with `XREAD BLOCK`: in each process only one reader of a log blocks
 on Redis at a time (its followers wait on a doorbell it rings), so a hundred resumers of
@@ -24,7 +25,7 @@ import trio
 from mlxcel.store.event_log import Doorbell, EventLimits, LogSlice
 from mlxcel.store.redis import _FAILURES, RedisBackend
 from mlxcel.store.redis_scripts import script
-from mlxcel.store.tables import TableStatistics
+from mlxcel.store.tables import Table, TableStatistics
 
 UNENDED_LOG_SECS = 86_400
 """A log not ended this long after its last frame is dropped: its job's replica died
@@ -130,6 +131,23 @@ return {redis.call('HLEN', k('ev:sizes')), tonumber(redis.call('GET', k('ev:byte
 """
 )
 
+DELETE_RESPONSE = script(
+    _DROP
+    + r"""
+-- ARGV[3]: id, [4..]: the tables it may be in. 1 when it was (live) in one, else 0; its
+-- log is dropped either way.
+local id, found = ARGV[3], 0
+for i = 4, #ARGV do
+  if live(ARGV[i], id) then
+    remove(ARGV[i], id)
+    found = 1
+  end
+end
+drop_log(id)
+return found
+"""
+)
+
 
 class RedisEventLog:
     """`EventLog` on the Redis store (see the module docstring): a part of the backend
@@ -172,6 +190,12 @@ class RedisEventLog:
     async def statistics(self) -> TableStatistics:
         logs, size = await self._backend._run(STATISTICS)
         return TableStatistics(entries=int(logs), bytes=int(size))
+
+    async def delete_response(self, response_id: str, tables: tuple[Table, ...]) -> bool:
+        names = (table.value for table in tables)
+        found = await self._backend._run(DELETE_RESPONSE, response_id, *names)
+        self._bell.ring(response_id)  # a follower reads again and finds it gone
+        return bool(found)
 
     async def wait(self, response_id: str, after: int) -> None:
         if response_id in self._following:

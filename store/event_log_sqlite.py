@@ -5,7 +5,8 @@ finished response's log survives a restart with it. The tables hold only logs (n
 else refers to them) and are created when missing, whatever the file's version. One
 server holds the file, so the jobs that append run in this process: a doorbell here
 wakes the readers, and the logs a stopped process left unended are ended when the file
-is opened (their jobs are reaped there too).
+is opened (their jobs are reaped there too). A deleted response's log goes in the
+transaction that deletes the response.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import trio
 
 from mlxcel.store.event_log import Doorbell, EventLimits, LogSlice
 from mlxcel.store.sqlite import SqliteBackend
-from mlxcel.store.tables import TableStatistics
+from mlxcel.store.tables import Table, TableStatistics
 
 TABLES = """
 CREATE TABLE IF NOT EXISTS event_logs (
@@ -81,6 +82,13 @@ class SqliteEventLog:
     async def statistics(self) -> TableStatistics:
         await self._open()
         found: TableStatistics = await self._backend.transact(self._statistics)
+        return found
+
+    async def delete_response(self, response_id: str, tables: tuple[Table, ...]) -> bool:
+        await self._open()
+        found: bool = await self._backend.transact(self._delete_response, response_id, tables)
+        self._running.pop(response_id, None)
+        self._bell.ring(response_id)  # a follower reads again and finds it gone
         return found
 
     async def _open(self) -> None:
@@ -166,6 +174,13 @@ class SqliteEventLog:
             "UPDATE event_logs SET size = size + ? WHERE response_id = ?", (size, response_id)
         )
         return True
+
+    def _delete_response(
+        self, now: float, db: sqlite3.Connection, response_id: str, tables: tuple[Table, ...]
+    ) -> bool:
+        found = [self._backend.remove(now, table, response_id) for table in tables]
+        _drop(db, response_id)
+        return any(found)
 
     @staticmethod
     def _read(

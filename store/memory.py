@@ -220,11 +220,16 @@ class MemoryBackend:
 
     async def delete(self, table: Table, key: str) -> bool:
         try:
-            if table is Table.ACTIVE:
-                return self._active.pop(key, None) is not None
-            return self._tables[table].delete(key)
+            return self.remove(table, key)
         finally:
             await trio.lowlevel.cancel_shielded_checkpoint()
+
+    def remove(self, table: Table, key: str) -> bool:
+        """`delete` without its checkpoint, for a caller that removes more in the same
+        step (the event log drops a deleted response's log with it)."""
+        if table is Table.ACTIVE:
+            return self._active.pop(key, None) is not None
+        return self._tables[table].delete(key)
 
     async def change_conversation(
         self, conversation_id: str, change: ConversationChange, create: bool

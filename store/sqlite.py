@@ -139,7 +139,7 @@ class SqliteBackend:
         return await self._call(self._find_items, ids, tenant)
 
     async def delete(self, table: Table, key: str) -> bool:
-        return await self._call(self._delete, table, key)
+        return await self._call(self.remove, table, key)
 
     async def change_conversation(
         self, conversation_id: str, change: ConversationChange, create: bool
@@ -289,8 +289,8 @@ class SqliteBackend:
                     break
         return found
 
-    def _delete(self, now: float, table: Table, key: str) -> bool:
-        # An expired entry not yet dropped is already gone, as in memory.
+    def remove(self, now: float, table: Table, key: str) -> bool:
+        """`delete` in the caller's transaction (an expired entry is already gone)."""
         return self._rows.remove(table, f"id = :id AND {LIVE}", id=key, now=now) > 0
 
     def _change(

@@ -4,6 +4,9 @@ what happens when it cannot go there."""
 from __future__ import annotations
 
 import logging
+import os
+import stat
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -63,3 +66,56 @@ def test_a_default_folder_that_cannot_be_written_turns_the_tier_off(
         resolved = resolve_prompt_cache_dir(settings(["--store", f"sqlite:{tmp_path / 's'}"]))
     assert resolved.prompt_cache_dir is None
     assert "memory only" in caplog.text
+
+
+def mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+@pytest.fixture
+def umask_022() -> Iterator[None]:
+    old = os.umask(0o022)
+    yield
+    os.umask(old)
+
+
+@pytest.mark.usefixtures("umask_022")
+def test_every_models_folder_and_file_is_closed_at_start(tmp_path: Path) -> None:
+    """The files hold prompts' token ids: those an earlier release left readable by others
+    (0644 in 0755 folders) are the owner's alone once the server starts, for every model's
+    folder (each named by its 16-digit key), loaded or not."""
+    root = tmp_path / "mine"
+    first, second, other = root / "0123456789abcdef", root / "fedcba9876543210", root / "notes"
+    files = [first / "a.safetensors", second / ".b.safetensors.7.part"]
+    for folder in (first, second, other):
+        folder.mkdir(parents=True)
+    for path in [*files, other / "kept.txt"]:
+        path.write_bytes(b"tokens")
+        os.chmod(path, 0o644)
+    for folder in (root, first, second, other):
+        os.chmod(folder, 0o755)
+    resolved = resolve_prompt_cache_dir(settings(["--prompt-cache-dir", str(root)]))
+    assert resolved.prompt_cache_dir == root
+    assert [mode(f) for f in (root, first, second)] == [0o700] * 3
+    assert [mode(f) for f in files] == [0o600] * 2
+    assert (mode(other), mode(other / "kept.txt")) == (0o755, 0o644)  # not the tier's
+
+
+@pytest.mark.usefixtures("umask_022")
+def test_new_folders_are_0700_and_a_shared_one_keeps_its_mode(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MLXCEL_CACHE_DIR", str(tmp_path / "user-cache"))
+    default = resolve_prompt_cache_dir(settings(["--store", f"sqlite:{tmp_path / 's.db'}"]))
+    assert default.prompt_cache_dir is not None
+    assert mode(default.prompt_cache_dir) == 0o700
+    deep = tmp_path / "a" / "b" / "cache"
+    resolve_prompt_cache_dir(settings(["--prompt-cache-dir", str(deep)]))
+    assert mode(deep) == 0o700
+    shared = tmp_path / "shared"  # a folder every user writes to, as /tmp is
+    shared.mkdir()
+    os.chmod(shared, 0o1777)
+    (shared / "0123456789abcdef").mkdir(mode=0o755)
+    resolve_prompt_cache_dir(settings(["--prompt-cache-dir", str(shared)]))
+    assert stat.S_IMODE(shared.stat().st_mode) == 0o1777
+    assert mode(shared / "0123456789abcdef") == 0o700  # the tier's own folder in it is closed

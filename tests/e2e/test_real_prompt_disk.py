@@ -1,11 +1,14 @@
 """End to end on the real model: a long prompt's KV state outlives its server in the
 prompt cache's disk tier (SIGTERM, restart, the same prompt is served from the file and
 answers the same), a tampered file is ignored, another tenant never gets it, and a disk
-that cannot take the files never stops the serving."""
+that cannot take the files never stops the serving; the files and folders are the
+owner's alone (0600, 0700) whatever the umask."""
 
 from __future__ import annotations
 
 import contextlib
+import os
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -131,3 +134,33 @@ def test_a_budget_too_small_for_any_file_keeps_serving(tmp_path: Path) -> None:
         assert metric(again.url, "mlxcel_prompt_cache_disk_files") == 0
         assert httpx.get(f"{again.url}/health").status_code == 200
     assert list(folder.rglob("*.safetensors")) == []
+
+
+def test_the_files_a_server_writes_are_its_users_alone(tmp_path: Path) -> None:
+    """With umask 022, `--store sqlite` and the folder an earlier release left open
+    (0755, a 0644 file of another model), every folder is 0700 and every file 0600 once
+    the server has served a request and stopped (it writes its cache then)."""
+    folder = tmp_path / "prompt-cache"
+    stale = folder / "0123456789abcdef" / "other-model.safetensors"
+    stale.parent.mkdir(parents=True)
+    stale.write_bytes(b"another model's prompt")
+    for path, wide in ((folder, 0o755), (stale.parent, 0o755), (stale, 0o644)):
+        os.chmod(path, wide)
+    store = f"sqlite:{tmp_path / 'store.sqlite3'}"
+    flags = ("--parallel", "1", "--store", store, "--prompt-cache-dir", str(folder))
+    old = os.umask(0o022)  # the server process inherits it
+    try:
+        with server(tmp_path / "logs", *flags, "--api-key", KEYS[0]) as running:
+            with client_for(running.url, KEYS[0]) as client:
+                reply = client.responses.create(
+                    model=running.alias, input="Say OK.", max_output_tokens=4, temperature=0
+                )
+            assert reply.status == "completed"
+            assert httpx.get(f"{running.url}/health").status_code == 200
+    finally:
+        os.umask(old)
+    written = [p for p in folder.rglob("*.safetensors") if p != stale]
+    assert written  # this model's cache, written at shutdown
+    modes = {p: stat.S_IMODE(p.stat().st_mode) for p in [folder, *folder.rglob("*")]}
+    assert {p: m for p, m in modes.items() if p.is_dir() and m != 0o700} == {}
+    assert {p: m for p, m in modes.items() if p.is_file() and m != 0o600} == {}

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import struct
 import threading
 import time
@@ -151,6 +152,51 @@ def test_a_crashed_writers_leftover_is_removed_at_start(
     open_disk(disks, root)
     assert not stale.exists()
     assert fresh.exists()
+
+
+def mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+@pytest.fixture
+def umask(request: pytest.FixtureRequest) -> Iterator[int]:
+    """The process umask for the test (0o022 unless parametrized), restored after."""
+    value = getattr(request, "param", 0o022)
+    old = os.umask(value)
+    yield value
+    os.umask(old)
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o000, 0o277], indirect=True)
+def test_files_are_0600_and_folders_0700_whatever_the_umask(
+    disks: list[PromptDisk], root: Path, monkeypatch: pytest.MonkeyPatch, umask: int
+) -> None:
+    """Each file holds a prompt's token ids in the clear: no other user may read one,
+    nor list the folders; the temporary file is never wider before its rename."""
+    before_rename: list[int] = []
+    rename = os.replace
+
+    def seen(src: Path, dst: Path) -> None:
+        before_rename.append(mode(Path(src)))
+        rename(src, dst)
+
+    monkeypatch.setattr(spill_file.os, "replace", seen)
+    path = written(disks, root, TOKENS)
+    assert before_rename == [0o600]
+    assert (mode(path), mode(path.parent), mode(root)) == (0o600, 0o700, 0o700)
+
+
+def test_an_open_tier_an_earlier_release_left_is_closed_at_start(
+    disks: list[PromptDisk], root: Path, umask: int
+) -> None:
+    path = written(disks, root, TOKENS)
+    writing = path.with_name(".y.safetensors.1.part")  # another server's, being written
+    writing.write_bytes(b"half a file")
+    for opened, wide in ((root, 0o755), (path.parent, 0o755), (path, 0o644), (writing, 0o644)):
+        os.chmod(opened, wide)
+    disk = open_disk(disks, root)
+    assert [mode(p) for p in (root, path.parent, path, writing)] == [0o700, 0o700, 0o600, 0o600]
+    assert disk.load([*TOKENS, 1], "", better_than=0)[1] == len(TOKENS)  # still served
 
 
 def test_a_truncated_file_is_removed_at_start(disks: list[PromptDisk], root: Path) -> None:

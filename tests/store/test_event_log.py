@@ -10,7 +10,7 @@ from mlxcel.config import Settings, StoreLimits
 from mlxcel.items import RequestEcho, ResponseRecord
 from mlxcel.store.actor import StoreActor, StoreHandle
 from mlxcel.store.event_log import EventLimits, EventLog, MemoryEventLog
-from mlxcel.store.tables import TableStatistics
+from mlxcel.store.tables import Table, TableStatistics
 
 from support import key_prefix
 
@@ -101,7 +101,7 @@ async def test_the_byte_budget_drops_the_longest_ended_logs_never_a_running_one(
 
 async def test_an_ended_log_is_kept_as_long_as_its_response() -> None:
     clock = [0.0]
-    events = MemoryEventLog(EventLimits(10, 1000, 5, 1), lambda: clock[0])
+    events = MemoryEventLog(EventLimits(10, 1000, 5, 1), lambda: clock[0], lambda *_: False)
     stored = ResponseRecord(
         id="resp_s", created_at=0, status="completed", echo=RequestEcho(model="m")
     )
@@ -148,3 +148,38 @@ async def test_statistics_count_the_logs_and_their_frames_bytes(
     assert await events.statistics() == TableStatistics(entries=2, bytes=50)
     assert not await events.append("resp_a", 2, (frame(2), frame(3)), end_ttl=None)  # cut
     assert await events.statistics() == TableStatistics(entries=2, bytes=30)
+
+
+async def test_a_deleted_response_takes_its_log_and_a_late_end_brings_none_back(
+    nursery: trio.Nursery, store_spec: str
+) -> None:
+    actor = StoreActor(
+        StoreLimits(100, 100_000, 60),
+        OFF,
+        DEFAULTS.background_ephemeral_ttl_secs,
+        store=store_spec,
+        key_prefix=key_prefix(),
+        max_events_per_response=100,
+    )
+    store: StoreHandle = await nursery.start(actor.run)
+    events = store.events
+    assert events is not None
+    for response_id, keep in (("resp_gone", True), ("resp_kept", True), ("resp_eph", False)):
+        echo = RequestEcho(model="m", store=keep, background=True)
+        record = ResponseRecord(id=response_id, created_at=0, status="completed", echo=echo)
+        table = Table.RESPONSES if keep else Table.EPHEMERAL
+        assert await store.put(record, table)
+        assert await events.append(response_id, 0, (frame(0), frame(1)), end_ttl=None)
+    assert await store.delete_response("resp_gone")
+    assert await store.get("resp_gone") is None
+    assert await events.read("resp_gone", -1, 10) is None
+    # The job's terminal frame, appended after its end was stored, starts no log again.
+    assert not await events.append("resp_gone", 2, (frame(2),), end_ttl=0)
+    assert await events.read("resp_gone", -1, 10) is None
+    assert not await store.delete_response("resp_gone")
+    assert await store.delete_response("resp_eph")  # a `store: false` result's too
+    assert await events.read("resp_eph", -1, 10) is None
+    kept = await events.read("resp_kept", -1, 10)
+    assert kept is not None
+    assert kept.frames == (frame(0), frame(1))
+    assert await events.statistics() == TableStatistics(entries=1, bytes=20)
