@@ -1,5 +1,5 @@
 """File content parts (`input_file`; Chat Completions' `file`): a document the client
-sends becomes text the model reads, headed by its filename.
+sends becomes text the model reads, in a block headed by its filename.
 
 Only `file_data` is read: a base64 data URL (`data:<type>;base64,…`), or bare base64
 whose type the filename's extension tells. Plain text, Markdown, CSV and JSON are read
@@ -7,6 +7,11 @@ as UTF-8; a PDF's text is extracted with pypdf. Any other type is a 400 naming i
 a `file_id` (there is no files API here). A `file_url` is never fetched, as input images
 are never fetched: under `--images placeholder` the model reads a note that the file was
 not read, under `--images reject` it is a 400 (`check_file_urls`).
+
+The block is `[file: NAME]`, the text, `[end of file: NAME]`, each on its own line. A
+file cannot close its block early: a name with a control character (a line break among
+them) is a 400, and a line of the text that begins with `[end of file` (whatever its case,
+after blank space) is read with a backslash before it.
 
 Bounded like every other input: `MAX_FILE_BYTES` decoded bytes per file (checked on the
 base64's length before decoding), `MAX_PDF_PAGES` pages, `MAX_FILE_CHARS` characters of
@@ -21,10 +26,11 @@ import binascii
 import io
 import logging
 import mimetypes
+import re
 from collections.abc import Iterator
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from mlxcel.errors import InvalidRequest
 
@@ -40,6 +46,26 @@ TEXT_TYPES = frozenset(
 """Besides `text/*`: the types read as UTF-8 text."""
 EXTENSIONS = {".md": "text/markdown", ".markdown": "text/markdown", ".jsonl": "application/json"}
 FILE_URL_NOTE = "[file omitted: {name} was sent by URL, and this server does not fetch URLs]"
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+"""Control characters (Unicode's Cc) and the line and paragraph separators: every character
+that breaks a line, and none a file name needs."""
+_END_LINE = re.compile(
+    r"(\A|[\n\r\v\f\x1c-\x1e\x85\u2028\u2029])"
+    r"((?:[^\S\n\r\v\f\x1c-\x1e\x85\u2028\u2029]|[\u200b-\u200f\u2060-\u2064\ufeff])*)"
+    r"(?=\[end of file)",
+    re.IGNORECASE,
+)
+"""A line (as `str.splitlines` splits them) that begins, after blank or invisible
+characters, as a block's end does."""
+_ESCAPE = r"\1\2\\"
+"""The line as it was, a backslash before its `[`."""
+
+
+def file_block(name: str, text: str) -> str:
+    """What the model reads for a file: its text between lines naming it, any line of
+    the text that would read as the block's end escaped."""
+    escaped = _END_LINE.sub(_ESCAPE, text)
+    return f"[file: {name}]\n{escaped}\n[end of file: {name}]"
 
 
 def file_text(
@@ -62,7 +88,7 @@ def file_text(
             f"the text of file {name[:100]!r} is {len(text)} characters; at most "
             f"{MAX_FILE_CHARS} are read from one file"
         )
-    return f"[file: {name}]\n{text}\n[end of file: {name}]"
+    return file_block(name, text)
 
 
 def _split_data(file_data: str, filename: str | None) -> tuple[str, str]:
@@ -136,6 +162,13 @@ def _pages(reader: Any) -> Iterator[str]:
             return  # already too long: the caller refuses it
 
 
+def _no_control(value: str | None) -> str | None:
+    """A name shown in the block's lines cannot break a line of its own."""
+    if value is not None and _CONTROL.search(value):
+        raise ValueError("cannot contain a control character (such as a line break)")
+    return value
+
+
 def check_file_urls(raw_input: object, placeholders: bool, param: str = "input") -> None:
     """400 for a `file_url` part when the server answers input it cannot read with a 400
     (`--images reject`): it fetches no URL, of an image or a file."""
@@ -162,6 +195,8 @@ class ChatFile(BaseModel):
     file_data: str | None = None
     file_id: str | None = None
     filename: str | None = Field(default=None, max_length=1024)
+
+    _filename = field_validator("filename")(_no_control)
 
 
 class ChatFilePart(BaseModel):
@@ -193,6 +228,8 @@ class InputFilePart(BaseModel):
     filename: str | None = Field(default=None, max_length=1024)
     text: str = ""
     """What the model reads: set from the file, whatever a client sent under this name."""
+
+    _names = field_validator("filename", "file_url")(_no_control)
 
     @model_validator(mode="before")
     @classmethod
