@@ -5,6 +5,9 @@ Quart enforces the limits while the body arrives (`MAX_CONTENT_LENGTH`, `BODY_TI
 a `Content-Length` over the limit is refused before a byte is read, and a chunked body
 stops being read at the limit; either way the connection closes after the 413.
 
+The PDFs a body holds (`input_file` parts) are read after validation, each by a worker
+process (`http/pdf_reading.py`): never in the validation thread, which every request needs.
+
 Strict JSON is what every client parses: `NaN`, `Infinity` and numbers that overflow to
 them are refused, as are strings with lone surrogates (no UTF-8 encoder can send them on)
 and nesting deeper than any request needs (it would only feed recursion further in).
@@ -21,6 +24,8 @@ from quart import request
 from werkzeug.exceptions import RequestEntityTooLarge, RequestTimeout
 
 from mlxcel.errors import BodyTimeout, InvalidRequest, RequestTooLarge
+from mlxcel.http.files import FilePart, collecting_pdfs
+from mlxcel.http.pdf_reading import read_pdfs
 from mlxcel.prepare.offload import off_loop
 
 MAX_BODY_BYTES = 64 * 1024 * 1024
@@ -34,7 +39,11 @@ M = TypeVar("M", bound=BaseModel)
 async def read_model(model: type[M], *, empty: dict[str, Any] | None = None) -> M:
     """The request body as `model`; an empty body is `empty` when given (else a 400)."""
     data = await receive_body()
-    return await off_loop(_validated, model, data, empty)
+    validated: tuple[M, list[FilePart]] = await off_loop(_validated, model, data, empty)
+    body, pdfs = validated
+    if pdfs:
+        await read_pdfs(body, pdfs)
+    return body
 
 
 async def receive_body() -> bytes:
@@ -52,9 +61,13 @@ async def receive_body() -> bytes:
         ) from None
 
 
-def _validated(model: type[M], data: bytes, empty: dict[str, Any] | None) -> M:
+def _validated(
+    model: type[M], data: bytes, empty: dict[str, Any] | None
+) -> tuple[M, list[FilePart]]:
+    """The body as `model`, and its file parts holding a PDF still to read."""
     raw = empty if empty is not None and not data.strip() else parse_json(data)
-    return model.model_validate(raw)
+    with collecting_pdfs() as pdfs:
+        return model.model_validate(raw), pdfs
 
 
 def parse_json(data: str | bytes) -> Any:

@@ -1,34 +1,41 @@
 """File content parts (`input_file`; Chat Completions' `file`): a document the client
-sends becomes text the model reads, headed by its filename.
+sends becomes text the model reads, in a block headed by its filename.
 
 Only `file_data` is read: a base64 data URL (`data:<type>;base64,…`), or bare base64
 whose type the filename's extension tells. Plain text, Markdown, CSV and JSON are read
-as UTF-8; a PDF's text is extracted with pypdf. Any other type is a 400 naming it, as is
-a `file_id` (there is no files API here). A `file_url` is never fetched, as input images
-are never fetched: under `--images placeholder` the model reads a note that the file was
-not read, under `--images reject` it is a 400 (`check_file_urls`).
+as UTF-8 as validation runs; a PDF is only decoded then, and its text is read after
+validation by a worker process (`http/pdf_reading.py`), so a costly file never holds a
+preparation thread. Any other type is a 400 naming it, as is a `file_id` (there is no
+files API here). A `file_url` is never fetched, as input images are never fetched: under
+`--images placeholder` the model reads a note that the file was not read, under
+`--images reject` it is a 400 (`check_file_urls`).
+
+The block is `[file: NAME]`, the text, `[end of file: NAME]`, each on its own line. A
+file cannot close its block early: a name with a control character (a line break among
+them) is a 400, and a line of the text that begins with `[end of file` (whatever its case,
+after blank space) is read with a backslash before it.
 
 Bounded like every other input: `MAX_FILE_BYTES` decoded bytes per file (checked on the
-base64's length before decoding), `MAX_PDF_PAGES` pages, `MAX_FILE_CHARS` characters of
-text per file; pypdf itself bounds each stream's decompressed size (75 MB by default), so
-a compression bomb stops there. Malformed input of any kind is a 400, never a 500.
+base64's length before decoding), `MAX_FILE_CHARS` characters of text per file, and for
+PDFs the page and work limits of `http/pdf_reading.py`. Malformed input of any kind is a
+400, never a 500.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
-import io
-import logging
 import mimetypes
+import re
 from collections.abc import Iterator
-from typing import Any, Literal
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
 from mlxcel.errors import InvalidRequest
-
-log = logging.getLogger(__name__)
 
 MAX_FILE_BYTES = 16 * 1024 * 1024
 MAX_FILE_CHARS = 1_000_000
@@ -40,13 +47,57 @@ TEXT_TYPES = frozenset(
 """Besides `text/*`: the types read as UTF-8 text."""
 EXTENSIONS = {".md": "text/markdown", ".markdown": "text/markdown", ".jsonl": "application/json"}
 FILE_URL_NOTE = "[file omitted: {name} was sent by URL, and this server does not fetch URLs]"
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+"""Control characters (Unicode's Cc) and the line and paragraph separators: every character
+that breaks a line, and none a file name needs."""
+_END_LINE = re.compile(
+    r"(\A|[\n\r\v\f\x1c-\x1e\x85\u2028\u2029])"
+    r"((?:[^\S\n\r\v\f\x1c-\x1e\x85\u2028\u2029]|[\u200b-\u200f\u2060-\u2064\ufeff])*)"
+    r"(?=\[end of file)",
+    re.IGNORECASE,
+)
+"""A line (as `str.splitlines` splits them) that begins, after blank or invisible
+characters, as a block's end does."""
+_ESCAPE = r"\1\2\\"
+"""The line as it was, a backslash before its `[`."""
+
+
+@dataclass(frozen=True, slots=True)
+class PendingPdf:
+    """A PDF decoded as validation ran, its text still to read."""
+
+    name: str
+    data: bytes
+
+
+_pending: ContextVar[list[FilePart] | None] = ContextVar("mlxcel_pending_pdfs", default=None)
+
+
+@contextmanager
+def collecting_pdfs() -> Iterator[list[FilePart]]:
+    """The file parts holding a PDF that validation meets within this block, in order:
+    their text is read after validation (`http/pdf_reading.py`)."""
+    found: list[FilePart] = []
+    token = _pending.set(found)
+    try:
+        yield found
+    finally:
+        _pending.reset(token)
+
+
+def file_block(name: str, text: str) -> str:
+    """What the model reads for a file: its text between lines naming it, any line of
+    the text that would read as the block's end escaped."""
+    escaped = _END_LINE.sub(_ESCAPE, text)
+    return f"[file: {name}]\n{escaped}\n[end of file: {name}]"
 
 
 def file_text(
     file_data: str | None, file_url: str | None, file_id: str | None, filename: str | None
-) -> str:
-    """What the model reads for one file part (a ValueError, which validation reports at
-    the part's place, for anything it cannot read)."""
+) -> str | PendingPdf:
+    """What the model reads for one file part, or a PDF whose text is still to read (a
+    ValueError, which validation reports at the part's place, for anything it cannot
+    read)."""
     if file_id is not None and file_data is None:
         raise ValueError("'file_id' cannot be used: this server has no files API; send 'file_data'")
     if file_data is None:
@@ -56,13 +107,21 @@ def file_text(
     kind, payload = _split_data(file_data, filename)
     data = _decoded(payload)
     name = filename or "untitled"
-    text = _pdf_text(data) if kind == PDF else _utf8(data, kind)
+    if kind == PDF:
+        if not data.startswith(b"%PDF-"):
+            raise ValueError("the file sent as application/pdf is not a PDF")
+        return PendingPdf(name, data)
+    return checked_block(name, _utf8(data, kind))
+
+
+def checked_block(name: str, text: str) -> str:
+    """`file_block`, or a ValueError for a text over `MAX_FILE_CHARS`."""
     if len(text) > MAX_FILE_CHARS:
         raise ValueError(
             f"the text of file {name[:100]!r} is {len(text)} characters; at most "
             f"{MAX_FILE_CHARS} are read from one file"
         )
-    return f"[file: {name}]\n{text}\n[end of file: {name}]"
+    return file_block(name, text)
 
 
 def _split_data(file_data: str, filename: str | None) -> tuple[str, str]:
@@ -107,33 +166,11 @@ def _utf8(data: bytes, kind: str) -> str:
         raise ValueError(f"the {kind} file is not UTF-8 text") from None
 
 
-def _pdf_text(data: bytes) -> str:
-    """The text of each page, in order; a note when there is none (a scan)."""
-    from pypdf import PdfReader  # imported on first use: most servers never read a PDF
-
-    if not data.startswith(b"%PDF-"):
-        raise ValueError("the file sent as application/pdf is not a PDF")
-    try:
-        reader = PdfReader(io.BytesIO(data))
-        if len(reader.pages) > MAX_PDF_PAGES:
-            raise ValueError(f"the PDF has {len(reader.pages)} pages; at most {MAX_PDF_PAGES}")
-        text = "\n\n".join(_pages(reader))
-    except ValueError:
-        raise
-    except Exception as exc:  # pypdf raises many kinds on a damaged file
-        log.info("a PDF could not be read: %s: %s", type(exc).__name__, exc)
-        raise ValueError(f"the PDF could not be read ({type(exc).__name__})") from None
-    return text.strip() or "(this PDF has no text that can be extracted: it may be a scan)"
-
-
-def _pages(reader: Any) -> Iterator[str]:
-    read = 0
-    for page in reader.pages:
-        text = page.extract_text() or ""
-        read += len(text)
-        yield text
-        if read > MAX_FILE_CHARS:
-            return  # already too long: the caller refuses it
+def _no_control(value: str | None) -> str | None:
+    """A name shown in the block's lines cannot break a line of its own."""
+    if value is not None and _CONTROL.search(value):
+        raise ValueError("cannot contain a control character (such as a line break)")
+    return value
 
 
 def check_file_urls(raw_input: object, placeholders: bool, param: str = "input") -> None:
@@ -155,6 +192,38 @@ def check_file_urls(raw_input: object, placeholders: bool, param: str = "input")
                 )
 
 
+class FilePart(BaseModel):
+    """What both kinds of file part share: `text`, what the model reads, set from the
+    file whatever a client sent under this name; a PDF's once it has been read."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True, strict=True)
+    text: str = ""
+    _pdf: PendingPdf | None = PrivateAttr(default=None)
+
+    @property
+    def pdf(self) -> PendingPdf | None:
+        """The PDF whose text is still to read, if any."""
+        return self._pdf
+
+    def take(self, read: str | PendingPdf) -> None:
+        """Keep what was read, or note the PDF for the reading after validation."""
+        if isinstance(read, str):
+            object.__setattr__(self, "text", read)
+            return
+        pending = _pending.get()
+        if pending is None:  # a body is validated only by `http/body.py`, which collects
+            raise ValueError("a PDF can only be read from a request body")
+        self._pdf = read
+        pending.append(self)
+
+    def read_as(self, text: str) -> None:
+        """The PDF's text has been read: the model reads it in its block."""
+        pdf = self._pdf
+        assert pdf is not None, "only a part holding a PDF is read"
+        object.__setattr__(self, "text", checked_block(pdf.name, text))
+        self._pdf = None
+
+
 class ChatFile(BaseModel):
     """Chat Completions' `file` object: `file_data` (with a `filename`) or a `file_id`."""
 
@@ -163,43 +232,35 @@ class ChatFile(BaseModel):
     file_id: str | None = None
     filename: str | None = Field(default=None, max_length=1024)
 
+    _filename = field_validator("filename")(_no_control)
 
-class ChatFilePart(BaseModel):
+
+class ChatFilePart(FilePart):
     """`{"type": "file", "file": {...}}` in a Chat Completions user message, read into
     `text` as validation runs."""
 
-    model_config = ConfigDict(extra="ignore", frozen=True, strict=True)
     type: Literal["file"]
     file: ChatFile
-    text: str = ""
 
     @model_validator(mode="after")
     def _read(self) -> ChatFilePart:
         file = self.file
-        text = file_text(file.file_data, None, file.file_id, file.filename)
-        object.__setattr__(self, "text", text)  # what the model reads, whatever was sent
+        self.take(file_text(file.file_data, None, file.file_id, file.filename))
         return self
 
 
-class InputFilePart(BaseModel):
+class InputFilePart(FilePart):
     """`input_file`: a document, read into `text` as validation runs."""
-
-    model_config = ConfigDict(extra="ignore", frozen=True, strict=True)
 
     type: Literal["input_file"]
     file_data: str | None = None
     file_url: str | None = None
     file_id: str | None = None
     filename: str | None = Field(default=None, max_length=1024)
-    text: str = ""
-    """What the model reads: set from the file, whatever a client sent under this name."""
 
-    @model_validator(mode="before")
-    @classmethod
-    def _read(cls, data: Any) -> Any:
-        if not isinstance(data, dict):
-            return data
-        fields = [data.get(k) for k in ("file_data", "file_url", "file_id", "filename")]
-        if not all(v is None or isinstance(v, str) for v in fields):
-            return {**data, "text": ""}  # the wrong types, which validation reports
-        return {**data, "text": file_text(*fields)}
+    _names = field_validator("filename", "file_url")(_no_control)
+
+    @model_validator(mode="after")
+    def _read(self) -> InputFilePart:
+        self.take(file_text(self.file_data, self.file_url, self.file_id, self.filename))
+        return self
