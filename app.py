@@ -199,6 +199,7 @@ async def _start_webhooks(
         max_attempts=settings.webhook_max_attempts,
         timeout_secs=settings.webhook_timeout_secs,
         backoff_secs=settings.webhook_backoff_secs,
+        max_pending_per_key=settings.webhook_max_pending_per_key,
         # A job whose process died is reaped within a lease; its end is read this often.
         watch_secs=settings.replica_lease_secs / 3,
     )

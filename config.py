@@ -122,6 +122,8 @@ class Settings:
     """How long one attempt may take, connecting included."""
     webhook_backoff_secs: float = 2.0
     """The wait after a delivery's first failed attempt; it doubles after each."""
+    webhook_max_pending_per_key: int = 1_000
+    """Deliveries one key (tenant) keeps pending at most; its jobs beyond run unannounced."""
 
     def __post_init__(self) -> None:
         checks: list[tuple[bool, str]] = [
@@ -194,6 +196,10 @@ class Settings:
             (self.webhook_max_attempts >= 1, "--webhook-max-attempts must be at least 1"),
             (self.webhook_timeout_secs > 0, "--webhook-timeout-secs must be positive"),
             (self.webhook_backoff_secs > 0, "--webhook-backoff-secs must be positive"),
+            (
+                self.webhook_max_pending_per_key >= 1,
+                "--webhook-max-pending-per-key must be at least 1",
+            ),
         ]
         for ok, message in checks:
             if not ok:

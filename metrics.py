@@ -130,6 +130,16 @@ class Metrics:
         )
         for result in ("succeeded", "failed"):
             self.webhook_deliveries.labels(result)
+        self.webhook_refused = Counter(
+            "mlxcel_webhook_refused",
+            "Background jobs left unannounced because their webhook delivery could not be "
+            "kept: key_full (the key keeps --webhook-max-pending-per-key), store_full (the "
+            "store keeps 10,000) or store_unavailable.",
+            ("reason",),
+            registry=r,
+        )
+        for reason in ("key_full", "store_full", "store_unavailable"):
+            self.webhook_refused.labels(reason)
         self.store_entries = Gauge(
             "mlxcel_store_entries", "Entries kept in each store table.", ("table",), registry=r
         )

@@ -4,13 +4,18 @@ webhook (`mlxcel.webhooks`), from the deliveries the store keeps (`store/deliver
 The job supervisor keeps a delivery for each job it admits whose tenant has a target
 (`WebhooksHandle.watch`), before the job is registered, and tells the sender when the job
 has ended (`WebhooksHandle.ended`, over a bounded channel: a full one only delays the
-announcement until the next recheck). The sender claims due deliveries from the store,
-posts each (at most `BATCH` at once, each attempt within its timeout) and settles it:
-delivered or given up, it is dropped; failed, it is kept due again after a jittered
-exponential backoff. A delivery whose end is not known yet (its job runs, here or on
-another replica, or its process died) is rechecked every `watch_secs` against the stored
-response: a job reaped after a crash is announced `response.failed`. The target is looked
-up when the delivery is sent, by its tenant, from the flags and the keys file only.
+announcement until the next recheck). A tenant keeps at most its share of the store's
+deliveries: beyond it, its new jobs run unannounced (logged and counted), so one tenant
+cannot fill the store for the others. The sender claims due deliveries from the store as
+its lanes free (`actors/webhook_lanes.py`: attempts at once per tenant, per target URL
+and in all), starts each attempt as a task of its own, within its timeout, and settles
+it: delivered or given up, it is dropped; failed, it is kept due again after a jittered
+exponential backoff. No attempt waits for another, so a receiver that hangs delays only
+its own tenant's deliveries. A delivery whose end is not known yet (its job runs, here or
+on another replica, or its process died) is rechecked every `watch_secs` against the
+stored response: a job reaped after a crash is announced `response.failed`. The target is
+looked up when the delivery is claimed, by its tenant, from the flags and the keys file
+only.
 """
 
 from __future__ import annotations
@@ -25,11 +30,12 @@ from collections.abc import Callable
 import httpx
 import trio
 
+from mlxcel.actors.webhook_lanes import IN_FLIGHT, Lanes
 from mlxcel.errors import StoreUnavailable
 from mlxcel.items import ResponseRecord
 from mlxcel.metrics import Metrics
 from mlxcel.store.actor import StoreHandle
-from mlxcel.store.deliveries import Delivery
+from mlxcel.store.deliveries import Added, Delivery
 from mlxcel.webhooks import (
     EVENT_TYPES,
     WebhookTarget,
@@ -41,8 +47,6 @@ from mlxcel.webhooks import (
 
 log = logging.getLogger(__name__)
 
-BATCH = 16
-"""Deliveries claimed, and posted concurrently, at once."""
 LEASE_MARGIN_SECS = 5.0
 """A claim outlasts an attempt's timeout by this much, so it is settled before it lapses."""
 ENDED_BUFFER = 256
@@ -58,12 +62,14 @@ Targets = Callable[[str], WebhookTarget | None]
 @dataclasses.dataclass(frozen=True, slots=True)
 class WebhookPolicy:
     """How the sender tries: attempts per delivery, one attempt's timeout, the first
-    backoff, and how often an unknown end is rechecked."""
+    backoff, how often an unknown end is rechecked, and the most deliveries one tenant
+    keeps pending."""
 
     max_attempts: int = 8
     timeout_secs: float = 10.0
     backoff_secs: float = 2.0
     watch_secs: float = 5.0
+    max_pending_per_key: int = 1_000
 
 
 class WebhooksHandle:
@@ -74,26 +80,43 @@ class WebhooksHandle:
         store: StoreHandle,
         targets: Targets,
         ends: trio.MemorySendChannel[Delivery],
-        watch_secs: float,
+        policy: WebhookPolicy,
+        metrics: Metrics,
     ) -> None:
         self._store = store
         self._targets = targets
         self._ends = ends
-        self._watch_secs = watch_secs
+        self._policy = policy
+        self._metrics = metrics
 
     async def watch(self, record: ResponseRecord) -> Delivery | None:
         """Keep a delivery for the job of `record` when its tenant has a target; it is
         sent once the job's end is known. None when there is no target or it could not
-        be kept (the job runs unannounced; logged)."""
+        be kept (the job runs unannounced; logged and counted)."""
         if self._targets(record.tenant) is None:
             return None
         delivery = Delivery(record.id, new_event_id(), record.tenant)
+        share = self._policy.max_pending_per_key
         try:
-            if await self._store.deliveries.add(delivery, self._watch_secs):
-                return delivery
-            log.warning("webhook deliveries are full; response %s is not announced", record.id)
+            added = await self._store.deliveries.add(delivery, self._policy.watch_secs, share=share)
         except StoreUnavailable:
             log.warning("the store is unavailable; response %s is not announced", record.id)
+            self._metrics.webhook_refused.labels("store_unavailable").inc()
+            return None
+        if added is Added.KEPT:
+            return delivery
+        if added is Added.TENANT_FULL:
+            log.warning(
+                "key %r keeps %d pending webhook deliveries, its share; response %s is not "
+                "announced",
+                record.tenant,
+                share,
+                record.id,
+            )
+            self._metrics.webhook_refused.labels("key_full").inc()
+        else:
+            log.warning("webhook deliveries are full; response %s is not announced", record.id)
+            self._metrics.webhook_refused.labels("store_full").inc()
         return None
 
     def ended(self, delivery: Delivery, final: ResponseRecord) -> None:
@@ -115,11 +138,15 @@ class WebhookSender:
         targets: Targets,
         policy: WebhookPolicy = WebhookPolicy(),
         metrics: Metrics | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         self._store = store
         self._targets = targets
         self._policy = policy
         self._metrics = metrics or Metrics()
+        self._transport = transport
+        """None for the network; tests give one of their own."""
+        self._lanes = Lanes()
         self._wake = trio.Event()
         self._soonest = math.inf
         """When the earliest retry this sender settled is due (Trio's clock)."""
@@ -130,68 +157,105 @@ class WebhookSender:
         """Send due deliveries until cancelled.
 
         Resource handling: one HTTP client (no redirects followed: only the configured
-        URL is posted to; answers are not read), at most `BATCH` posts at once, ends
-        waiting in a channel of `ENDED_BUFFER`. Cancelling it cuts the attempts in
+        URL is posted to; answers are not read), at most `IN_FLIGHT` attempts at once,
+        each a task of this actor's nursery (fewer per tenant and per target: `Lanes`),
+        ends waiting in a channel of `ENDED_BUFFER`. Cancelling it cuts the attempts in
         flight; their deliveries stay claimed in the store until the lease lapses, then
         whoever runs next (a restart, another replica) sends them.
 
         Error handling: a receiver that fails, hangs or cannot be reached costs one
-        attempt; a store that cannot be reached is retried after `POLL_SECS`; nothing a
-        receiver does stops the sender.
+        attempt of its own tenant's, never another's; a store that cannot be reached is
+        retried after `POLL_SECS`; nothing a receiver does stops the sender.
         """
         send, recv = trio.open_memory_channel[Delivery](ENDED_BUFFER)
         timeout = httpx.Timeout(self._policy.timeout_secs)
-        limits = httpx.Limits(max_connections=BATCH, max_keepalive_connections=BATCH)
-        client = httpx.AsyncClient(timeout=timeout, limits=limits, follow_redirects=False)
+        limits = httpx.Limits(max_connections=IN_FLIGHT, max_keepalive_connections=IN_FLIGHT)
+        client = httpx.AsyncClient(
+            timeout=timeout, limits=limits, follow_redirects=False, transport=self._transport
+        )
         async with client, trio.open_nursery() as nursery:
             nursery.start_soon(self._take_ends, recv)
-            task_status.started(
-                WebhooksHandle(self._store, self._targets, send, self._policy.watch_secs)
-            )
+            handle = WebhooksHandle(self._store, self._targets, send, self._policy, self._metrics)
+            task_status.started(handle)
             while True:
-                try:
-                    lease = self._policy.timeout_secs + LEASE_MARGIN_SECS
-                    batch = await self._store.deliveries.claim(BATCH, lease)
-                except StoreUnavailable:
-                    batch = ()
-                except Exception:  # a row this release cannot read: never the server's end
-                    log.exception("webhook deliveries could not be claimed")
-                    batch = ()
-                if batch:
-                    async with trio.open_nursery() as posts:
-                        for delivery in batch:
-                            posts.start_soon(self._settle, client, delivery)
-                    continue
-                await self._sleep()
+                if not await self._claim(nursery, client):
+                    await self._sleep()
+
+    async def _claim(self, nursery: trio.Nursery, client: httpx.AsyncClient) -> bool:
+        """Start an attempt at each due delivery the lanes have room for; whether to claim
+        again at once (every one asked for came, and room is left)."""
+        free = self._lanes.free
+        if free <= 0:
+            return False
+        lease = self._policy.timeout_secs + LEASE_MARGIN_SECS
+        try:
+            batch = await self._store.deliveries.claim(
+                free, lease, each=self._lanes.each, rooms=self._lanes.rooms()
+            )
+        except StoreUnavailable:
+            return False
+        except Exception:  # a row this release cannot read: never the server's end
+            log.exception("webhook deliveries could not be claimed")
+            return False
+        for delivery in batch:
+            target = self._targets(delivery.tenant)
+            lane = target.url if target is not None else ""
+            if self._lanes.take(delivery.tenant, lane):
+                nursery.start_soon(self._attempt, client, delivery, target, lane)
+                continue
+            # Its target is at its bound (a tenant the claim could not know shares it):
+            # due again now, unattempted (an end made known meanwhile kept); the next
+            # claims leave its tenant alone.
+            unknown = delivery.status is None
+            with contextlib.suppress(StoreUnavailable):  # else due when its lease lapses
+                await self._store.deliveries.add(delivery, 0.0, settle=True, unknown_only=unknown)
+        return len(batch) == free and self._lanes.free > 0
 
     async def _sleep(self) -> None:
-        """Until an end arrives, this sender's earliest retry is due, or `POLL_SECS`."""
-        wait = min(POLL_SECS, self._policy.watch_secs, self._soonest - trio.current_time())
-        self._soonest = math.inf
+        """Until an attempt ends, an end arrives, this sender's earliest retry is due, or
+        `POLL_SECS`."""
+        now = trio.current_time()
+        if self._soonest <= now:
+            self._soonest = math.inf
+        wait = min(POLL_SECS, self._policy.watch_secs, self._soonest - now)
         with trio.move_on_after(max(0.0, wait)):
             await self._wake.wait()
         self._wake = trio.Event()
 
+    async def _attempt(
+        self,
+        client: httpx.AsyncClient,
+        delivery: Delivery,
+        target: WebhookTarget | None,
+        lane: str,
+    ) -> None:
+        """One attempt in the lanes `take` counted it in; frees them and wakes the sender."""
+        try:
+            await self._settle(client, delivery, target)
+        finally:
+            self._lanes.give(delivery.tenant, lane)
+            self._wake.set()
+
     async def _take_ends(self, ends: trio.MemoryReceiveChannel[Delivery]) -> None:
-        """Make each ended job's delivery due now, and wake the sender."""
+        """Make each ended job's delivery due now (unless a recheck already read its end),
+        and wake the sender."""
         async for delivery in ends:
             try:
-                await self._store.deliveries.add(delivery, 0.0, settle=True)
+                await self._store.deliveries.add(delivery, 0.0, settle=True, unknown_only=True)
             except StoreUnavailable:
                 continue  # kept unknown: the recheck finds the end once the store answers
             self._wake.set()
 
-    async def _settle(self, client: httpx.AsyncClient, delivery: Delivery) -> None:
-        """One attempt at `delivery`, then keep or drop it; never raises but Cancelled."""
+    async def _settle(
+        self, client: httpx.AsyncClient, delivery: Delivery, target: WebhookTarget | None
+    ) -> None:
+        """One attempt at `delivery` (to its tenant's `target` when it was claimed), then
+        keep or drop it; never raises but Cancelled."""
         deliveries = self._store.deliveries
         try:
             if delivery.status is None:
-                known = await self._resolve(delivery)
-                if known is None:
-                    return
-                delivery = known
-            target = self._targets(delivery.tenant)
-            if target is None:
+                await self._recheck(delivery)
+            elif target is None:
                 log.warning(
                     "no webhook is configured for response %s any more", delivery.response_id
                 )
@@ -218,18 +282,21 @@ class WebhookSender:
         except Exception:
             log.exception("the webhook of response %s failed", delivery.response_id)
 
-    async def _resolve(self, delivery: Delivery) -> Delivery | None:
-        """The delivery with its end read from the stored response; None when it is not
-        to be sent now (the job still runs: rechecked later; the response is gone)."""
+    async def _recheck(self, delivery: Delivery) -> None:
+        """Read the end of `delivery`'s job from the stored response: once it has one, the
+        delivery is kept known and due now, for the next claim to send (never sent from
+        here: the job's own end may have made it known and claimed meanwhile); while it
+        runs, it is looked at again after `watch_secs`; a response gone drops it."""
         record = await self._store.get(delivery.response_id)
+        deliveries = self._store.deliveries
         if record is None:
             log.warning("response %s is gone before its webhook was sent", delivery.response_id)
-            await self._store.deliveries.drop(delivery.response_id)
-            return None
-        if record.status not in EVENT_TYPES:  # queued or in progress: not ended yet
-            await self._store.deliveries.add(delivery, self._policy.watch_secs, settle=True)
-            return None
-        return dataclasses.replace(delivery, status=record.status, created_at=int(time.time()))
+            await deliveries.drop(delivery.response_id)
+        elif record.status not in EVENT_TYPES:  # queued or in progress: not ended yet
+            await deliveries.add(delivery, self._policy.watch_secs, settle=True, unknown_only=True)
+        else:
+            known = dataclasses.replace(delivery, status=record.status, created_at=int(time.time()))
+            await deliveries.add(known, 0.0, settle=True, unknown_only=True)
 
     async def _post(
         self, client: httpx.AsyncClient, target: WebhookTarget, delivery: Delivery

@@ -171,6 +171,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         webhook_max_attempts=args.webhook_max_attempts,
         webhook_timeout_secs=args.webhook_timeout_secs,
         webhook_backoff_secs=args.webhook_backoff_secs,
+        webhook_max_pending_per_key=args.webhook_max_pending_per_key,
     )
 
 

@@ -53,4 +53,13 @@ WEBHOOK_FLAGS: tuple[Flag, ...] = (
         "the wait after a webhook delivery's first failed attempt; it doubles after each "
         "(jittered, at most 600 s)",
     ),
+    Flag(
+        ("--webhook-max-pending-per-key",),
+        "webhook_max_pending_per_key",
+        int,
+        _DEFAULTS.webhook_max_pending_per_key,
+        "MLXCEL_WEBHOOK_MAX_PENDING_PER_KEY",
+        "webhook deliveries one API key keeps pending at most (of the 10,000 the store "
+        "keeps); its background responses beyond it run unannounced, logged and counted",
+    ),
 )

@@ -45,7 +45,7 @@ from mlxcel.store.backend import (
 from mlxcel.store.codec import CodecError, encode
 from mlxcel.store.limits import StoreLimits
 from mlxcel.store.redis_deliveries import RedisDeliveries
-from mlxcel.store.redis_upgrade import upgrade_item_index
+from mlxcel.store.redis_upgrade import upgrade
 from mlxcel.store.redis_values import (
     decode_response,
     decode_stored,
@@ -159,7 +159,7 @@ class RedisBackend:
                 "stored responses, background jobs or replica leases on its own; run it "
                 "with noeviction"
             )
-        await upgrade_item_index(client, backend.base, backend._run)
+        await upgrade(client, backend.base, backend._run)
         return backend
 
     # --- the protocol ----------------------------------------------------------------

@@ -5,7 +5,8 @@ put and delete: quadratic in a record that repeats one id) and listed each respo
 item ids in `responses:itemids`. This release keeps a sorted set per tenant and id
 (`redis_scripts.py`); the stored responses are indexed afresh once, at start, and the
 old keys are dropped. Indexing is idempotent, so replicas starting together may each
-run it.
+run it. Earlier releases also kept every pending webhook delivery's due time in one sorted
+set; this release keeps one per tenant (`redis_deliveries.py`), and moves them once.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import coredis
 
 from mlxcel.items import ResponseRecord
 from mlxcel.store import redis_scripts as lua
+from mlxcel.store.redis_deliveries import UPGRADE as UPGRADE_DELIVERIES
 from mlxcel.store.redis_values import decode_stored, item_places
 from mlxcel.store.tables import Table
 
@@ -25,6 +27,14 @@ log = logging.getLogger(__name__)
 
 Run = Callable[..., Awaitable[Any]]
 """The backend's `_run`: one script with its arguments."""
+
+
+async def upgrade(client: coredis.Redis[bytes], base: str, run: Run) -> None:
+    """Take whatever an earlier release left to this release's keys (each step idempotent)."""
+    await upgrade_item_index(client, base, run)
+    moved = await run(UPGRADE_DELIVERIES)
+    if moved:
+        log.info("moved %d pending webhook deliveries to their tenants' keys", moved)
 
 
 async def upgrade_item_index(client: coredis.Redis[bytes], base: str, run: Run) -> None:

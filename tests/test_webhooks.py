@@ -101,6 +101,13 @@ def test_webhook_flags_and_their_environment() -> None:
     assert Settings().webhook is None
     with pytest.raises(ConfigError, match="--webhook-max-attempts"):
         Settings(webhook_max_attempts=0)
+    assert made.webhook_max_pending_per_key == 1_000
+    env["MLXCEL_WEBHOOK_MAX_PENDING_PER_KEY"] = "50"
+    assert (
+        settings_from_args(build_parser("t", env).parse_args([])).webhook_max_pending_per_key == 50
+    )
+    with pytest.raises(ConfigError, match="--webhook-max-pending-per-key must be at least 1"):
+        settings_from_args(build_parser("t", {}).parse_args(["--webhook-max-pending-per-key", "0"]))
 
 
 def test_a_keys_file_gives_a_key_its_own_webhook() -> None:
