@@ -203,6 +203,7 @@ def build_request(
     items, prompt, dropped = render(
         params, history, codec, items, definitions, tail, info.context_length
     )
+    _check_not_empty(params, prompt)
     max_tokens = _output_room(params, len(prompt), info.context_length, fits=fits)
     echo = _request_echo(params)
     response_id, created_at = identity or (new_id("resp"), int(time.time()))
@@ -239,6 +240,17 @@ def build_request(
         echo_prefix=echo_prefix(params, model.names.alias, items),
         truncated_items=dropped,
     )
+
+
+def _check_not_empty(params: ResponseParams, prompt: Sequence[int]) -> None:
+    """400 for a prompt of no tokens (a raw prompt of no text): the model has nothing to
+    read and would fail on its thread, after the request took a slot."""
+    if not prompt:
+        raise InvalidRequest(
+            "The prompt is empty: give at least one token of text.",
+            param="prompt" if params.raw else "input",
+            code="invalid_value",
+        )
 
 
 def _grammar(
