@@ -38,7 +38,7 @@ from mlxcel.prepare.limits import check_input_size
 from mlxcel.prepare.offload import off_loop
 from mlxcel.prepare.params import ResponseParams
 from mlxcel.prepare.tools import tool_use
-from mlxcel.prepare.truncation import fit, note_dropped, output_reserve
+from mlxcel.prepare.truncation import fit, note_dropped, output_reserve, turn_measure
 from mlxcel.store.echo import EchoHandle
 
 # The server sets these itself when it renders a prompt.
@@ -168,7 +168,8 @@ def render(
         return items, rendered(history + items + tail), 0
     budget = context_length - output_reserve(params.max_output_tokens, context_length)
     fixed = len(params.instructions or "") + len(json.dumps(definitions or []))
-    fitted = fit(history + items + tail, rendered, budget, fixed)
+    measure = turn_measure(codec, params.chat_template_kwargs)
+    fitted = fit(history + items + tail, rendered, budget, fixed, measure)
     return items, fitted.prompt, fitted.dropped
 
 
