@@ -157,7 +157,7 @@ OPERATIONS: dict[str, Operation] = {
         "responses",
         '`{"object": "response.input_tokens", "input_tokens": N}`.',
         body=InputTokensBody,
-        refusals=("404", "503"),
+        refusals=("404", "429", "503"),
     ),
     "compact_history": Operation(
         "Compact a history",
