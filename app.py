@@ -29,7 +29,7 @@ from mlxcel.keys import KeyLimits, Keyring
 from mlxcel.metrics import Metrics
 from mlxcel.model.engine import EngineFactory, LoadedModel
 from mlxcel.prepare.policy import ClientPolicy
-from mlxcel.quotas import Limiter
+from mlxcel.quotas import AdminBuckets, Limiter
 from mlxcel.respond.tool_parsers import PARSERS
 from mlxcel.store.actor import StoreActor, StoreHandle
 from mlxcel.webhooks import WebhookTarget
@@ -69,7 +69,7 @@ async def serve(
     if shutdown is None:
         shutdown = trio.Event()
     if keyring is None:
-        keyring = Keyring.load(settings.api_keys, settings.api_key_file)
+        keyring = Keyring.load(settings.api_keys, settings.api_key_file, settings.admin_keys)
     check_tool_parser(settings.tool_call_parser)
     models = configured_models(settings, [ConfiguredModel(names, factory), *more])
     store_actor = StoreActor(
@@ -176,6 +176,7 @@ async def _start_actors(
         metrics=metrics,
         metrics_public=settings.metrics_public,
         limiter=Limiter(store.charge, default_limits(settings), keyring.limits_of),
+        admin_calls=AdminBuckets(settings.admin_rate_limit_rpm),
     )
 
 

@@ -72,6 +72,12 @@ class Settings:
     """Keys from `--api-key` and `LLAMA_API_KEY` (each may hold several, comma-separated)."""
     api_key_file: Path | None = None
     """A keys file (`mlxcel.keys`), read at start and again on SIGHUP."""
+    admin_keys: tuple[str, ...] = field(default=(), repr=False)
+    """Keys from `--admin-key`: accepted like the others, and they may load and unload
+    models (as may the keys file's `admin=true` keys); never shown."""
+    admin_rate_limit_rpm: int = 6
+    """Model loads and unloads each admin key may ask for a minute (a token bucket that
+    holds this many); 0 = no limit."""
     access_log: bool = True
     """One INFO line on `mlxcel.access` per request."""
     cors_origins: tuple[str, ...] = ()
@@ -162,6 +168,7 @@ class Settings:
             (self.rate_limit_rpm >= 0, "--rate-limit-rpm must be 0 (off) or more"),
             (self.rate_limit_tpm >= 0, "--rate-limit-tpm must be 0 (off) or more"),
             (self.daily_token_quota >= 0, "--daily-token-quota must be 0 (off) or more"),
+            (self.admin_rate_limit_rpm >= 0, "--admin-rate-limit-rpm must be 0 (off) or more"),
             (
                 all(p.strip() and n.strip() for p, n in self.model_aliases),
                 "--model-alias takes PATTERN=NAME, both non-empty (claude-*=my-model)",

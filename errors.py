@@ -18,6 +18,7 @@ is the one place that maps these to status codes and OpenAI error bodies.
     │   ├── TokenRateLimited      its tokens per minute
     │   └── QuotaExceeded         its tokens of the UTC day
     ├── Unauthenticated           no valid API key
+    ├── PermissionDenied          a valid API key that may not do this (model management)
     ├── ShuttingDown              the server is draining; no new generation starts
     ├── ModelNotReady             the model is still loading
     ├── ModelLoadFailed           the model named could not be loaded
@@ -131,6 +132,11 @@ class QuotaExceeded(LimitReached):
 
 class Unauthenticated(MlxcelError):
     """The request carries no API key this server accepts."""
+
+
+class PermissionDenied(MlxcelError):
+    """The request's API key is valid but may not do what it asks: loading and unloading
+    models takes an admin key."""
 
 
 class ShuttingDown(MlxcelError):

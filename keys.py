@@ -9,6 +9,7 @@ keys file (`--api-key-file`), all combined. The file holds one key a line:
     sk-anonymous-key                        a key known by its hash (`key_name`)
     bob:sk-bob-key rpm=60 tpm=40000 daily=1000000
     carol:sk-carol-key webhook_url=https://hooks.example/carol webhook_secret=whsec_...
+    ops:sk-ops-key admin=true               a key that may also load and unload models
 
 Every key has a name (its tenant); a key given without one is known by a short hash of
 it. Names are unique. The key itself is never kept: an entry holds its SHA-256 digest,
@@ -17,6 +18,9 @@ never a key.
 
 A key may have its own webhook (`webhook_url=` with `webhook_secret=`): the ends of its
 background responses are announced there instead of at `--webhook-url` (`mlxcel.webhooks`).
+
+An admin key (`admin=true` in the file, or `--admin-key`) may also load and unload models;
+on a server with keys, no other key may (a reload costs every tenant seconds).
 """
 
 from __future__ import annotations
@@ -39,6 +43,8 @@ _COUNT = re.compile(r"[0-9]{1,18}")
 """A key is printable ASCII without spaces: an HTTP header carries nothing else safely."""
 LIMIT_NAMES = ("rpm", "tpm", "daily")
 WEBHOOK_OPTIONS = ("webhook_url", "webhook_secret")
+ADMIN_OPTION = "admin"
+_SWITCH = {"true": True, "false": False}
 
 
 def key_name(key: str) -> str:
@@ -78,6 +84,8 @@ class ApiKey:
     """SHA-256 of the key: what a presented key's digest is compared with."""
     webhook: WebhookTarget | None = None
     """Where the ends of this key's background responses are announced, when its own."""
+    admin: bool = False
+    """It may load and unload models (`--admin-key`, or `admin=true` in the keys file)."""
 
     @classmethod
     def of(
@@ -86,16 +94,21 @@ class ApiKey:
         name: str | None = None,
         limits: KeyLimits = KeyLimits(),
         webhook: WebhookTarget | None = None,
+        *,
+        admin: bool = False,
     ) -> ApiKey:
-        return cls(name or key_name(key), limits, _digest(key.encode("ascii")), webhook)
+        digest = _digest(key.encode("ascii"))
+        return cls(name or key_name(key), limits, digest, webhook, admin)
 
 
 def _digest(secret: bytes) -> bytes:
     return hashlib.sha256(secret).digest()
 
 
-def flag_keys(values: Iterable[str]) -> tuple[ApiKey, ...]:
-    """The keys of `--api-key` values (each comma-separated), unnamed."""
+def flag_keys(values: Iterable[str], *, admin: bool = False) -> tuple[ApiKey, ...]:
+    """The keys of `--api-key` values (each comma-separated), unnamed; of `--admin-key`
+    values with `admin`."""
+    flag = "--admin-key" if admin else "--api-key"
     keys: list[ApiKey] = []
     for value in values:
         for raw in value.split(","):
@@ -103,8 +116,8 @@ def flag_keys(values: Iterable[str]) -> tuple[ApiKey, ...]:
             if not key:
                 continue
             if _KEY.fullmatch(key) is None:
-                raise ConfigError("--api-key: a key must be printable ASCII without spaces")
-            keys.append(ApiKey.of(key))
+                raise ConfigError(f"{flag}: a key must be printable ASCII without spaces")
+            keys.append(ApiKey.of(key, admin=admin))
     return tuple(keys)
 
 
@@ -128,8 +141,8 @@ def parse_key_file(text: str, source: str) -> tuple[ApiKey, ...]:
             )
         if _KEY.fullmatch(key) is None:
             raise ConfigError(f"{where}: no key after the name")
-        limits, webhook = _options(words[1:], where)
-        entry = ApiKey.of(key, name or None, limits, webhook)
+        limits, webhook, admin = _options(words[1:], where)
+        entry = ApiKey.of(key, name or None, limits, webhook, admin=admin)
         if entry.digest in digests:
             raise ConfigError(f"{where}: the same key as on line {digests[entry.digest]}")
         if entry.name in names:
@@ -142,29 +155,32 @@ def parse_key_file(text: str, source: str) -> tuple[ApiKey, ...]:
     return tuple(keys)
 
 
-def _options(words: list[str], where: str) -> tuple[KeyLimits, WebhookTarget | None]:
+def _options(words: list[str], where: str) -> tuple[KeyLimits, WebhookTarget | None, bool]:
     # A word that is not an option is not echoed: it could be part of a key.
     values: dict[str, int] = {}
-    hook: dict[str, str] = {}
+    texts: dict[str, str] = {}
     for word in words:
         if word.startswith("#"):
             break
         option, sep, value = word.partition("=")
-        if not sep or option not in (*LIMIT_NAMES, *WEBHOOK_OPTIONS):
+        if not sep or option not in (*LIMIT_NAMES, *WEBHOOK_OPTIONS, ADMIN_OPTION):
             raise ConfigError(
-                f"{where}: after the key only rpm=N, tpm=N, daily=N, webhook_url=URL and "
-                "webhook_secret=whsec_... may follow"
+                f"{where}: after the key only rpm=N, tpm=N, daily=N, webhook_url=URL, "
+                "webhook_secret=whsec_... and admin=true may follow"
             )
-        if option in values or option in hook:
+        if option in values or option in texts:
             raise ConfigError(f"{where}: {option} is given twice")
-        if option in WEBHOOK_OPTIONS:
-            hook[option] = value
+        if option in (*WEBHOOK_OPTIONS, ADMIN_OPTION):
+            texts[option] = value
         elif _COUNT.fullmatch(value) is None:  # 0 turns that limit off for this key
             raise ConfigError(f"{where}: {option} must be a whole number (0: no limit)")
         else:
             values[option] = int(value)
-    webhook = parse_target(hook.get("webhook_url"), hook.get("webhook_secret"), where)
-    return KeyLimits(**values), webhook
+    admin = _SWITCH.get(texts.get(ADMIN_OPTION, "false"))
+    if admin is None:
+        raise ConfigError(f"{where}: admin must be true or false")
+    webhook = parse_target(texts.get("webhook_url"), texts.get("webhook_secret"), where)
+    return KeyLimits(**values), webhook, admin
 
 
 def read_key_file(path: Path) -> tuple[ApiKey, ...]:
@@ -190,12 +206,12 @@ def combine(*sources: Iterable[ApiKey]) -> tuple[ApiKey, ...]:
             if entry.digest in digests:
                 raise ConfigError(
                     f"the API key named {entry.name} is the same key as {digests[entry.digest]} "
-                    "(given by --api-key, LLAMA_API_KEY or --api-key-file)"
+                    "(given by --api-key, LLAMA_API_KEY, --admin-key or --api-key-file)"
                 )
             if entry.name in names:
                 raise ConfigError(
-                    f"two API keys are named {entry.name} (given by --api-key, LLAMA_API_KEY "
-                    "or --api-key-file); names must be unique"
+                    f"two API keys are named {entry.name} (given by --api-key, LLAMA_API_KEY, "
+                    "--admin-key or --api-key-file); names must be unique"
                 )
             names.add(entry.name)
             digests[entry.digest] = entry.name
@@ -217,10 +233,10 @@ class Keyring:
         self._entries = combine(self._fixed, read_key_file(path) if path else ())
 
     @classmethod
-    def load(cls, keys: Iterable[str], path: Path | None) -> Keyring:
-        """The keyring of `--api-key` values and the keys file; ConfigError if a key or
-        the file is wrong."""
-        return cls(flag_keys(keys), path)
+    def load(cls, keys: Iterable[str], path: Path | None, admin: Iterable[str] = ()) -> Keyring:
+        """The keyring of `--api-key` values, `--admin-key` values (`admin`) and the keys
+        file; ConfigError if a key or the file is wrong."""
+        return cls(flag_keys(keys) + flag_keys(admin, admin=True), path)
 
     @property
     def entries(self) -> tuple[ApiKey, ...]:

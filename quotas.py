@@ -188,3 +188,32 @@ class _Spender:
                 await self._charge(hold.counter, extra, 0, hold.window_secs)
             if unused and trio.current_time() < hold.ends:
                 await self._charge(hold.counter, -unused, 0, hold.window_secs)
+
+
+class AdminBuckets:
+    """Each admin key's model loads and unloads: a token bucket per key name that holds
+    `per_minute` calls and refills at that rate, so a burst is bounded and the rate over
+    time too. Per process, like the models it guards (each replica loads its own).
+
+    Its one entry per key name is bounded by the admin keys there are: a key is counted
+    here only once it is known to be an admin's."""
+
+    def __init__(self, per_minute: int, clock: Callable[[], float] = trio.current_time) -> None:
+        self.per_minute = per_minute
+        self._clock = clock
+        self._buckets: dict[str, tuple[float, float]] = {}
+        """Key name → (calls left, when that was counted)."""
+
+    def take(self, name: str) -> float:
+        """Count one call by `name`: 0 when it may go ahead, else the seconds until it
+        may (nothing is counted then). With `per_minute` 0 every call goes ahead."""
+        if not self.per_minute:
+            return 0.0
+        now = self._clock()
+        left, then = self._buckets.get(name, (float(self.per_minute), now))
+        left = min(float(self.per_minute), left + (now - then) * self.per_minute / MINUTE_SECS)
+        if left < 1:
+            self._buckets[name] = (left, now)
+            return (1 - left) * MINUTE_SECS / self.per_minute
+        self._buckets[name] = (left - 1, now)
+        return 0.0

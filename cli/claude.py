@@ -68,8 +68,9 @@ def claude_env(
 
 def auth_token(settings: Settings, environ: Mapping[str, str]) -> str:
     """The key Claude Code sends as `Authorization: Bearer`: `$MLXCEL_API_KEY`, else the
-    first key the flags give the server; a server with only a keys file names none."""
-    if not settings.api_keys and settings.api_key_file is None:
+    first `--api-key`; a server with only a keys file or admin keys names none (an admin
+    key is not handed out)."""
+    if not (settings.api_keys or settings.admin_keys) and settings.api_key_file is None:
         return NO_KEY
     key = environ.get(API_KEY_ENV, "").strip() or next(iter(settings.api_keys), "")
     if not key:

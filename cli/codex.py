@@ -42,7 +42,7 @@ def codex_values(settings: Settings, base_url: str | None) -> dict[str, Any]:
         "base_url": base_url or f"http://{url_host(settings.host)}:{settings.port}/v1",
         "wire_api": "responses",
     }
-    if settings.api_keys or settings.api_key_file is not None:
+    if settings.api_keys or settings.admin_keys or settings.api_key_file is not None:
         provider["env_key"] = API_KEY_ENV
     provider |= {
         "stream_idle_timeout_ms": STREAM_IDLE_TIMEOUT_MS,

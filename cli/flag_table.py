@@ -155,7 +155,25 @@ FLAGS: tuple[Flag, ...] = (
         _DEFAULTS.api_key_file,
         "MLXCEL_API_KEY_FILE",
         "file of API keys, one a line as `KEY` or `NAME:KEY`, optionally followed by "
-        "`rpm=N tpm=N daily=N`; read again on SIGHUP",
+        "`rpm=N tpm=N daily=N admin=true`; read again on SIGHUP",
+    ),
+    Flag(
+        ("--admin-key",),
+        "admin_key",
+        str,
+        None,
+        "MLXCEL_ADMIN_KEY",
+        "an API key that may also load and unload models (as may `admin=true` keys of the "
+        "keys file); with any keys, no other key may; repeat it or comma-separate several",
+        repeat=True,
+    ),
+    Flag(
+        ("--admin-rate-limit-rpm",),
+        "admin_rate_limit_rpm",
+        int,
+        _DEFAULTS.admin_rate_limit_rpm,
+        "MLXCEL_ADMIN_RATE_LIMIT_RPM",
+        "model loads and unloads each admin key may ask for a minute (429 beyond); 0 = no limit",
     ),
     Flag(
         ("--access-log",),

@@ -117,7 +117,7 @@ def model_flags(values: list[str]) -> tuple[Path | None, tuple[tuple[str, Path],
 
 
 def settings_from_args(args: argparse.Namespace) -> Settings:
-    keys = tuple(k.strip() for value in args.api_key for k in value.split(",") if k.strip())
+    keys = _comma_separated(args.api_key)
     origins = tuple(o.strip() for o in (args.cors_origins or "").split(",") if o.strip())
     return Settings(
         **_model_fields(args),
@@ -136,6 +136,8 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         progress_events=not args.no_progress_events,
         api_keys=keys,
         api_key_file=args.api_key_file,
+        admin_keys=_comma_separated(args.admin_key),
+        admin_rate_limit_rpm=args.admin_rate_limit_rpm,
         access_log=args.access_log,
         cors_origins=origins,
         store=args.store,
@@ -173,6 +175,11 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         webhook_backoff_secs=args.webhook_backoff_secs,
         webhook_max_pending_per_key=args.webhook_max_pending_per_key,
     )
+
+
+def _comma_separated(values: list[str]) -> tuple[str, ...]:
+    """A repeatable flag's values, each of which may hold several, comma-separated."""
+    return tuple(part.strip() for value in values for part in value.split(",") if part.strip())
 
 
 def _model_fields(args: argparse.Namespace) -> dict[str, Any]:

@@ -119,7 +119,8 @@ def load_model(path: Path, names: ModelNames, settings: Settings) -> LoadedModel
 def run(settings: Settings) -> None:
     """Serve `settings` until interrupted (the console commands' entry point)."""
     check_tool_parser(settings.tool_call_parser)  # a bad name stops us before anything starts
-    keyring = Keyring.load(settings.api_keys, settings.api_key_file)  # so does a bad key
+    # So does a bad key.
+    keyring = Keyring.load(settings.api_keys, settings.api_key_file, settings.admin_keys)
     settings = resolve_prompt_cache_dir(settings)  # so does a --prompt-cache-dir not writable
     found = resolve_models(settings)
     models = [ConfiguredModel(n, functools.partial(load_model, p, n, settings)) for p, n in found]
@@ -148,7 +149,7 @@ def serve_until_signalled(
     reads the keys file again); a ConfigError found while starting comes out as itself.
     `more`: the models served besides the default one (`factory`, `names`)."""
     if keyring is None:
-        keyring = Keyring.load(settings.api_keys, settings.api_key_file)
+        keyring = Keyring.load(settings.api_keys, settings.api_key_file, settings.admin_keys)
     serving = functools.partial(
         _serve_until_signalled,
         settings,

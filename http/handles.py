@@ -19,7 +19,7 @@ from mlxcel.generation import ModelNames, ServedModel
 from mlxcel.keys import Keyring
 from mlxcel.metrics import Metrics
 from mlxcel.prepare.policy import ClientPolicy
-from mlxcel.quotas import Limiter
+from mlxcel.quotas import AdminBuckets, Limiter
 from mlxcel.store.actor import StoreHandle
 from mlxcel.store.echo import EchoHandle
 
@@ -57,6 +57,8 @@ class Handles:
     """`/metrics` answers without an API key."""
     limiter: Limiter | None = None
     """The API keys' rate limits and quotas; None when no limit can apply."""
+    admin_calls: AdminBuckets = dataclasses.field(default_factory=lambda: AdminBuckets(0))
+    """Each admin key's model loads and unloads, within `--admin-rate-limit-rpm`."""
 
 
 def install(app: Quart, handles: Handles) -> None:

@@ -104,14 +104,16 @@ _ANTHROPIC_ERROR_SCHEMA: dict[str, Any] = {
 _ERRORS = {
     "400": "The request is invalid (its body, a parameter or an id).",
     "401": "The API key is missing or wrong (only when the server has API keys).",
+    "403": "The API key may not do this: loading and unloading models takes an admin key "
+    "(`--admin-key`, or `admin=true` in the keys file) on a server with API keys.",
     "404": "No such model, stored response, conversation or item.",
     "408": "The request body did not arrive within the body deadline.",
     "413": "The request body is too large.",
     "415": "The request body is not JSON.",
     "409": "The model is pinned (`--pin`): it stays loaded.",
     "429": "Too many background jobs, or the API key spent a rate limit or its daily token "
-    "quota (`--rate-limit-rpm`, `--rate-limit-tpm`, `--daily-token-quota`); retry after "
-    "`Retry-After`.",
+    "quota (`--rate-limit-rpm`, `--rate-limit-tpm`, `--daily-token-quota`, "
+    "`--admin-rate-limit-rpm`); retry after `Retry-After`.",
     "503": "Not now: the model is loading or could not be loaded (`model_load_failed`), "
     "every slot and queue place is taken, or the server is shutting down.",
     "529": "Overloaded: every slot and queue place is taken (Anthropic's status for it).",

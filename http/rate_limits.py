@@ -1,7 +1,8 @@
 """The API keys' rate limits at the edge: who may start a generation, what its answer
 says about the limits, and how its tokens get charged.
 
-A generating route is wrapped in `rate_limited`: before it reads its body, the limiter
+A generating route (and each route that renders a whole input to count its tokens) is
+wrapped in `rate_limited`: before it reads its body, the limiter
 (`quotas.py`) admits the request or refuses it with a 429 whose `Retry-After` is
 the end of the spent limit's window. Every answer of such a route, refusals and
 successes alike, carries OpenAI's headers (`x-ratelimit-limit-requests`,

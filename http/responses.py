@@ -112,6 +112,7 @@ def _with_headers(response: Response, headers: dict[str, str]) -> Response:
 
 
 @responses.post("/responses/input_tokens")
+@rate_limited  # a request against the key's rate (it renders a whole input), no tokens
 async def count_input_tokens() -> Response:
     body = await read_model(InputTokensBody)
     h = handles()

@@ -1,4 +1,5 @@
-"""The server's own routes: health, the root, the model list and the OpenAPI document.
+"""The server's own routes: health, the root, the model list, loading and unloading a
+model (an admin key's, `http/admin.py`) and the OpenAPI document.
 
 The model routes answer in OpenAI's shape, or in Anthropic's when the request carries
 `anthropic-version` (`speaks_anthropic`); the root answers 200, as clients probing the
@@ -11,6 +12,7 @@ from typing import Any
 from quart import Blueprint, Response, current_app
 
 from mlxcel import __version__
+from mlxcel.http.admin import admin_only, note_admin_call
 from mlxcel.http.body import read_model
 from mlxcel.http.errors import error_body
 from mlxcel.http.handles import handles, json_response
@@ -73,18 +75,21 @@ async def retrieve_model(model_id: str) -> Response:
 
 
 @service.post("/models/<path:model_id>/load")
+@admin_only("load")
 async def load_model(model_id: str) -> Response:
     """Load a configured model now (evicting another at the limit); answers once loaded."""
     return json_response(await _load(model_id))
 
 
 @service.post("/models/<path:model_id>/unload")
+@admin_only("unload")
 async def unload_model(model_id: str) -> Response:
     """Unload a model once its work has drained; 409 for a pinned one."""
     return json_response(await _unload(model_id))
 
 
 @service.post("/models/load")
+@admin_only("load")
 async def load_named_model() -> Response:
     """llama.cpp's router form: `{"model": id}`."""
     body = await read_model(ModelAction)
@@ -92,6 +97,7 @@ async def load_named_model() -> Response:
 
 
 @service.post("/models/unload")
+@admin_only("unload")
 async def unload_named_model() -> Response:
     """llama.cpp's router form: `{"model": id}`."""
     body = await read_model(ModelAction)
@@ -100,12 +106,14 @@ async def unload_named_model() -> Response:
 
 async def _load(model_id: str) -> dict[str, Any]:
     fleet = handles().fleet
+    note_admin_call("load", model_id)
     await fleet.load(fleet.find(model_id))
     return _model(model_id)
 
 
 async def _unload(model_id: str) -> dict[str, Any]:
     fleet = handles().fleet
+    note_admin_call("unload", model_id)
     await fleet.unload(fleet.find(model_id))
     return _model(model_id)
 

@@ -38,7 +38,7 @@ from mlxcel.prepare.limits import check_input_size
 from mlxcel.prepare.offload import off_loop
 from mlxcel.prepare.params import ResponseParams
 from mlxcel.prepare.tools import tool_use
-from mlxcel.prepare.truncation import fit, note_dropped, output_reserve
+from mlxcel.prepare.truncation import fit, note_dropped, output_reserve, turn_measure
 from mlxcel.store.echo import EchoHandle
 
 # The server sets these itself when it renders a prompt.
@@ -168,7 +168,8 @@ def render(
         return items, rendered(history + items + tail), 0
     budget = context_length - output_reserve(params.max_output_tokens, context_length)
     fixed = len(params.instructions or "") + len(json.dumps(definitions or []))
-    fitted = fit(history + items + tail, rendered, budget, fixed)
+    measure = turn_measure(codec, params.chat_template_kwargs)
+    fitted = fit(history + items + tail, rendered, budget, fixed, measure)
     return items, fitted.prompt, fitted.dropped
 
 
@@ -203,6 +204,7 @@ def build_request(
     items, prompt, dropped = render(
         params, history, codec, items, definitions, tail, info.context_length
     )
+    _check_not_empty(params, prompt)
     max_tokens = _output_room(params, len(prompt), info.context_length, fits=fits)
     echo = _request_echo(params)
     response_id, created_at = identity or (new_id("resp"), int(time.time()))
@@ -239,6 +241,17 @@ def build_request(
         echo_prefix=echo_prefix(params, model.names.alias, items),
         truncated_items=dropped,
     )
+
+
+def _check_not_empty(params: ResponseParams, prompt: Sequence[int]) -> None:
+    """400 for a prompt of no tokens (a raw prompt of no text): the model has nothing to
+    read and would fail on its thread, after the request took a slot."""
+    if not prompt:
+        raise InvalidRequest(
+            "The prompt is empty: give at least one token of text.",
+            param="prompt" if params.raw else "input",
+            code="invalid_value",
+        )
 
 
 def _grammar(

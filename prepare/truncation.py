@@ -8,20 +8,32 @@ always kept (as are `instructions`, which render apart). The cut is the earliest
 leaves the prompt room for the reply: `max_output_tokens`, or `DEFAULT_OUTPUT_RESERVE`
 tokens when unset, at most a quarter of the window.
 
-A cheap character bound (`limits.CHARS_PER_TOKEN`) rules out the cuts that cannot fit;
-the rest are searched from the newest turn back, doubling, then halving, so the renders
-cost a few times the kept prompt, whatever the input's length.
+The cut is counted, not searched for: what must be kept (the leading messages, the last
+user turn and what follows it) is counted before it is rendered, then the turns from the
+newest back, until the window is full (`measure`: the tokens a run of items adds to a
+prompt, asked of a few dozen items at a time). So the work follows what is kept, whatever
+the input's length: each item kept is counted about once, the prompt is rendered once, and
+an input that cannot fit is refused after counting about a window's worth of it. A run
+that cannot fit by its characters or items alone (`limits.CHARS_PER_TOKEN`,
+`ITEMS_PER_TOKEN`) is not even counted, and a long one is counted from its newest item
+only until the window is full. A template that renders a run apart differently than in
+the whole prompt only moves the cut: a count that falls short has the later cuts tried
+with the renderer, and a template that will not render a run apart has the cut searched
+for with the renderer alone (from the newest turn back, doubling, then halving).
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
-from mlxcel.errors import ContextLengthExceeded
-from mlxcel.items import Item, Message, replay
+from mlxcel.errors import ContextLengthExceeded, InvalidRequest
+from mlxcel.generation import PromptCodec
+from mlxcel.items import InputText, Item, Message, replay
+from mlxcel.model.prompt import to_chat
 from mlxcel.prepare.compaction import cut_points
 from mlxcel.prepare.limits import CHARS_PER_TOKEN, ITEMS_PER_TOKEN, item_chars
 
@@ -31,6 +43,14 @@ DEFAULT_OUTPUT_RESERVE = 1024
 """Tokens kept free for the reply when the request sets no `max_output_tokens`."""
 MARKUP_CHARS = 1
 """Characters each item is counted for besides its text (the bound only rules out)."""
+MAX_RUN = 64
+"""Items counted in one call at most: few calls for many short turns, and a longer run (a
+tool-call group of thousands of items) is counted in parts, newest first, only until the
+window is full."""
+
+Render = Callable[[Sequence[Item]], list[int]]
+Measure = Callable[[Sequence[Item]], int]
+"""The tokens a run of items adds to a prompt."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,21 +78,164 @@ def output_reserve(max_output_tokens: int | None, context_length: int) -> int:
     return max(1, min(wanted, context_length // 4))
 
 
+def turn_measure(codec: PromptCodec, template_kwargs: Mapping[str, Any] | None) -> Measure:
+    """What a run of items adds to a prompt `codec` renders: its render after a one-word
+    user turn, less that turn's alone (so any run renders; instructions and tools, the
+    same either way, are left out)."""
+    probe = Message("user", (InputText("."),))
+    base: list[int] = []
+
+    def measure(run: Sequence[Item]) -> int:
+        if not base:
+            base.append(len(codec.render(to_chat(None, [probe]), None, template_kwargs)))
+        rendered = codec.render(to_chat(None, [probe, *run]), None, template_kwargs)
+        return len(rendered) - base[0]
+
+    return measure
+
+
 def fit(
     items: Sequence[Item],
-    render: Callable[[Sequence[Item]], list[int]],
+    render: Render,
     budget: int,
     fixed_chars: int = 0,
+    measure: Measure | None = None,
 ) -> Fitted:
     """The prompt `render` makes of the most of `items` whose prompt is at most `budget`
-    tokens; `fixed_chars` are the characters rendered besides the items (instructions,
-    tools). A 400 when even the last user turn and what follows it do not fit."""
+    tokens; `measure` counts what a run of items adds (by default its own render: right
+    for a renderer that adds nothing of its own); `fixed_chars` are the characters
+    rendered besides the items (instructions, tools). A 400 when even the leading
+    messages, the last user turn and what follows it do not fit."""
     replayed = replay(items)
     lead = list(itertools.takewhile(_is_system, replayed))
     turns = replayed[len(lead) :]
     users = [k for k, i in enumerate(turns) if isinstance(i, Message) and i.role == "user"]
     last = users[-1] if users else len(turns)
     cuts = sorted({0, *(p for p in cut_points(turns) if p <= last)})
+    count = _counting(measure or (lambda run: len(render(run))))
+    try:
+        return _fit_counted(lead, turns, cuts, render, count, budget)
+    except _Unmeasured:
+        return _fit_searched(lead, turns, cuts, render, budget, fixed_chars)
+
+
+class _Unmeasured(Exception):
+    """The template would not render a run of items apart."""
+
+
+def _counting(measure: Measure) -> Measure:
+    def count(run: Sequence[Item]) -> int:
+        try:
+            return measure(run)
+        except ContextLengthExceeded:
+            raise
+        except InvalidRequest as exc:  # the template's refusal of the run alone
+            raise _Unmeasured from exc
+
+    return count
+
+
+def _fit_counted(
+    lead: list[Item],
+    turns: list[Item],
+    cuts: list[int],
+    render: Render,
+    count: Measure,
+    budget: int,
+) -> Fitted:
+    """The cut found by counting (see the module's docstring)."""
+    always = [*lead, *turns[cuts[-1] :]]
+    if _cost(always, count, budget) > budget:
+        raise _too_long(budget)
+    anchor = render(always)
+    if len(anchor) > budget:
+        raise _too_long(budget)
+    # The turns between cuts, newest first, sliced only as far as counting goes.
+    groups = (turns[cuts[k] : cuts[k + 1]] for k in range(len(cuts) - 2, -1, -1))
+    kept, _ = _fitting(groups, count, budget - len(anchor))
+    if not kept:
+        return Fitted(anchor, cuts[-1])
+    index = len(cuts) - 1 - kept
+    prompt = render([*lead, *turns[cuts[index] :]])
+    if len(prompt) <= budget:
+        return Fitted(prompt, cuts[index])
+
+    def attempt(later: int) -> list[int] | None:
+        tried = render([*lead, *turns[cuts[later] :]])
+        return tried if len(tried) <= budget else None
+
+    found = _earliest(attempt, index + 1, len(cuts) - 1)  # the count fell short
+    if found is None:
+        raise _too_long(budget)
+    return Fitted(found[1], cuts[found[0]])
+
+
+def _fitting(runs: Iterable[Sequence[Item]], count: Measure, room: int) -> tuple[int, int]:
+    """How many of `runs` (newest first) fit in `room` tokens together, and their tokens;
+    counting stops at the first that does not. Short runs are counted together, up to
+    `MAX_RUN` items a call, and those of the batch that does not fit again one by one, so
+    each item is counted at most twice, in few calls."""
+    spent = kept = 0
+    for batch in _batches(runs):
+        cost = _cost([item for run in reversed(batch) for item in run], count, room - spent)
+        if cost <= room - spent:
+            spent, kept = spent + cost, kept + len(batch)
+            continue
+        for run in batch if len(batch) > 1 else ():
+            cost = _cost(run, count, room - spent)
+            if cost > room - spent:
+                break
+            spent, kept = spent + cost, kept + 1
+        break
+    return kept, spent
+
+
+def _batches(runs: Iterable[Sequence[Item]]) -> Iterator[list[Sequence[Item]]]:
+    """`runs` in batches of consecutive runs of at most `MAX_RUN` items together (a
+    longer run alone)."""
+    batch: list[Sequence[Item]] = []
+    size = 0
+    for run in runs:
+        if batch and size + len(run) > MAX_RUN:
+            yield batch
+            batch, size = [], 0
+        batch.append(run)
+        size += len(run)
+    if batch:
+        yield batch
+
+
+def _cost(run: Sequence[Item], count: Measure, room: int) -> int:
+    """The tokens `run` adds, or any number over `room` once it is known not to fit: not
+    counted at all when its characters or items rule it out; when long, counted in
+    batches from its newest item, stopping once over `room`."""
+    chars = sum(item_chars(i) + MARKUP_CHARS for i in run)
+    if chars > CHARS_PER_TOKEN * room or len(run) > ITEMS_PER_TOKEN * room:
+        return room + 1
+    if len(run) <= MAX_RUN:
+        return count(run)
+    kept, spent = _fitting(([item] for item in reversed(run)), count, room)
+    return spent if kept == len(run) else room + 1
+
+
+def _too_long(budget: int) -> ContextLengthExceeded:
+    return ContextLengthExceeded(
+        "The input does not fit the context window even with every turn before the "
+        "last user message dropped (truncation: auto).",
+        maximum=budget,
+    )
+
+
+def _fit_searched(
+    lead: list[Item],
+    turns: list[Item],
+    cuts: list[int],
+    render: Render,
+    budget: int,
+    fixed_chars: int,
+) -> Fitted:
+    """The cut searched for with the renderer alone, for a template that will not render
+    a run apart: the bounds rule out what cannot fit, then `_earliest`."""
     first = _first_possible(lead, turns, cuts, budget, fixed_chars)
 
     def attempt(index: int) -> list[int] | None:
@@ -84,11 +247,7 @@ def fit(
         return Fitted(whole, 0)
     found = _earliest(attempt, first, len(cuts) - 1)
     if found is None:
-        raise ContextLengthExceeded(
-            "The input does not fit the context window even with every turn before the "
-            "last user message dropped (truncation: auto).",
-            maximum=budget,
-        )
+        raise _too_long(budget)
     index, prompt = found
     return Fitted(prompt, cuts[index])
 

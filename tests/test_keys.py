@@ -75,6 +75,8 @@ def test_an_entry_never_holds_its_key() -> None:
         ("a:sk-1 rpm=1 rpm=2\n", "line 1: rpm is given twice"),
         ("# c\n\na:sk-1 sk-secret-tail\n", "line 3: after the key only"),
         ("a:sk-1 burst=3\n", "line 1: after the key only"),
+        ("a:sk-1 admin=yes\n", "line 1: admin must be true or false"),
+        ("a:sk-1 admin=true admin=true\n", "line 1: admin is given twice"),
     ],
 )
 def test_a_wrong_file_is_one_clear_error_without_the_key(text: str, message: str) -> None:
@@ -180,3 +182,30 @@ def test_a_keys_file_with_a_byte_order_mark_and_crlf_line_ends_reads_as_written(
     assert keyring.limits_of("alice") == KeyLimits(rpm=3)
     assert keyring.match(b"sk-bom-1") is not None
     assert keyring.match(b"sk-bom-2") is not None
+
+
+def test_admin_keys_come_from_the_file_and_the_flag(keys_file: KeysFile) -> None:
+    path = keys_file("ops:sk-ops-1 admin=true rpm=2\nviewer:sk-view-2 admin=false\nsk-plain-3\n")
+    env = {"MLXCEL_ADMIN_KEY": "sk-adm-env"}
+    argv = ["--admin-key", "sk-adm-a,sk-adm-b", "--api-key", "sk-user", "--api-key-file", str(path)]
+    settings = settings_from_args(build_parser("t", env).parse_args(argv))
+    assert settings.admin_keys == ("sk-adm-env", "sk-adm-a", "sk-adm-b")
+    assert "sk-adm" not in repr(settings)
+    ring = Keyring.load(settings.api_keys, settings.api_key_file, settings.admin_keys)
+    admins = {entry.name for entry in ring.entries if entry.admin}
+    assert admins == {"ops", key_name("sk-adm-env"), key_name("sk-adm-a"), key_name("sk-adm-b")}
+    for key in (b"sk-adm-b", b"sk-ops-1"):
+        assert ring.match(key).admin  # type: ignore[union-attr]
+    for key in (b"sk-user", b"sk-view-2", b"sk-plain-3"):
+        assert not ring.match(key).admin  # type: ignore[union-attr]
+    assert ring.limits_of("ops") == KeyLimits(rpm=2)
+    assert Keyring.load([], None, ["sk-adm-only"])  # an admin key alone requires keys
+
+
+def test_an_admin_key_given_twice_or_wrongly_is_refused() -> None:
+    with pytest.raises(ConfigError, match="is the same key as") as caught:
+        Keyring.load(["sk-both"], None, ["sk-both"])
+    assert "--admin-key" in caught.value.message
+    assert "sk-both" not in caught.value.message
+    with pytest.raises(ConfigError, match="--admin-key: a key must be printable ASCII"):
+        Keyring.load([], None, ["sk-\u00e9"])

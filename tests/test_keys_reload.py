@@ -92,3 +92,35 @@ def test_a_limit_in_unicode_digits_keeps_the_server_and_its_old_keys(
     assert server.proc.poll() is None
     assert status(server, "sk-old-19c2") == 200
     assert status(server, "sk-new-55d0") == 401
+
+
+def test_sighup_grants_and_takes_back_the_admin_right(
+    servers: ServerProcesses, keys_file: KeysFile
+) -> None:
+    """A key made an admin by the keys file may load and unload models after the SIGHUP
+    that reads it, and one no longer marked so may not; the log names them, never shows
+    their keys."""
+    root, bob = "sk-root-8e2a", "sk-bob-3f71"
+    path = keys_file(f"root:{root} admin=true\nbob:{bob}\n")
+    server = servers.start("--api-key-file", str(path))
+
+    def unload(key: str) -> int:
+        with httpx.Client(base_url=server.url, timeout=30) as http:
+            headers = {"Authorization": f"Bearer {key}"}
+            return http.post(f"/v1/models/{MODEL}/unload", headers=headers).status_code
+
+    assert unload(bob) == 403
+    assert unload(root) == 200
+    keys_file(f"root:{root} admin=false\nbob:{bob} admin=true\n")
+    server.hangup()
+    wait_for(lambda: unload(bob) == 200, server)
+    assert unload(root) == 403
+    with httpx.Client(base_url=server.url, timeout=30) as http:
+        assert http.get("/health").status_code == 200
+    with OpenAI(base_url=f"{server.url}/v1", api_key=root, max_retries=0) as client:
+        assert client.responses.create(model=MODEL, input="hi").status == "completed"
+    log = server.log.read_text()
+    assert "key=bob action=unload model=fake-model refused=permission_denied" in log
+    assert "key=bob action=unload model=fake-model\n" in log
+    assert root not in log
+    assert bob not in log

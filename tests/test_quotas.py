@@ -12,7 +12,7 @@ from pathlib import Path
 import trio
 
 from mlxcel.keys import KeyLimits
-from mlxcel.quotas import DAY_SECS, MINUTE_SECS, Limiter
+from mlxcel.quotas import DAY_SECS, MINUTE_SECS, AdminBuckets, Limiter
 from mlxcel.store.backend import Charge, StoreBackend
 from mlxcel.store.limits import StoreLimits
 from mlxcel.store.memory import MemoryBackend
@@ -215,3 +215,20 @@ async def test_a_file_of_the_first_layout_opens_and_gains_the_counters(tmp_path:
     await store.aclose()
     with contextlib.closing(sqlite3.connect(path)) as db:
         assert db.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,)
+
+
+def test_an_admins_bucket_holds_a_burst_and_refills_at_its_rate() -> None:
+    now = [0.0]
+    buckets = AdminBuckets(3, clock=lambda: now[0])
+    assert [buckets.take("ops") for _ in range(3)] == [0.0, 0.0, 0.0]
+    assert buckets.take("ops") == 20.0  # one call back in a third of a minute
+    assert buckets.take("root") == 0.0  # each key its own bucket
+    now[0] = 10.0
+    assert buckets.take("ops") == 10.0  # half refilled; a refusal takes nothing
+    now[0] = 20.0
+    assert buckets.take("ops") == 0.0
+    assert buckets.take("ops") > 0
+    now[0] = 10_000.0  # a long pause refills to the burst, never beyond
+    assert [buckets.take("ops") for _ in range(3)] == [0.0, 0.0, 0.0]
+    assert buckets.take("ops") > 0
+    assert all(AdminBuckets(0).take("any") == 0.0 for _ in range(100))  # 0: no limit

@@ -270,6 +270,18 @@ def test_rate_limits_from_flags_or_environment() -> None:
         settings([], {"MLXCEL_DAILY_TOKEN_QUOTA": "lots"})
 
 
+def test_admin_flags_from_flags_or_environment() -> None:
+    assert (settings([]).admin_keys, settings([]).admin_rate_limit_rpm) == ((), 6)
+    given = settings(["--admin-key", "sk-a, sk-b", "--admin-rate-limit-rpm", "2"])
+    assert (given.admin_keys, given.admin_rate_limit_rpm) == (("sk-a", "sk-b"), 2)
+    env = {"MLXCEL_ADMIN_KEY": "sk-env", "MLXCEL_ADMIN_RATE_LIMIT_RPM": "0"}
+    from_env = settings([], env)
+    assert (from_env.admin_keys, from_env.admin_rate_limit_rpm) == (("sk-env",), 0)
+    assert settings(["--admin-key", "sk-c"], env).admin_keys == ("sk-env", "sk-c")
+    with pytest.raises(ConfigError, match="--admin-rate-limit-rpm"):
+        settings(["--admin-rate-limit-rpm", "-1"])
+
+
 def test_the_access_log_is_on_unless_turned_off() -> None:
     assert settings([]).access_log is True
     assert settings(["--no-access-log"]).access_log is False

@@ -120,6 +120,24 @@ def test_a_raw_completion(real_server: RealServer) -> None:
     assert "a + b" in completion.choices[0].text
 
 
+@pytest.mark.parametrize("prompt", ["", [""]], ids=["empty", "one-empty"])
+def test_an_empty_raw_prompt_is_a_400_and_the_server_serves_on(
+    real_server: RealServer, prompt: str | list[str]
+) -> None:
+    """No token to read used to fail on the model thread: a 500 and a traceback."""
+    client = real_server.client()
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.completions.create(model=real_server.alias, prompt=prompt, max_tokens=4)
+    assert (refused.value.param, refused.value.code) == ("prompt", "invalid_value")
+    with real_server.http() as http:
+        assert http.get("/health").status_code == 200
+    completion = client.completions.create(
+        model=real_server.alias, prompt="1, 2, 3,", temperature=0, max_tokens=2
+    )
+    assert completion.choices[0].text
+    assert "Traceback" not in real_server.log.read_text()
+
+
 def test_agents_sdk_chat_completions_model_runs_a_tool_loop(real_server: RealServer) -> None:
     from agents import Agent, ModelSettings, Runner, function_tool, set_tracing_disabled
     from agents.models.openai_chatcompletions import OpenAIChatCompletionsModel

@@ -3,6 +3,7 @@ context window (here a 1,024-token one) still answer its last question."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -63,3 +64,35 @@ def test_auto_truncation_answers_an_over_long_conversation(small_window: RealSer
         model=model, input=history, truncation="auto", extra_body={"max_output_tokens": 16}
     )
     assert counted.input_tokens == resp.usage.input_tokens
+
+
+def test_a_99000_item_conversation_is_cut_by_counting_on_the_real_template(
+    small_window: RealServer,
+) -> None:
+    """The real chat template's counts pick the cut: the prompt fills most of the window
+    without passing it, a count agrees with the create, and the server answers on."""
+    client = small_window.client()
+    model = small_window.alias
+    items: list[dict[str, Any]] = [{"role": "system", "content": "Answer briefly."}]
+    for n in range(49_499):
+        items.append({"role": "user", "content": f"Line {n} of the log reads OK."})
+        items.append({"role": "assistant", "content": f"Noted {n}."})
+    items.append({"role": "user", "content": "What is the capital of France? One word."})
+    assert len(items) == 99_000
+    started = time.monotonic()
+    raw = client.responses.with_raw_response.create(
+        model=model, input=items, truncation="auto", max_output_tokens=8, temperature=0
+    )
+    resp = raw.parse()
+    assert time.monotonic() - started < 120  # generous: the point is it answers at all
+    assert resp.status in ("completed", "incomplete")
+    assert resp.usage is not None
+    assert WINDOW // 2 < resp.usage.input_tokens <= WINDOW - 8
+    assert int(raw.headers[TRUNCATED_HEADER]) > 98_000
+    with small_window.http() as http:
+        body = {"model": model, "input": items, "truncation": "auto", "max_output_tokens": 8}
+        counted = http.post("/v1/responses/input_tokens", json=body)
+        assert counted.json()["input_tokens"] == resp.usage.input_tokens
+        assert http.get("/health").status_code == 200
+    again = client.responses.create(model=model, input="Say OK.", max_output_tokens=4)
+    assert again.status in ("completed", "incomplete")

@@ -6,9 +6,10 @@ from __future__ import annotations
 from typing import Any
 
 import httpx
+import openai
 import pytest
 
-from support import FakeServer, in_thread
+from support import FakeServer, an_ordinary_request_completes, in_thread
 
 
 async def test_a_raw_prompt_is_completed_without_a_chat_template(
@@ -102,3 +103,24 @@ async def test_the_root_route_answers_too(fake_server: FakeServer) -> None:
     async with httpx.AsyncClient(base_url=fake_server.url, timeout=30) as http:
         r = await http.post("/completions", json={"model": "fake-model", "prompt": "echo: ok"})
     assert r.json()["choices"][0]["text"] == "ok"
+
+
+@pytest.mark.parametrize("prompt", ["", [""]], ids=["empty", "one-empty"])
+async def test_an_empty_prompt_is_a_400_before_any_slot(
+    fake_server: FakeServer, prompt: str | list[str]
+) -> None:
+    """A prompt of no tokens used to reach the model (a 500 and a traceback on the real
+    one); it is refused before it takes a slot, streamed or not."""
+    client = fake_server.client()
+    with pytest.raises(openai.BadRequestError) as refused:
+        await in_thread(client.completions.create, model="fake-model", prompt=prompt)
+    assert refused.value.code == "invalid_value"
+    assert refused.value.param == "prompt"
+    assert "empty" in refused.value.message
+    async with httpx.AsyncClient(base_url=fake_server.url, timeout=30) as http:
+        body = {"model": "fake-model", "prompt": prompt, "stream": True}
+        r = await http.post("/v1/completions", json=body)
+        assert r.status_code == 400, r.text
+        assert set(r.json()["error"]) == {"message", "type", "param", "code"}
+    assert not fake_server.engine.prompts  # nothing reached the engine
+    await an_ordinary_request_completes(fake_server)

@@ -338,3 +338,28 @@ async def test_an_automatic_compaction_charges_its_summarys_tokens_to_the_key(
     spent = 100_000 - int(after.headers["x-ratelimit-remaining-tokens"])
     summary_read = 200  # the summary prompt holds the whole history, over the threshold
     assert spent >= answered + summary_read, (spent, answered)
+
+
+async def test_counting_input_tokens_counts_against_the_request_rate(
+    start_fake_server: StartServer, mock_clock: trio.testing.MockClock, sdk: dict[str, OpenAI]
+) -> None:
+    """`/v1/responses/input_tokens` renders a whole input (and cuts it to the window under
+    `truncation: "auto"`): it is a request against the key's rate like a create, with no
+    tokens charged."""
+    server = await start_fake_server(api_keys=KEYS, rate_limit_rpm=1, rate_limit_tpm=1_000)
+    a = client(sdk, server, "key-a")
+    body = {"model": MODEL, "input": "echo: hello there", "truncation": "auto"}
+    counted = await in_thread(a.responses.input_tokens.count, **body)
+    assert counted.input_tokens > 0
+    with pytest.raises(openai.RateLimitError) as refused:
+        await in_thread(a.responses.input_tokens.count, **body)
+    assert refused.value.code == "rate_limit_exceeded"
+    headers = refused.value.response.headers
+    assert headers["x-ratelimit-remaining-requests"] == "0"
+    assert headers["x-ratelimit-remaining-tokens"] == "1000"  # no tokens charged
+    async with httpx.AsyncClient(base_url=server.url, timeout=30) as http:
+        assert (await post(http, "key-a")).status_code == 429  # the same minute's count
+        assert (await http.get("/health")).status_code == 200
+        assert (await post(http, "key-b")).status_code == 200
+        mock_clock.jump(int(headers["retry-after"]))
+        assert (await post(http, "key-a")).status_code == 200

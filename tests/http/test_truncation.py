@@ -13,6 +13,7 @@ import trio
 
 from mlxcel.http.responses import TRUNCATED_HEADER
 from mlxcel.http.schemas import CreateResponseBody
+from mlxcel.model.fake import FakeCodec
 
 from support import FakeServer, an_ordinary_request_completes, in_thread
 
@@ -183,3 +184,73 @@ def test_the_schema_accepts_both_values() -> None:
     for value in ("auto", "disabled"):
         body = CreateResponseBody.model_validate({"model": "m", "input": "x", "truncation": value})
         assert body.truncation == value
+
+
+WINDOW = 4096
+"""The fake server's context window (and the fake codec's one token per character)."""
+
+
+class RenderCount:
+    """Every prompt the fake codec renders in this process: the calls, the messages and
+    the tokens (the work truncation does)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.calls = 0
+        self.messages = 0
+        self.tokens = 0
+        render = FakeCodec.render
+
+        def counted(codec: FakeCodec, messages: Any, *args: Any, **kwargs: Any) -> list[int]:
+            self.calls += 1
+            self.messages += len(messages)
+            prompt = render(codec, messages, *args, **kwargs)
+            self.tokens += len(prompt)
+            return prompt
+
+        monkeypatch.setattr(FakeCodec, "render", counted)
+
+
+async def test_a_huge_lead_is_refused_after_counting_what_could_fit(
+    fake_server: FakeServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """99,000 developer messages (always kept) cannot fit: the 400 comes once the messages
+    counted pass the window, not after rendering all of them (a create and a count)."""
+    items: list[dict[str, Any]] = [{"role": "developer", "content": f"d{n}"} for n in range(99_000)]
+    items.append({"role": "user", "content": "echo: end"})
+    work = RenderCount(monkeypatch)
+    async with httpx.AsyncClient(base_url=fake_server.url, timeout=120) as http:
+        with trio.fail_after(60):  # generous: it used to hold a thread for seconds
+            for path in ("/v1/responses", "/v1/responses/input_tokens"):
+                body = {"model": "fake-model", "input": items, "truncation": "auto"}
+                r = await http.post(path, json=body)
+                assert r.status_code == 400, r.text
+                assert r.json()["error"]["code"] == "context_length_exceeded"
+    # A 4,096-token window holds a few hundred such messages: each is counted once, and
+    # the work is a few windows' worth, whatever the input's length.
+    assert work.tokens < 10 * WINDOW, (work.calls, work.messages, work.tokens)
+    await an_ordinary_request_completes(fake_server)
+
+
+async def test_the_work_follows_what_is_kept_not_what_was_sent(
+    fake_server: FakeServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A tool-call group of 5,000 items that cannot fit (its outputs after all its calls:
+    no cut inside) is never rendered whole: the turns after it are counted once each, the
+    group only until the window is full, then one prompt is rendered."""
+    calls = [
+        {"type": "function_call", "call_id": f"c{n}", "name": "f", "arguments": "{}"}
+        for n in range(2_500)
+    ]
+    outputs = [
+        {"type": "function_call_output", "call_id": f"c{n}", "output": "ok"} for n in range(2_500)
+    ]
+    items: list[dict[str, Any]] = [{"role": "user", "content": "start"}, *calls, *outputs]
+    items += turns(3)
+    items.append({"role": "user", "content": "echo: kept"})
+    work = RenderCount(monkeypatch)
+    r = await create(fake_server, {"input": items, "truncation": "auto", "store": False})
+    assert r.status_code == 200, r.text
+    assert r.json()["output"][0]["content"][0]["text"] == "kept"
+    assert int(r.headers[TRUNCATED_HEADER]) == 5_001  # the first turn and the group went
+    assert work.tokens < 10 * WINDOW, (work.calls, work.messages, work.tokens)
+    await an_ordinary_request_completes(fake_server)
