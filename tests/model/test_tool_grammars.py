@@ -159,6 +159,24 @@ def test_an_unquotable_grammar_is_shown_but_not_enforced(
     assert grammars.compile_custom_tools([tool], [], _tokens(hf)) is None
 
 
+def test_a_leading_dotall_flag_lets_the_dot_match_a_newline(
+    compiler: tuple[GrammarCompiler, Any],
+) -> None:
+    grammar = _reply_grammar(compiler, CustomGrammar("t", "regex", "(?s)a.b", "t"))
+    assert _accepts(compiler, grammar, _call("t", "a\nb"))
+    assert not _accepts(compiler, grammar, _call("t", "a\n\nb"))
+
+
+def test_a_rule_named_like_a_rewritten_terminal_is_kept_apart(
+    compiler: tuple[GrammarCompiler, Any],
+) -> None:
+    definition = 'start: term_a A\nterm_a: "x"\nA: "y"'
+    grammar = _reply_grammar(compiler, CustomGrammar("t", "lark", definition, "t"))
+    assert _accepts(compiler, grammar, _call("t", "xy"))
+    assert not _accepts(compiler, grammar, _call("t", "xx"))
+    assert not _accepts(compiler, grammar, _call("t", "yy"))
+
+
 @pytest.mark.parametrize(
     ("syntax", "definition"),
     [
