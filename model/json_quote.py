@@ -10,8 +10,8 @@ are. The escaped form is the canonical one `json.dumps(..., ensure_ascii=False)`
 writes: `\\"`, `\\\\`, `\\b`, `\\f`, `\\n`, `\\r`, `\\t`, and `\\u00XX` for the other
 control characters; anything else as itself.
 
-What cannot be rewritten faithfully raises `Unquotable` (the grammar is then shown to
-the model but not enforced): a case-insensitive literal or regex, regex flags other
+What cannot be rewritten faithfully raises `Unquotable` (the request is then a 400
+naming the tool's definition): a case-insensitive literal or regex, regex flags other
 than `s` and `x`, anchors or lookarounds inside a regex, a repetition above
 `MAX_REPEAT`, `%ignore`, `%json`, `%regex`, special tokens, grammar references, Unicode
 classes (`\\p{..}`) and terminals imported from anywhere but `common`'s simple ones.
