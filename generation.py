@@ -174,7 +174,8 @@ class PromptCodec(Protocol):
         """The grammar of a reply whose calls to the `custom` tools hold input their
         grammars accept (text and calls to the `others` stay free; `required`: one call,
         those to `others` valid against `call_schema`). None where the model's call
-        markup cannot be constrained; InvalidRequest for a grammar that is not valid."""
+        markup cannot be constrained; InvalidRequest for a grammar that is not valid, or
+        that the reply's grammar could not hold where it is enforced."""
         ...
 
 

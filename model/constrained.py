@@ -12,7 +12,6 @@ failed generation.
 from __future__ import annotations
 
 import json
-import logging
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -26,11 +25,11 @@ if TYPE_CHECKING:
 
 from mlxcel.errors import InvalidRequest
 from mlxcel.generation import CustomGrammar
-from mlxcel.model.tool_grammars import hermes_reply, validate
-
-log = logging.getLogger(__name__)
+from mlxcel.model.tool_grammars import call_opening, hermes_reply, invalid_grammar, validate
 
 MAX_SCHEMA_BYTES = 64 * 1024
+PROBE_STEPS = 4
+"""Tokens of a custom tool's input the request-time check reads (`_first_steps`)."""
 
 
 # Compact JSON (", " and ": " separators, no other whitespace): a model cannot pad its
@@ -117,19 +116,51 @@ class GrammarCompiler:
         required: bool = False,
     ) -> str | None:
         """Each custom tool's grammar validated (400 naming the tool), then the reply's
-        grammar in the Hermes form when the call `tokens` are known (`tool_grammars`)."""
+        grammar in the Hermes form when the call `tokens` are known (`tool_grammars`):
+        each tool's call checked alone first, so a grammar that cannot hold its call is
+        a 400 naming it, never a call left free."""
         for tool in custom:
             validate(tool, self._tokenizer)
         if tokens is None:
             return None
+        for tool in custom:
+            self._check_call(tool, tokens)
         grammar = hermes_reply(custom, others, tokens, call_schema=call_schema, required=required)
-        if grammar is None:
-            return None
         error = llguidance.LLMatcher.validate_grammar(grammar, self._tokenizer)
-        if error:  # each grammar was valid alone: show them, do not block the request
-            log.warning("custom tool grammars not enforced: %s", error[:500])
-            return None
+        if error:  # each call holds alone: the other tools' parameters do not compile
+            raise InvalidRequest(
+                f"Invalid tool parameters: {error[:500]}",
+                param="tools",
+                code="invalid_tool_parameters",
+            )
         return grammar
+
+    def _check_call(self, tool: CustomGrammar, tokens: tuple[int, int]) -> None:
+        """400 naming `tool` unless a reply that must call it compiles and its matcher
+        reads into the input: a grammar whose parse outgrows llguidance's per-step
+        limits (a long run it forces, deep ambiguity) mostly does so right there, and a
+        matcher in error holds nothing (`GrammarMasks` lets such a row free)."""
+        grammar = hermes_reply([tool], [], tokens, required=True)
+        error = llguidance.LLMatcher.validate_grammar(grammar, self._tokenizer)
+        if not error:
+            opening = [tokens[0], *self._tokenizer.tokenize_str(call_opening(tool.name))]
+            error = self._first_steps(grammar, opening)
+        if error:
+            raise invalid_grammar(tool, f"it cannot be enforced on the call: {error}")
+
+    def _first_steps(self, grammar: str, opening: list[int]) -> str:
+        """The error (or "") of a matcher fed `opening`, then `PROBE_STEPS` tokens of
+        the input, each the lowest one its mask allows (one path of many: a check, not
+        a proof)."""
+        matcher = self.matcher(grammar)
+        for step in range(len(opening) + PROBE_STEPS):
+            mask = matcher.compute_bitmask()  # where tokens forced ahead are worked out
+            if matcher.is_error():
+                break
+            token = opening[step] if step < len(opening) else _lowest(mask)
+            if token is None or not matcher.consume_token(token):
+                break
+        return matcher.get_error() if matcher.is_error() else ""
 
     def matcher(self, grammar: str) -> llguidance.LLMatcher:
         """A fresh matcher for one sequence constrained by `grammar` (a compiled grammar)."""
@@ -231,3 +262,9 @@ class GrammarProcessor:
         bits = (mx.array(words)[self._index] >> self._shift) & 1
         allowed = mx.logical_and(bits.astype(mx.bool_), self._known)
         return mx.where(allowed, logits, mx.array(-float("inf"), dtype=logits.dtype))
+
+
+def _lowest(mask: bytes) -> int | None:
+    """The lowest token a bitmask allows (None when it allows none)."""
+    allowed = np.flatnonzero(np.unpackbits(np.frombuffer(mask, np.uint8), bitorder="little"))
+    return int(allowed[0]) if allowed.size else None

@@ -35,7 +35,7 @@ from mlxcel.generation import (
 from mlxcel.items import TokenLogprob
 from mlxcel.model.constrained import compile_schema
 from mlxcel.model.engine import LoadedModel
-from mlxcel.model.tool_grammars import validate
+from mlxcel.model.tool_grammars import check_quotable, validate
 
 DEFAULT_REPLY = "The quick brown fox jumps over the lazy dog."
 HELD_STEP_SECS = 0.005
@@ -88,10 +88,13 @@ class FakeCodec:
         call_schema: Mapping[str, Any] | None = None,
         required: bool = False,
     ) -> str | None:
-        """Each grammar validated like the real codec's (without a tokenizer); nothing to
-        enforce (the fake has no call tokens)."""
+        """Each grammar validated like the real codec's for a model that writes the Hermes
+        form (without a tokenizer): valid alone, and one the rewrite for the call's JSON
+        string carries; nothing to enforce (the fake has no call tokens)."""
         for tool in custom:
             validate(tool, None)
+            if parser == "hermes":
+                check_quotable(tool)
         return None
 
 

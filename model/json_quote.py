@@ -10,11 +10,11 @@ are. The escaped form is the canonical one `json.dumps(..., ensure_ascii=False)`
 writes: `\\"`, `\\\\`, `\\b`, `\\f`, `\\n`, `\\r`, `\\t`, and `\\u00XX` for the other
 control characters; anything else as itself.
 
-What cannot be rewritten faithfully raises `Unquotable` (the grammar is then shown to the
-model but not enforced): a case-insensitive literal or regex, anchors or lookarounds
-inside a regex, `%ignore`, `%json`, `%regex`, special tokens, grammar references,
-Unicode classes (`\\p{..}`) and terminals imported from anywhere but `common`'s
-simple ones.
+What cannot be rewritten faithfully raises `Unquotable` (the request is then a 400
+naming the tool's definition): a case-insensitive literal or regex, regex flags other
+than `s` and `x`, anchors or lookarounds inside a regex, a repetition above
+`MAX_REPEAT`, `%ignore`, `%json`, `%regex`, special tokens, grammar references, Unicode
+classes (`\\p{..}`) and terminals imported from anywhere but `common`'s simple ones.
 """
 
 from __future__ import annotations
@@ -56,7 +56,12 @@ COMMON = {
 
 
 MAX_REPEAT = 1000
-"""Bounded repetitions above this are refused (each copy is a grammar symbol)."""
+"""Bounded regex repetitions above this are refused: the rewritten grammar is parsed one
+character at a time, so each step's cost grows with a long repetition, and a long fixed
+run, forced ahead of the model at once, outgrows llguidance's per-step limits (at some
+tens of thousands of characters)."""
+_FLAGS = re.DOTALL | re.VERBOSE | re.UNICODE
+"""The flags a regex may carry (`UNICODE` is every `str` pattern's)."""
 
 
 class Unquotable(ValueError):
@@ -114,7 +119,9 @@ def quote_regex(pattern: str, flags: str = "") -> str:
             tree = sre_p.parse(pattern, py_flags)
     except (re.error, FutureWarning, RecursionError) as exc:
         raise Unquotable(f"regex {pattern[:64]!r}: {exc}") from None
-    return "(" + _seq(list(tree), bool(py_flags & re.DOTALL)) + ")"
+    if tree.state.flags & ~_FLAGS:  # a leading `(?i)`, `(?a)`, `(?m)`…: the whole regex's
+        raise Unquotable("inline flags other than s and x are not supported")
+    return "(" + _seq(list(tree), bool(tree.state.flags & re.DOTALL)) + ")"
 
 
 def _seq(items: list[Any], dotall: bool) -> str:
@@ -215,7 +222,8 @@ _TOKEN = re.compile(
 )
 _TERMINAL = re.compile(r"\b_?[A-Z][A-Z0-9_]*\b")
 """A terminal's name: each becomes a rule, since what it matches is no longer one
-regex but a sequence of one-character lexemes (`quote_regex`)."""
+regex but a sequence of one-character lexemes (`quote_regex`), named in lower case
+after a prefix none of the grammar's own names begins with (`_prefix`)."""
 _IMPORT = re.compile(r"%import\s+common\.([A-Z_]+)[ \t]*(?://[^\n]*)?$", re.MULTILINE)
 
 
@@ -223,6 +231,7 @@ def quote_lark(grammar: str) -> str:
     """The Lark grammar (llguidance's dialect) over the JSON-escaped form of the text
     `grammar` accepts; `Unquotable` when it uses what the rewrite cannot carry."""
     grammar = _IMPORT.sub(_imported, grammar)
+    prefix = _prefix(grammar)
     out: list[str] = []
     tokens = [(m.lastgroup, m.group()) for m in _TOKEN.finditer(grammar)]
     if sum(len(text) for _, text in tokens) != len(grammar):
@@ -244,9 +253,18 @@ def quote_lark(grammar: str) -> str:
         elif kind in ("directive", "special", "ref"):
             raise Unquotable(f"{text[:32]!r} is not supported in an enforced grammar")
         else:
-            out.append(_TERMINAL.sub(lambda m: "term_" + m.group().lower(), text))
+            out.append(_TERMINAL.sub(lambda m: prefix + m.group().lower(), text))
         index += 1
     return "".join(out)
+
+
+def _prefix(grammar: str) -> str:
+    """`term_`, or a longer prefix when a name of `grammar` begins with it: a rule named
+    `term_a` next to a terminal `A` would otherwise be defined twice."""
+    prefix = "term_"
+    while re.search(rf"\b{prefix}", grammar, re.IGNORECASE):
+        prefix = "t" + prefix
+    return prefix
 
 
 def _skip_space(tokens: list[tuple[str | None, str]], index: int) -> int:

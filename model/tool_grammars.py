@@ -15,16 +15,16 @@ call to another tool is free after its name (or, when the reply must call, valid
 against the calls' schema, as `tagged_call_grammar` does), and a call to a custom tool
 with a grammar is its exact JSON with the input written under that grammar, rewritten
 for the JSON string (`json_quote.py`), as a sub-grammar `@g_k` (a `regex` is the
-grammar of that one terminal). Each grammar is validated
-alone first: an invalid one is a 400 naming its tool. One the rewrite cannot carry is
-shown to the model but not enforced (logged), and so is every grammar of a model whose
-calls are not written in the Hermes form.
+grammar of that one terminal). Each grammar is validated alone first: an invalid one is
+a 400 naming its tool, and so is one the rewrite cannot carry, since a grammar that is
+offered must hold the call (a call left free would be the only sign that it did not).
+A model whose calls are not written in the Hermes form is shown each grammar in its
+tool's description only.
 """
 
 from __future__ import annotations
 
 import json
-import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -33,8 +33,6 @@ import llguidance
 from mlxcel.errors import InvalidRequest
 from mlxcel.generation import CustomGrammar
 from mlxcel.model.json_quote import Unquotable, quote_lark, quote_regex
-
-log = logging.getLogger(__name__)
 
 MAX_GRAMMAR_BYTES = 64 * 1024
 """A custom tool's grammar definition may be at most this long."""
@@ -49,23 +47,29 @@ COMPACT_JSON = {"whitespace_flexible": False, "item_separator": ", ", "key_separ
 def tool_grammar(custom: CustomGrammar) -> str:
     """`custom`'s own grammar, as llguidance compiles it (400 when it cannot)."""
     if len(custom.definition.encode()) > MAX_GRAMMAR_BYTES:
-        raise _invalid(custom, f"it is longer than {MAX_GRAMMAR_BYTES} bytes")
+        raise invalid_grammar(custom, f"it is longer than {MAX_GRAMMAR_BYTES} bytes")
     try:
         if custom.syntax == "lark":
             return str(llguidance.LLMatcher.grammar_from_lark(custom.definition))
         return str(llguidance.LLMatcher.grammar_from_regex(custom.definition))
     except (ValueError, RuntimeError) as exc:
-        raise _invalid(custom, str(exc)) from None
+        raise invalid_grammar(custom, str(exc)) from None
 
 
 def validate(custom: CustomGrammar, tokenizer: llguidance.LLTokenizer | None) -> None:
     """400 for a grammar llguidance refuses (against `tokenizer` when given)."""
     error = llguidance.LLMatcher.validate_grammar(tool_grammar(custom), tokenizer)
     if error:
-        raise _invalid(custom, error)
+        raise invalid_grammar(custom, error)
 
 
-def _invalid(custom: CustomGrammar, why: str) -> InvalidRequest:
+def check_quotable(custom: CustomGrammar) -> None:
+    """400 for a grammar the rewrite for the call's JSON string cannot carry."""
+    _value(custom, 0, [])
+
+
+def invalid_grammar(custom: CustomGrammar, why: str) -> InvalidRequest:
+    """The 400 naming `custom`'s definition."""
     return InvalidRequest(
         f"Invalid {custom.syntax} grammar for the custom tool {custom.name[:64]!r}: {why[:500]}",
         param=f"{custom.param}.definition",
@@ -82,6 +86,12 @@ def _opening(name: str) -> str:
     return "\n" + json.dumps({"name": name})[:-1] + ', "arguments": {"input": '
 
 
+def call_opening(name: str) -> str:
+    """A call's text after its `<tool_call>` token, up to the first character of its
+    input (`name`'s tool held to a grammar)."""
+    return _opening(name) + '"'
+
+
 def hermes_reply(
     custom: Sequence[CustomGrammar],
     others: Sequence[str],
@@ -89,32 +99,22 @@ def hermes_reply(
     *,
     call_schema: Mapping[str, Any] | None = None,
     required: bool = False,
-) -> str | None:
+) -> str:
     """The llguidance grammar of a reply in the Hermes form whose calls to `custom`
-    tools follow their grammars (see the module's docstring); None when no grammar
-    can be carried."""
+    tools follow their grammars (see the module's docstring); 400 naming the first
+    grammar the rewrite cannot carry."""
     rules: list[str] = []
     subs: list[dict[str, str]] = []
-    enforced: list[str] = []
-    free = list(others)
     for k, tool in enumerate(custom):
-        try:
-            value = _value(tool, k, subs)
-        except Unquotable as exc:
-            log.warning("custom tool %r: grammar not enforced (%s)", tool.name[:64], exc)
-            free.append(tool.name)
-            continue
+        value = _value(tool, k, subs)
         rules.append(f"tool_{k}: {_lit(_opening(tool.name))} {value} {_lit(CALL_CLOSING)}")
-        enforced.append(tool.name)
-    if not enforced:
-        return None
-    bodies = [f"tool_{k}" for k, t in enumerate(custom) if t.name in enforced]
+    bodies = [f"tool_{k}" for k in range(len(custom))]
     if required and call_schema is not None:
         schema = json.dumps({**call_schema, "x-guidance": COMPACT_JSON})
         rules.append(f'other: "\\n" %json {schema} "\\n"')
         bodies.append("other")
-    elif free and not required:
-        names = " | ".join(_lit(json.dumps(n)[1:-1]) for n in free)
+    elif others and not required:
+        names = " | ".join(_lit(json.dumps(n)[1:-1]) for n in others)
         rules += [f'other: {_lit(NAME_OPENING)} ({names}) "\\"" REST', f"REST: {FREE}"]
         bodies.append("other")
     open_token, close_token = tokens
@@ -132,20 +132,14 @@ def _head(required: bool) -> str:
     return f"start: TEXT (call TEXT)*\nTEXT: {FREE}"
 
 
-def enforceable(tool: CustomGrammar) -> bool:
-    """Whether the rewrite carries the tool's grammar (else it is shown, not enforced)."""
-    try:
-        _value(tool, 0, [])
-    except Unquotable:
-        return False
-    return True
-
-
 def _value(tool: CustomGrammar, k: int, subs: list[dict[str, str]]) -> str:
     """The Lark expression of the tool's input as a JSON string (quotes included)."""
-    if tool.syntax == "regex":
-        quoted = "start: " + quote_regex(tool.definition)
-    else:
-        quoted = quote_lark(tool.definition)
+    try:
+        if tool.syntax == "regex":
+            quoted = "start: " + quote_regex(tool.definition)
+        else:
+            quoted = quote_lark(tool.definition)
+    except Unquotable as exc:
+        raise invalid_grammar(tool, f"it cannot be enforced on the call: {exc}") from None
     subs.append({"name": f"g{k}", "lark_grammar": quoted})
     return f'"\\"" @g{k} "\\""'

@@ -17,7 +17,6 @@ from typing import Any
 from mlxcel.errors import InvalidRequest, UnsupportedFeature
 from mlxcel.generation import CustomGrammar, PromptCodec, ToolUse
 from mlxcel.items import JsonValue, flat_name
-from mlxcel.model.tool_grammars import enforceable
 from mlxcel.prepare.custom_tools import custom_definition, custom_grammars, custom_names
 from mlxcel.prepare.policy import HOSTED_TOOLS_HINT
 
@@ -187,8 +186,7 @@ def tool_use(
     if enforced:
         held = _custom_grammar(use, enforced, codec)
         if held is not None:
-            names = frozenset(c.name for c in enforced if enforceable(c))
-            use = dataclasses.replace(use, held=names)
+            use = dataclasses.replace(use, held=frozenset(c.name for c in enforced))
         return definitions, use, held
     return definitions, use, _call_grammar(use, codec) if use.required else None
 

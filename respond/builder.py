@@ -208,7 +208,7 @@ class ResponseBuilder:
         events += self._answer(self._stops.finish())
         events += self._close_reasoning()
         if self._parser is not None:
-            events += self._parsed(self._parser.finish())
+            events += self._parsed(self._parser.finish(cut=reason == "length"))
             events += self._settle_held()
         answered = any(isinstance(i, FunctionCall | Message) for i in self._output)
         if not answered and self._message is None:

@@ -174,7 +174,7 @@ class ScriptedParser:
     def feed(self, text: str) -> list[ParseEvent]:
         return list(self._batches.pop(0)) if self._batches else []
 
-    def finish(self) -> list[ParseEvent]:
+    def finish(self, *, cut: bool = False) -> list[ParseEvent]:
         rest = [e for batch in self._batches for e in batch]
         self._batches = []
         return rest

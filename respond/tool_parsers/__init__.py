@@ -59,8 +59,13 @@ class ToolParser(Protocol):
         """Events for the next piece of generated text."""
         ...
 
-    def finish(self) -> list[ParseEvent]:
-        """The closing events, once generation has ended."""
+    def finish(self, *, cut: bool = False) -> list[ParseEvent]:
+        """The closing events, once generation has ended.
+
+        `cut`: it ended at its token budget, so a call still open was cut short. The
+        `<tool_call>` forms (Hermes, Qwen3-Coder) drop such a call unless it parses
+        whole, so its markup never becomes text; the other forms read what is left as
+        at any other end."""
         ...
 
     @property

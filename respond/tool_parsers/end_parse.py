@@ -55,7 +55,8 @@ class EndParser(ParserBase, ABC):
         self._buffer = self._buffer[start:]
         return events
 
-    def finish(self) -> list[ParseEvent]:
+    def finish(self, *, cut: bool = False) -> list[ParseEvent]:
+        # `cut` changes nothing here (see `ToolParser.finish`).
         text, self._buffer = self._buffer, ""
         events: list[ParseEvent] = []
         pos = search = 0

@@ -2,7 +2,8 @@
 
 Text outside the tags passes through as it arrives; a call's argument text streams out
 while it is generated, and the parse at its closing tag (or at the end of generation)
-is authoritative. Subclasses may read another body between the same tags.
+is authoritative. A call cut short by the token budget is dropped, never shown as text
+(its markup is unmistakable). Subclasses may read another body between the same tags.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ class HermesToolParser(ParserBase):
         super().__init__(names, parameters)
         self._buffer = ""
         self._call: TaggedCall | None = None
+        self._cut = False  # generation ended at its token budget
 
     def feed(self, text: str) -> list[ParseEvent]:
         self._buffer += text
@@ -53,8 +55,9 @@ class HermesToolParser(ParserBase):
             events += self._close(self._call, closed=True)
             self._call = None
 
-    def finish(self) -> list[ParseEvent]:
+    def finish(self, *, cut: bool = False) -> list[ParseEvent]:
         events: list[ParseEvent] = []
+        self._cut = cut
         if self._call is not None:  # generation ended inside a call
             self._call.raw += self._buffer
             self._buffer = ""
@@ -72,6 +75,9 @@ class HermesToolParser(ParserBase):
         """Settle the call: `closed` when its closing tag came (not the end of text)."""
         return self._settle_json(call, call.raw, self._markup(call, closed=closed))
 
-    @staticmethod
-    def _markup(call: TaggedCall, *, closed: bool) -> str:
+    def _markup(self, call: TaggedCall, *, closed: bool) -> str:
+        """The text a call that does not parse becomes: none for one the token budget
+        cut short, which is a call unfinished rather than text."""
+        if self._cut and not closed:
+            return ""
         return OPEN + call.raw + (CLOSE if closed else "")

@@ -32,7 +32,8 @@ class RunParser(ParserBase, ABC):
             pass
         return events
 
-    def finish(self) -> list[ParseEvent]:
+    def finish(self, *, cut: bool = False) -> list[ParseEvent]:
+        # `cut` changes nothing here (see `ToolParser.finish`).
         events: list[ParseEvent] = []
         while self._step(events, final=True):
             pass

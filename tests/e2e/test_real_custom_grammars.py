@@ -9,6 +9,7 @@ import re
 import time
 from typing import Any
 
+import httpx
 import llguidance
 import llguidance.hf
 import openai
@@ -108,33 +109,42 @@ DEEP_LARK += '\nr500: "y"'
 
 
 @pytest.mark.parametrize(
-    ("syntax", "definition"),
+    ("syntax", "definition", "refused"),
     [
-        ("regex", "((a{100}){100}){100}"),
-        ("regex", "(a|aa)*(a|aa)*b{1000}"),
-        ("lark", DEEP_LARK),
-        ("lark", "start: /[\\s\\S]{1000}x/"),
+        ("regex", "((a{100}){100}){100}", True),  # a million forced characters
+        ("regex", "(a|aa)*(a|aa)*b{1000}", False),
+        ("lark", DEEP_LARK, True),  # ambiguity beyond the parser's per-step limits
+        ("lark", "start: /[\\s\\S]{1000}x/", False),
     ],
 )
 def test_a_pathological_grammar_is_answered_in_bounded_time(
-    real_server: RealServer, syntax: str, definition: str
+    real_server: RealServer, syntax: str, definition: str, refused: bool
 ) -> None:
+    """Answered in bounded time, or refused with a 400 naming the definition when its
+    parse outgrows llguidance's per-step limits as the input begins (rather than a call
+    left free)."""
     client = real_server.client()
     tool = {
         "type": "custom",
         "name": "t",
         "format": {"type": "grammar", "syntax": syntax, "definition": definition},
     }
+    ask: dict[str, Any] = {
+        "model": real_server.alias,
+        "input": "Call the tool.",
+        "tools": [tool],
+        "tool_choice": {"type": "custom", "name": "t"},
+        "max_output_tokens": 16,
+    }
     started = time.monotonic()
-    response = client.responses.create(
-        model=real_server.alias,
-        input="Call the tool.",
-        tools=[tool],  # type: ignore[list-item]
-        tool_choice={"type": "custom", "name": "t"},
-        max_output_tokens=16,
-    )
+    if refused:
+        with pytest.raises(openai.BadRequestError) as caught:
+            client.responses.create(**ask)
+        assert caught.value.body["param"] == "tools[0].format.definition"  # type: ignore[index]
+    else:
+        response = client.responses.create(**ask)
+        assert response.status in ("completed", "incomplete")
     assert time.monotonic() - started < 120
-    assert response.status in ("completed", "incomplete")
     ordinary = client.responses.create(
         model=real_server.alias, input="Say hi.", max_output_tokens=4, temperature=0
     )
@@ -152,3 +162,53 @@ def test_an_invalid_grammar_is_a_400_naming_the_tool(real_server: RealServer) ->
         )
     assert caught.value.body["param"] == "tools[0].format.definition"  # type: ignore[index]
     assert "apply_patch" in caught.value.message
+
+
+@pytest.mark.parametrize(
+    ("syntax", "definition"),
+    [("regex", "[0-9a-f]{4000}"), ("lark", "start: /[0-9a-f]{4000}/")],
+)
+@pytest.mark.parametrize("choice", ["auto", {"type": "custom", "name": "digest"}])
+def test_a_repetition_above_the_limit_is_a_400_naming_the_definition(
+    real_server: RealServer, syntax: str, definition: str, choice: Any
+) -> None:
+    tool = {
+        "type": "custom",
+        "name": "digest",
+        "format": {"type": "grammar", "syntax": syntax, "definition": definition},
+    }
+    client = real_server.client()
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.responses.create(
+            model=real_server.alias,
+            input="Write a digest.",
+            tools=[tool],  # type: ignore[list-item]
+            tool_choice=choice,
+            max_output_tokens=8,
+        )
+    assert caught.value.body["param"] == "tools[0].format.definition"  # type: ignore[index]
+    assert caught.value.body["code"] == "invalid_grammar"  # type: ignore[index]
+    assert "digest" in caught.value.message
+    assert "repetitions above 1000" in caught.value.message
+    assert httpx.get(f"{real_server.url}/health", timeout=10).status_code == 200
+    ordinary = client.responses.create(
+        model=real_server.alias, input="Say hi.", max_output_tokens=4, temperature=0
+    )
+    assert ordinary.status in ("completed", "incomplete")
+
+
+def test_function_parameters_no_grammar_holds_beside_a_custom_tool_are_a_400(
+    real_server: RealServer,
+) -> None:
+    """A forced call's grammar holds the other tools' calls to their parameters too."""
+    lookahead = {"type": "object", "properties": {"a": {"type": "string", "pattern": "(?=x)a"}}}
+    with pytest.raises(openai.BadRequestError) as caught:
+        real_server.client().responses.create(
+            model=real_server.alias,
+            input="Call a tool.",
+            tools=[{"type": "function", "name": "f", "parameters": lookahead}, LABEL],  # type: ignore[list-item]
+            tool_choice="required",
+            max_output_tokens=8,
+        )
+    assert caught.value.body["param"] == "tools"  # type: ignore[index]
+    assert caught.value.body["code"] == "invalid_tool_parameters"  # type: ignore[index]

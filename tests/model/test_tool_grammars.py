@@ -151,12 +151,110 @@ def test_what_the_rewrite_cannot_carry_is_named(definition: str) -> None:
         quote_lark(definition)
 
 
-def test_an_unquotable_grammar_is_shown_but_not_enforced(
-    compiler: tuple[GrammarCompiler, Any],
+@pytest.mark.parametrize(
+    ("syntax", "definition", "said"),
+    [
+        ("lark", 'start: "a"i', "case-insensitive"),
+        ("regex", "[0-9a-f]{4000}", "repetitions above 1000"),
+        ("lark", "start: /[0-9a-f]{4000}/", "repetitions above 1000"),
+        ("regex", "(?i)[a-f]+", "inline flags"),
+    ],
+)
+def test_a_grammar_the_rewrite_cannot_carry_is_a_400_naming_the_tool(
+    compiler: tuple[GrammarCompiler, Any], syntax: str, definition: str, said: str
 ) -> None:
     grammars, hf = compiler
-    tool = CustomGrammar("t", "lark", 'start: "a"i', "tools[0].format")
-    assert grammars.compile_custom_tools([tool], [], _tokens(hf)) is None
+    tool = CustomGrammar("hexdump", syntax, definition, "tools[1].format")  # type: ignore[arg-type]
+    with pytest.raises(InvalidRequest) as caught:
+        grammars.compile_custom_tools([tool], ["get_weather"], _tokens(hf))
+    assert caught.value.param == "tools[1].format.definition"
+    assert caught.value.code == "invalid_grammar"
+    assert "hexdump" in caught.value.message
+    assert said in caught.value.message
+
+
+DEEP_LARK = "start: r0\n" + "\n".join(f'r{i}: r{i + 1} r{i + 1} | "x"' for i in range(500))
+
+
+@pytest.mark.parametrize(
+    ("syntax", "definition"),
+    [
+        ("regex", "((a{100}){100}){10}"),
+        ("regex", "(x{1000}){1000}"),
+        ("lark", 'start: "a" ~ 100000'),
+        ("lark", DEEP_LARK + '\nr500: "y"'),
+    ],
+)
+def test_a_grammar_whose_parse_outgrows_the_limits_at_once_is_a_400_naming_the_tool(
+    compiler: tuple[GrammarCompiler, Any], syntax: str, definition: str
+) -> None:
+    """Each repetition is within the limit, or a Lark `~`; yet the run they force, or the
+    ambiguity of 500 nested rules, is more than llguidance's parser holds per step from
+    the input's first characters on, where a matcher in error would leave the call free."""
+    grammars, hf = compiler
+    tool = CustomGrammar("t", syntax, definition, "tools[0].format")  # type: ignore[arg-type]
+    with pytest.raises(InvalidRequest) as caught:
+        grammars.compile_custom_tools([tool], [], _tokens(hf), required=True)
+    assert caught.value.param == "tools[0].format.definition"
+
+
+def test_repetitions_up_to_the_limit_are_enforced_exactly(
+    compiler: tuple[GrammarCompiler, Any],
+) -> None:
+    digits = "0123456789abcdef" * 63
+    for tool, size in [
+        (CustomGrammar("t", "regex", "[0-9a-f]{1000}", "t"), 1000),
+        (CustomGrammar("t", "lark", "start: H ~ 4000\nH: /[0-9a-f]/", "t"), 4000),
+    ]:
+        grammar = _reply_grammar(compiler, tool)
+        text = (digits * 4)[:size]
+        assert _accepts(compiler, grammar, _call("t", text))
+        assert not _accepts(compiler, grammar, _call("t", text[:-1]))
+        assert not _accepts(compiler, grammar, _call("t", text + "a"))
+
+
+def test_a_leading_dotall_flag_lets_the_dot_match_a_newline(
+    compiler: tuple[GrammarCompiler, Any],
+) -> None:
+    grammar = _reply_grammar(compiler, CustomGrammar("t", "regex", "(?s)a.b", "t"))
+    assert _accepts(compiler, grammar, _call("t", "a\nb"))
+    assert not _accepts(compiler, grammar, _call("t", "a\n\nb"))
+
+
+def test_a_rule_named_like_a_rewritten_terminal_is_kept_apart(
+    compiler: tuple[GrammarCompiler, Any],
+) -> None:
+    definition = 'start: term_a A\nterm_a: "x"\nA: "y"'
+    grammar = _reply_grammar(compiler, CustomGrammar("t", "lark", definition, "t"))
+    assert _accepts(compiler, grammar, _call("t", "xy"))
+    assert not _accepts(compiler, grammar, _call("t", "xx"))
+    assert not _accepts(compiler, grammar, _call("t", "yy"))
+
+
+def test_parameters_no_grammar_can_hold_beside_a_custom_tool_are_a_400(
+    compiler: tuple[GrammarCompiler, Any],
+) -> None:
+    from mlxcel.model.prompt import TemplateCodec
+    from mlxcel.prepare.tools import tool_use
+
+    grammars, hf = compiler
+    lookahead = {"type": "string", "pattern": "(?=x)a"}
+    tools: list[dict[str, Any]] = [
+        {
+            "type": "function",
+            "name": "f",
+            "parameters": {"type": "object", "properties": {"a": lookahead}},
+        },
+        {
+            "type": "custom",
+            "name": "shout",
+            "format": {"type": "grammar", "syntax": "regex", "definition": "[A-Z]+"},
+        },
+    ]
+    with pytest.raises(InvalidRequest) as caught:
+        tool_use(tools, "required", TemplateCodec(hf, grammars), parser="hermes")  # type: ignore[arg-type]
+    assert caught.value.param == "tools"
+    assert caught.value.code == "invalid_tool_parameters"
 
 
 @pytest.mark.parametrize(
@@ -219,7 +317,7 @@ def test_a_call_tag_spelled_with_ordinary_tokens_is_refused(
     assert not _accepts(compiler, grammar, inside + "\n</tool_call>")
 
 
-def test_only_enforced_tools_lose_the_bare_call_fallback(
+def test_only_tools_with_a_grammar_lose_the_bare_call_fallback(
     compiler: tuple[GrammarCompiler, Any],
 ) -> None:
     from mlxcel.model.prompt import TemplateCodec
@@ -232,11 +330,6 @@ def test_only_enforced_tools_lose_the_bare_call_fallback(
             "type": "custom",
             "name": "held",
             "format": {"type": "grammar", "syntax": "regex", "definition": "[a-z]+"},
-        },
-        {
-            "type": "custom",
-            "name": "shown",
-            "format": {"type": "grammar", "syntax": "lark", "definition": 'start: "a"i'},
         },
         {"type": "custom", "name": "free"},
     ]

@@ -68,22 +68,27 @@ def test_the_finish_reason_sets_the_status(
     assert record.output == (item.done,)
 
 
-def test_a_length_stop_inside_a_call_turns_its_markup_into_text() -> None:
+def test_a_length_stop_inside_a_call_drops_the_call_and_its_markup() -> None:
     b = plain(tools=hermes())
     events = feed(b, [HI, F_CALL[0]])
     closing, record = b.finish("length")
     items = replay(events + closing)
-    assert statuses(items) == [
-        (Message, "completed"),
-        (FunctionCall, "incomplete"),
-        (Message, "incomplete"),
-    ]
+    assert statuses(items) == [(Message, "completed"), (FunctionCall, "incomplete")]
     assert record.status == "incomplete"
     assert record.incomplete_reason == "max_output_tokens"
-    # The call did not parse: no call is kept, its markup is the last message's text.
+    # The call was cut short: it is not kept, and its markup is no text either.
     assert not any(isinstance(i, FunctionCall) for i in record.output)
-    assert record.output_text == HI + F_CALL[0]
+    assert record.output_text == HI
+    assert not any(isinstance(e, OutputTextDelta) and "<tool_call>" in e.delta for e in closing)
     kept(items, record)
+
+
+def test_a_length_stop_right_after_a_call_tag_answers_with_an_empty_message() -> None:
+    b = plain(tools=hermes())
+    events = feed(b, ["<tool_call>"])
+    closing, record = b.finish("length")
+    assert statuses(replay(events + closing)) == [(Message, "incomplete")]
+    assert record.output_text == ""
 
 
 def interrupt_cases() -> list[Any]:

@@ -14,6 +14,7 @@ from mlxcel.respond.tool_parsers import (
     CallOpened,
     HermesToolParser,
     ParseEvent,
+    Qwen3CoderToolParser,
     TextPiece,
     fallback_call,
 )
@@ -115,3 +116,37 @@ def test_bare_or_fenced_json_fallback(reply: str) -> None:
 )
 def test_fallback_ignores_everything_else(reply: str) -> None:
     assert fallback_call(reply, NAMES) is None
+
+
+@pytest.mark.parametrize("parser", [HermesToolParser, Qwen3CoderToolParser])
+@pytest.mark.parametrize(
+    "cut",
+    [
+        "<tool_call>",
+        '<tool_call>\n{"name": "get_wea',
+        '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Par',
+        "<tool_call>\n<function=get_weather>\n<parameter=city>\nPar",
+    ],
+)
+def test_a_call_cut_by_the_token_budget_is_dropped_not_text(
+    tokenizer: Any, parser: type[HermesToolParser], cut: str
+) -> None:
+    reading = parser(NAMES)
+    events: list[ParseEvent] = []
+    for piece in pieces(tokenizer, "Let me check. " + cut):
+        events += reading.feed(piece)
+    events += reading.finish(cut=True)
+    text, calls, _ = summary(events)
+    assert (text, calls) == ("Let me check. ", [])
+    opened = [e.index for e in events if isinstance(e, CallOpened)]
+    assert opened == [e.index for e in events if isinstance(e, CallDropped)]
+
+
+def test_a_cut_call_that_parses_whole_is_kept_and_an_unfinished_one_at_a_stop_is_text() -> None:
+    whole = '<tool_call>{"name": "get_time", "arguments": {}}'
+    reading = HermesToolParser(NAMES)
+    events = reading.feed(whole) + reading.finish(cut=True)
+    assert summary(events)[:2] == ("", [("get_time", "{}")])
+    reading = HermesToolParser(NAMES)  # the model itself ended there: what it wrote stays
+    events = reading.feed(whole[:-3]) + reading.finish()
+    assert summary(events)[:2] == (whole[:-3], [])

@@ -336,7 +336,7 @@ class ScriptedParser:
     def feed(self, text: str) -> list[ParseEvent]:
         return self._batches.pop(0) if self._batches else []
 
-    def finish(self) -> list[ParseEvent]:
+    def finish(self, *, cut: bool = False) -> list[ParseEvent]:
         rest, self._batches = [e for b in self._batches for e in b], []
         return rest
 
