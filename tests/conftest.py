@@ -135,7 +135,7 @@ async def _until_ready(url: str, patience: float = 30) -> None:
 
 @pytest.fixture
 def servers(tmp_path: Path) -> Iterator[ServerProcesses]:
-    """Server processes on the fake engine a test starts (`tests/server_process.py`),
+    """Server processes on the fake engine a test starts (`tests/helpers/server_process.py`),
     killed at its end whatever happened."""
     started = ServerProcesses(tmp_path)
     try:

@@ -1,6 +1,6 @@
 """A server process on the fake engine, started with the real command line's flags.
 
-    python tests/fake_server_main.py [--fake-step-delay SECONDS] [--fake-hold WORD]
+    python tests/helpers/fake_server_main.py [--fake-step-delay SECONDS] [--fake-hold WORD]
         [mlxcel-server flags]
 
 Every server flag (`--store`, the store limits, `--parallel`, ...) goes through the
