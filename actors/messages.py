@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import trio
 
@@ -16,6 +17,9 @@ from mlxcel.errors import MlxcelError
 from mlxcel.generation import GenerationRequest
 from mlxcel.items import ResponseRecord
 from mlxcel.respond.events import ResponseEvent
+
+if TYPE_CHECKING:  # the lease module imports this catalogue
+    from mlxcel.actors.fleet_lease import ModelLease
 
 # --- scheduler ---------------------------------------------------------------------
 
@@ -148,9 +152,12 @@ JobAdmission = JobAdmitted | JobRefused
 
 @dataclass(frozen=True, slots=True)
 class SubmitJob:
-    """Admit a background job; the reply says whether it was admitted."""
+    """Admit a background job that runs on the model `lease` holds (the job owns that
+    share from now on and ends it when the job ends, or at once if refused); the reply
+    says whether it was admitted."""
 
     request: GenerationRequest
+    lease: ModelLease
     reply: trio.MemorySendChannel[JobAdmission]
 
 

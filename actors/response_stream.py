@@ -87,9 +87,7 @@ class ResponseStream:
         stream closes itself, so nothing is left holding a place."""
         try:
             answer_send, answer = trio.open_memory_channel[Admission](1)
-            # Marked first: a cancel can land after the control task took the command.
-            self._submitted = True
-            command = Generate(self._request, self._send)
+            command = self._command()
             await self._control.send(Submit(command, self._waits, answer_send))
             admitted = await answer.receive()
         except BaseException:
@@ -110,6 +108,12 @@ class ResponseStream:
             f"queue is full ({self._depth}). Retry shortly.",
             code="server_overloaded",
         )
+
+    def _command(self) -> Generate:
+        """The command that queues this response, marked submitted first: a cancel can
+        land after the control task took it."""
+        self._submitted = True
+        return Generate(self._request, self._send)
 
     @property
     def prompt_tokens(self) -> int:
@@ -183,10 +187,7 @@ class SchedulerHandle:
         """Run a request to its end: its final record (the events on the way are dropped)."""
         async with self.stream(request, waits=waits) as events:
             await events.submit()
-            async for event in events:
-                if isinstance(event, ResponseFinished):
-                    return event.record
-        raise GenerationFailed("The response ended without a result.")
+            return await final_record(events)
 
     async def cancel(self, response_id: str, *, tenant: str = "") -> ResponseRecord | None:
         """Cancel a queued or running response of `tenant`; its final record, or None if
@@ -209,6 +210,15 @@ class SchedulerHandle:
         send, recv = trio.open_memory_channel[T](1)
         await self._control.send(make(send))
         return await recv.receive()
+
+
+async def final_record(events: ResponseStream) -> ResponseRecord:
+    """A submitted response read to its end: its final record (the events on the way
+    are dropped)."""
+    async for event in events:
+        if isinstance(event, ResponseFinished):
+            return event.record
+    raise GenerationFailed("The response ended without a result.")
 
 
 RELEASE_DEADLINE_SECS = 10.0

@@ -23,11 +23,11 @@ from typing import Any, Protocol
 
 import trio
 
+from mlxcel.actors.fleet_lease import ModelLease
 from mlxcel.actors.response_stream import ResponseStream, release
 from mlxcel.errors import GenerationFailed
 from mlxcel.generation import GenerationRequest
 from mlxcel.http.chat_objects import summed_usage
-from mlxcel.http.handles import Handles
 from mlxcel.http.rate_limits import metered
 from mlxcel.http.streaming import bind_to_exchange
 from mlxcel.items import ResponseRecord, Usage, new_id
@@ -66,12 +66,12 @@ async def metered_all(generations: Sequence[GenerationRequest]) -> list[Generati
 
 
 async def submit_all(
-    h: Handles, generations: Sequence[GenerationRequest], *, bind: bool
+    lease: ModelLease, generations: Sequence[GenerationRequest], *, bind: bool
 ) -> list[ResponseStream]:
-    """Every choice submitted, or none left running: a refusal (503) closes the ones
-    already admitted and returns the reservations of those never submitted. `bind`:
-    each stream closes when the HTTP exchange ends."""
-    streams = [h.scheduler.stream(g) for g in generations]
+    """Every choice submitted to the model `lease` holds, or none left running: a
+    refusal (503) closes the ones already admitted and returns the reservations of
+    those never submitted. `bind`: each stream closes when the HTTP exchange ends."""
+    streams = [lease.stream(g) for g in generations]
     submitted = 0
     try:
         for stream in streams:
@@ -89,9 +89,11 @@ async def submit_all(
     return streams
 
 
-async def run_all(h: Handles, generations: Sequence[GenerationRequest]) -> list[ResponseRecord]:
+async def run_all(
+    lease: ModelLease, generations: Sequence[GenerationRequest]
+) -> list[ResponseRecord]:
     """Every choice run to its end, together: their final records, in choice order."""
-    streams = await submit_all(h, generations, bind=False)
+    streams = await submit_all(lease, generations, bind=False)
     records: dict[int, ResponseRecord] = {}
 
     async def last(index: int, stream: ResponseStream) -> None:
