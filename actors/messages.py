@@ -44,13 +44,15 @@ class Admission(enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class Submit:
-    """Queue `command` for a slot; the reply says whether it was accepted.
+    """Queue `commands`, each for a slot of its own; the reply says whether they were
+    accepted, all of them or none (the `n` choices of one request).
 
-    A request (`waits=False`) is refused when the waiting queue is full; a background
-    job (`waits=True`) is always accepted and waits its turn (the job cap bounds them).
-    Once the drain has begun (`Drain`), every submission is refused."""
+    Requests (`waits=False`) are refused unless the idle slots and the waiting queue's
+    free places can take them all; background jobs (`waits=True`) are always accepted
+    and wait their turn (the job cap bounds them). Once the drain has begun (`Drain`),
+    every submission is refused."""
 
-    command: Generate
+    commands: tuple[Generate, ...]
     waits: bool
     reply: trio.MemorySendChannel[Admission]
 
