@@ -141,9 +141,11 @@ class JobSupervisor:
         Resource handling: at most `max_jobs` jobs are active, and their approximate
         bytes (the queued object plus room for its output) stay within the response
         store's byte budget; admission never evicts stored responses. The inbox is
-        unbuffered. Stopping the supervisor cancels every job (a shutdown's drain ends
-        them first); a job left unfinished in a durable store, by a crash, is ended
-        `failed` when the store next opens.
+        unbuffered. Each job holds its share of its request's model lease until it
+        ends, however it ends (a refused one gives it back at once), so its model is
+        never unloaded under it and is unloaded once it is done. Stopping the supervisor
+        cancels every job (a shutdown's drain ends them first); a job left unfinished in
+        a durable store, by a crash, is ended `failed` when the store next opens.
 
         Error handling: a job's generation failure ends it `failed` (`server_error`); a
         final object larger than the whole store budget is replaced by a small `failed`

@@ -1,5 +1,6 @@
-"""The fleet of models and its router, on fake engines and Trio's autojump clock (no
-HTTP): loads, evictions, leases, idle unloads, pins and failed loads."""
+"""The fleet of models and its leases, on fake engines and Trio's autojump clock (no
+HTTP): loads, evictions, leases (one per request, shared by its streams, raced by
+unloads), idle unloads, pins and failed loads."""
 
 from __future__ import annotations
 
