@@ -16,7 +16,6 @@ from mlxcel.actors.fleet import ConfiguredModel, Fleet
 from mlxcel.actors.fleet_engines import EngineSpec
 from mlxcel.actors.fleet_router import FleetScheduler
 from mlxcel.actors.jobs import JobsHandle, JobSupervisor
-from mlxcel.actors.scheduler import SchedulerHandle
 from mlxcel.actors.webhooks import WebhookPolicy, WebhookSender, WebhooksHandle
 from mlxcel.config import Settings
 from mlxcel.errors import ConfigError
@@ -146,9 +145,8 @@ async def _start_actors(
         after_unload=after_unload,
     )
     fleet: Fleet = await nursery.start(fleet_actor.run)
-    scheduler = FleetScheduler(fleet, settings.max_queue_depth)
+    scheduler = FleetScheduler(fleet)
     supervisor = JobSupervisor(
-        scheduler,
         store,
         max_jobs=settings.background_max_jobs,
         max_bytes=settings.responses.max_bytes,
@@ -214,7 +212,7 @@ def default_limits(settings: Settings) -> KeyLimits:
 
 
 async def _drain(
-    shutdown: trio.Event, grace_secs: float, scheduler: SchedulerHandle, jobs: JobsHandle
+    shutdown: trio.Event, grace_secs: float, scheduler: FleetScheduler, jobs: JobsHandle
 ) -> None:
     """After `shutdown`: let in-flight responses finish within `grace_secs`, then end the
     rest (running jobs `failed`, requests `incomplete`, each with its terminal event)."""

@@ -7,22 +7,27 @@ needs the model and stopped when it is evicted, unloaded by hand or idle. The fl
 decides which are loaded: at most `--max-loaded-models` at once, the least recently used
 unpinned one evicted to make room, once its work has drained.
 
-Work holds a model by a lease (`acquire` / `release`): a request from preparation to its
-end, a response from its submission to its stream's close, a background job from its
-submission to its end. An unload waits for the leases to go; meanwhile new work for the
-model waits for its reload (`acquire` after the unload). Everything here runs on the
-Trio thread, so no lock is needed: each state change wakes every waiter, who looks again.
+Work holds a model by a lease (`open_model`, `actors/fleet_lease.py`): one per request,
+taken before its preparation and held until the last of its work ends (a streamed
+response's close, a background job's end), its submissions made through it. An unload
+waits for the leases to go; meanwhile new requests for the model wait for its reload.
+A holder never waits for another lease, so an unload never waits on work that waits on
+it. Everything here runs on the Trio thread, so no lock is needed: each state change
+wakes every waiter, who looks again.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
 import trio
 
 from mlxcel.actors.fleet_engines import Engines, EngineSpec, run_engines
+from mlxcel.actors.fleet_lease import ModelLease
 from mlxcel.errors import ConfigError, ModelLoadFailed, ModelNotFound, ModelPinned, ShuttingDown
 from mlxcel.generation import ModelNames
 from mlxcel.metrics import Metrics
@@ -175,11 +180,27 @@ class Fleet:
 
     # --- leases -------------------------------------------------------------------
 
-    async def acquire(self, key: str) -> Engines:
+    @asynccontextmanager
+    async def open_model(self, asked: str | None) -> AsyncIterator[ModelLease]:
+        """The lease of one request on the model it names (None: the default), held
+        for the block and by whatever shares it there: `ModelNotFound` (404) at once
+        for a name no configured model answers to, else as `take`."""
+        async with await self.take(self.find(asked)) as lease:
+            yield lease
+
+    async def take(self, key: str) -> ModelLease:
+        """A lease on model `key` (found), once it is loaded, for the caller to end
+        (`async with` it): `open_model` without the lookup, for a caller that waits
+        for the load in steps of its own (`http/loading.py`)."""
+        engines = await self._acquire(key)
+        return ModelLease.taken(key, engines, functools.partial(self._release, key))
+
+    async def _acquire(self, key: str) -> Engines:
         """The engines of model `key`, loading it first if it is not loaded (evicting
-        another at the limit); the caller holds a lease until `release`. Raises
+        another at the limit), with one lease more until `_release`. Raises
         `ModelLoadFailed` (503) when the load fails, `ShuttingDown` when the server
-        stops. Many callers of an unloaded model share one load."""
+        stops. Many callers of an unloaded model share one load; a model being unloaded
+        is loaded again once its unload is over."""
         entry = self._entries[key]
         while True:
             if self._closed:
@@ -201,7 +222,7 @@ class Fleet:
             else:
                 await self._changed.wait()  # an unload finishing, then a new load
 
-    def release(self, key: str) -> None:
+    def _release(self, key: str) -> None:
         """End one lease of model `key`: its idle time starts when the last one ends."""
         entry = self._entries[key]
         entry.users -= 1
@@ -212,8 +233,8 @@ class Fleet:
 
     async def load(self, key: str) -> None:
         """Load model `key` (as a request for it would) and return once it is loaded."""
-        await self.acquire(key)
-        self.release(key)
+        await self._acquire(key)
+        self._release(key)
 
     async def unload(self, key: str) -> None:
         """Unload model `key` once its work has drained; `ModelPinned` (409) if pinned."""

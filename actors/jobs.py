@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 import trio
 
+from mlxcel.actors.fleet_lease import ModelLease
 from mlxcel.actors.job_events import EventRecorder, FrameEncoder
 from mlxcel.actors.messages import (
     CancelJob,
@@ -30,7 +31,6 @@ from mlxcel.actors.messages import (
 )
 from mlxcel.actors.replies import answer
 from mlxcel.actors.response_stream import release
-from mlxcel.actors.scheduler import SchedulerHandle
 from mlxcel.actors.webhooks import WebhooksHandle
 from mlxcel.errors import RateLimited, ShuttingDown, StoreUnavailable
 from mlxcel.generation import GenerationRequest
@@ -56,12 +56,18 @@ class JobsHandle:
     def __init__(self, inbox: trio.MemorySendChannel[JobCommand]) -> None:
         self._inbox = inbox
 
-    async def submit(self, request: GenerationRequest) -> ResponseRecord:
-        """Admit a job: its `queued` record, or `RateLimited` (429). A request with a
-        prelude (compaction) runs it in its slot like any other; if it fails, the job
-        fails."""
+    async def submit(self, request: GenerationRequest, lease: ModelLease) -> ResponseRecord:
+        """Admit a job that runs on the model `lease` holds: its `queued` record, or
+        `RateLimited` (429). The job holds a share of the lease until it ends, so its
+        model stays loaded for it. A request with a prelude (compaction) runs it in its
+        slot like any other; if it fails, the job fails."""
         send, recv = trio.open_memory_channel[JobAdmission](1)
-        await self._inbox.send(SubmitJob(request, send))
+        held = lease.share()
+        try:
+            await self._inbox.send(SubmitJob(request, held, send))
+        except BaseException:
+            held.end()  # never reached the supervisor
+            raise
         match await recv.receive():
             case JobAdmitted(record):
                 return record
@@ -85,6 +91,8 @@ class JobsHandle:
 @dataclass
 class _Job:
     request: GenerationRequest
+    lease: ModelLease
+    """Its share of its request's lease: its model stays loaded until the job ends."""
     bytes: int
     owner: JobOwner
     """Who the store says holds the job: this process, in the life it was admitted in."""
@@ -105,7 +113,6 @@ class _Job:
 class JobSupervisor:
     def __init__(
         self,
-        scheduler: SchedulerHandle,
         store: StoreHandle,
         *,
         max_jobs: int,
@@ -115,7 +122,6 @@ class JobSupervisor:
         webhooks: WebhooksHandle | None = None,
     ) -> None:
         """`encode` writes the frames of the jobs' event logs; None keeps no log."""
-        self._scheduler = scheduler
         self._encode = encode
         self._webhooks = webhooks
         self._store = store
@@ -135,9 +141,11 @@ class JobSupervisor:
         Resource handling: at most `max_jobs` jobs are active, and their approximate
         bytes (the queued object plus room for its output) stay within the response
         store's byte budget; admission never evicts stored responses. The inbox is
-        unbuffered. Stopping the supervisor cancels every job (a shutdown's drain ends
-        them first); a job left unfinished in a durable store, by a crash, is ended
-        `failed` when the store next opens.
+        unbuffered. Each job holds its share of its request's model lease until it
+        ends, however it ends (a refused one gives it back at once), so its model is
+        never unloaded under it and is unloaded once it is done. Stopping the supervisor
+        cancels every job (a shutdown's drain ends them first); a job left unfinished in
+        a durable store, by a crash, is ended `failed` when the store next opens.
 
         Error handling: a job's generation failure ends it `failed` (`server_error`); a
         final object larger than the whole store budget is replaced by a small `failed`
@@ -154,9 +162,10 @@ class JobSupervisor:
             async with recv:
                 async for command in recv:
                     match command:
-                        case SubmitJob(request, reply):
-                            admission = await self._admit(request, nursery)
+                        case SubmitJob(request, lease, reply):
+                            admission = await self._admit(request, lease, nursery)
                             if isinstance(admission, JobRefused):
+                                lease.end()
                                 await release(request)
                             reply.send_nowait(admission)
                         case CancelJob(response_id, reply, tenant):
@@ -173,6 +182,7 @@ class JobSupervisor:
     async def _admit(
         self,
         request: GenerationRequest,
+        lease: ModelLease,
         nursery: trio.Nursery,
     ) -> JobAdmission:
         queued = dataclasses.replace(request.record, status="queued", usage=Usage())
@@ -206,7 +216,8 @@ class JobSupervisor:
             owner = await self._store.register_job(queued)
         except StoreUnavailable as exc:
             return JobRefused(exc)
-        job = _Job(dataclasses.replace(request, record=queued), size, owner, delivery=delivery)
+        queued_request = dataclasses.replace(request, record=queued)
+        job = _Job(queued_request, lease, size, owner, delivery=delivery)
         if self._encode is not None and self._store.events is not None:
             job.recorder = EventRecorder(self._store.events, self._encode, queued.id)
             await job.recorder.begin(queued)
@@ -297,6 +308,7 @@ class JobSupervisor:
                     if job.delivery is not None and self._webhooks is not None:
                         self._webhooks.ended(job.delivery, final)
         finally:
+            job.lease.end()  # its model may be unloaded now
             del self._jobs[record_id]
             self._active_bytes -= job.bytes
             self._move(job, "failed" if final is None else final.status)
@@ -326,8 +338,9 @@ class JobSupervisor:
             self._drained.clear()
 
     async def _generate(self, job: _Job) -> ResponseRecord:
-        """Run the job through the scheduler, recording `in_progress` when a slot takes it."""
-        async with self._scheduler.stream(job.request, waits=True) as events:
+        """Run the job on its model's scheduler, recording `in_progress` when a slot
+        takes it."""
+        async with job.lease.stream(job.request, waits=True) as events:
             await events.submit()
             async for event in events:
                 if job.recorder is not None:

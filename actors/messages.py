@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import trio
 
@@ -16,6 +17,9 @@ from mlxcel.errors import MlxcelError
 from mlxcel.generation import GenerationRequest
 from mlxcel.items import ResponseRecord
 from mlxcel.respond.events import ResponseEvent
+
+if TYPE_CHECKING:  # the lease module imports this catalogue
+    from mlxcel.actors.fleet_lease import ModelLease
 
 # --- scheduler ---------------------------------------------------------------------
 
@@ -40,13 +44,15 @@ class Admission(enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class Submit:
-    """Queue `command` for a slot; the reply says whether it was accepted.
+    """Queue `commands`, each for a slot of its own; the reply says whether they were
+    accepted, all of them or none (the `n` choices of one request).
 
-    A request (`waits=False`) is refused when the waiting queue is full; a background
-    job (`waits=True`) is always accepted and waits its turn (the job cap bounds them).
-    Once the drain has begun (`Drain`), every submission is refused."""
+    Requests (`waits=False`) are refused unless the idle slots and the waiting queue's
+    free places can take them all; background jobs (`waits=True`) are always accepted
+    and wait their turn (the job cap bounds them). Once the drain has begun (`Drain`),
+    every submission is refused."""
 
-    command: Generate
+    commands: tuple[Generate, ...]
     waits: bool
     reply: trio.MemorySendChannel[Admission]
 
@@ -148,9 +154,12 @@ JobAdmission = JobAdmitted | JobRefused
 
 @dataclass(frozen=True, slots=True)
 class SubmitJob:
-    """Admit a background job; the reply says whether it was admitted."""
+    """Admit a background job that runs on the model `lease` holds (the job owns that
+    share from now on and ends it when the job ends, or at once if refused); the reply
+    says whether it was admitted."""
 
     request: GenerationRequest
+    lease: ModelLease
     reply: trio.MemorySendChannel[JobAdmission]
 
 

@@ -12,7 +12,7 @@ up on any reader after the send deadline.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import TypeVar
 
@@ -85,31 +85,19 @@ class ResponseStream:
 
         A background job (`waits`) is always queued. Cancelled or failing here, the
         stream closes itself, so nothing is left holding a place."""
-        try:
-            answer_send, answer = trio.open_memory_channel[Admission](1)
-            # Marked first: a cancel can land after the control task took the command.
-            self._submitted = True
-            command = Generate(self._request, self._send)
-            await self._control.send(Submit(command, self._waits, answer_send))
-            admitted = await answer.receive()
-        except BaseException:
-            await self.aclose()
-            raise
-        if admitted is Admission.ADMITTED:
-            return
+        await submit_together([self])
+
+    async def _refused(self) -> None:
+        """Not admitted: closed, and what its request reserved returned."""
         self._submitted = False
         await self.aclose()
         await release(self._request)
-        if admitted is Admission.CLOSED:
-            raise ShuttingDown(
-                "The server is shutting down; retry on another server.",
-                code="server_shutting_down",
-            )
-        raise QueueFull(
-            "The server is busy: every generation slot is in use and the waiting "
-            f"queue is full ({self._depth}). Retry shortly.",
-            code="server_overloaded",
-        )
+
+    def _command(self) -> Generate:
+        """The command that queues this response, marked submitted first: a cancel can
+        land after the control task took it."""
+        self._submitted = True
+        return Generate(self._request, self._send)
 
     @property
     def prompt_tokens(self) -> int:
@@ -163,6 +151,39 @@ class ResponseStream:
         return event
 
 
+async def submit_together(streams: Sequence[ResponseStream]) -> None:
+    """Queue the responses of `streams` (all on one scheduler, all requests or all jobs)
+    in one step, all or none: the `n` choices of one request are admitted only if every
+    one fits, so two such requests racing for the last slots never leave each other
+    half admitted and both refused. Refused, every stream closes and returns its
+    reservation (`QueueFull`, or `ShuttingDown` while the server drains); cancelled or
+    failing, every stream closes."""
+    first = streams[0]
+    try:
+        answer_send, answer = trio.open_memory_channel[Admission](1)
+        commands = tuple(stream._command() for stream in streams)
+        await first._control.send(Submit(commands, first._waits, answer_send))
+        admitted = await answer.receive()
+    except BaseException:
+        for stream in streams:
+            await stream.aclose()  # shielded inside
+        raise
+    if admitted is Admission.ADMITTED:
+        return
+    for stream in streams:
+        await stream._refused()
+    if admitted is Admission.CLOSED:
+        raise ShuttingDown(
+            "The server is shutting down; retry on another server.",
+            code="server_shutting_down",
+        )
+    raise QueueFull(
+        "The server is busy: every generation slot is in use and the waiting "
+        f"queue is full ({first._depth}). Retry shortly.",
+        code="server_overloaded",
+    )
+
+
 class SchedulerHandle:
     def __init__(self, control: trio.MemorySendChannel[SchedulerCommand], depth: int) -> None:
         self._control = control
@@ -183,10 +204,7 @@ class SchedulerHandle:
         """Run a request to its end: its final record (the events on the way are dropped)."""
         async with self.stream(request, waits=waits) as events:
             await events.submit()
-            async for event in events:
-                if isinstance(event, ResponseFinished):
-                    return event.record
-        raise GenerationFailed("The response ended without a result.")
+            return await final_record(events)
 
     async def cancel(self, response_id: str, *, tenant: str = "") -> ResponseRecord | None:
         """Cancel a queued or running response of `tenant`; its final record, or None if
@@ -209,6 +227,15 @@ class SchedulerHandle:
         send, recv = trio.open_memory_channel[T](1)
         await self._control.send(make(send))
         return await recv.receive()
+
+
+async def final_record(events: ResponseStream) -> ResponseRecord:
+    """A submitted response read to its end: its final record (the events on the way
+    are dropped)."""
+    async for event in events:
+        if isinstance(event, ResponseFinished):
+            return event.record
+    raise GenerationFailed("The response ended without a result.")
 
 
 RELEASE_DEADLINE_SECS = 10.0

@@ -116,8 +116,8 @@ class Scheduler:
         async with inbox:
             async for command in inbox:
                 match command:
-                    case Submit(generate, waits, reply):
-                        answer(reply, self._admit(generate, waits))
+                    case Submit(commands, waits, reply):
+                        answer(reply, self._admit(commands, waits))
                     case SlotIdle(slot):
                         self._idle.append(slot)
                         self._dispatch()
@@ -138,13 +138,18 @@ class Scheduler:
                         answer(reply, self._position(response_id))
                 self._wake_idle_waiters()
 
-    def _admit(self, command: Generate, waits: bool) -> Admission:
+    def _admit(self, commands: tuple[Generate, ...], waits: bool) -> Admission:
+        """All of `commands` into the line, or none. Requests fit only if the idle slots
+        and the line's free places take every one of them at once (the line holds
+        requests only while no slot is idle, so the two never overlap)."""
         if self._closed:
             return Admission.CLOSED
-        if not waits and not self._idle and self._waiting_requests >= self._depth:
+        room = len(self._idle) + self._depth - self._waiting_requests
+        if not waits and len(commands) > room:
             return Admission.FULL
-        self._line.append(_Waiting(command, waits))
-        self._waiting_requests += not waits
+        for command in commands:
+            self._line.append(_Waiting(command, waits))
+            self._waiting_requests += not waits
         self._dispatch()
         return Admission.ADMITTED
 

@@ -15,6 +15,7 @@ from typing import Any
 
 from quart import Blueprint, Response
 
+from mlxcel.actors.fleet_lease import ModelLease
 from mlxcel.errors import InvalidRequest
 from mlxcel.generation import GenerationRequest, ServedModel
 from mlxcel.http.access_log import note_record
@@ -43,7 +44,7 @@ from mlxcel.http.choices import (
     with_summed_usage,
 )
 from mlxcel.http.guards import current_tenant
-from mlxcel.http.handles import Handles, handles, json_response, served
+from mlxcel.http.handles import Handles, handles, json_response
 from mlxcel.http.rate_limits import rate_limited
 from mlxcel.http.streaming import data_stream_response, translated_response
 from mlxcel.items import ResponseRecord
@@ -59,34 +60,44 @@ chat = Blueprint("chat", __name__)
 @rate_limited
 async def create_chat_completion() -> Response:
     body = await read_model(ChatCompletionBody)
+    async with handles().fleet.open_model(body.model) as lease:  # until the work is handed on
+        return await _chat_completion(body, lease)
+
+
+async def _chat_completion(body: ChatCompletionBody, lease: ModelLease) -> Response:
     h = handles()
-    model = await served(body.model)
+    model = lease.served()
     check_item_count(body.messages, model.info.context_length)
     params = await off_loop(chat_params, body)
     generations = await _prepare(h, model, params, check_n(body.n))
     logprobs = bool(body.logprobs)
     if not body.stream:
-        records = await _run(h, generations)
+        records = await _run(lease, generations)
         return json_response(chat_completion(records, logprobs=logprobs))
     chunks = [
         ChatChunks(generations[0].record, body.include_usage, logprobs, i, len(generations) == 1)
         for i in range(len(generations))
     ]
     first = [c.first() for c in chunks]
-    return await _stream(h, generations, first, chunks, body.include_usage)
+    return await _stream(h, lease, generations, first, chunks, body.include_usage)
 
 
 @chat.post("/completions")
 @rate_limited
 async def create_completion() -> Response:
     body = await read_model(CompletionBody)
-    h = handles()
     params = completion_params(body)  # its 400s before the 503 of a model still loading
-    generations = await _prepare(h, await served(body.model), params, check_n(body.n))
+    async with handles().fleet.open_model(body.model) as lease:  # until the work is handed on
+        return await _completion(body, params, lease)
+
+
+async def _completion(body: CompletionBody, params: ResponseParams, lease: ModelLease) -> Response:
+    h = handles()
+    generations = await _prepare(h, lease.served(), params, check_n(body.n))
     prefix = body.text if body.echo else ""
     logprobs = body.logprobs is not None
     if not body.stream:
-        records = await _run(h, generations)
+        records = await _run(lease, generations)
         return json_response(text_completion(records, prefix=prefix, logprobs=logprobs))
     chunks = [
         TextChunks(
@@ -95,7 +106,7 @@ async def create_completion() -> Response:
         for i in range(len(generations))
     ]
     first = [f for c in chunks if (f := c.first()) is not None]
-    return await _stream(h, generations, first, chunks, body.include_usage)
+    return await _stream(h, lease, generations, first, chunks, body.include_usage)
 
 
 async def _prepare(
@@ -114,18 +125,19 @@ async def _prepare(
     return await metered_all(fan_out(prepared, n))
 
 
-async def _run(h: Handles, generations: list[GenerationRequest]) -> list[ResponseRecord]:
+async def _run(lease: ModelLease, generations: list[GenerationRequest]) -> list[ResponseRecord]:
     """Every choice's final record (a 500 when one failed)."""
     if len(generations) == 1:
-        records = [await h.scheduler.generate(generations[0])]
+        records = [await lease.generate(generations[0])]
     else:
-        records = await run_all(h, generations)
+        records = await run_all(lease, generations)
     note_record(with_summed_usage(records))
     return [finished(record) for record in records]
 
 
 async def _stream(
     h: Handles,
+    lease: ModelLease,
     generations: list[GenerationRequest],
     first: list[dict[str, Any]],
     chunks: Sequence[ChatChunks] | Sequence[TextChunks],
@@ -134,9 +146,9 @@ async def _stream(
     """The choices' chunks as one stream (one choice: as every response streams); every
     chunk carries the first choice's id."""
     if len(generations) == 1:
-        return await translated_response(h, generations[0], first, chunks[0].translate)
+        return await translated_response(h, lease, generations[0], first, chunks[0].translate)
     note_record(generations[0].record)
-    events = ChoiceEvents(await submit_all(h, generations, bind=True))
+    events = ChoiceEvents(await submit_all(lease, generations, bind=True))
     events.start()
     translate = ChoiceChunks(chunks, generations, include_usage=include_usage).translate
     return data_stream_response(h, events, first, translate)

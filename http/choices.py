@@ -1,8 +1,8 @@
 """`n` choices of one Chat Completions or Completions request: `n` responses on one prompt.
 
 Each choice is a response of its own on a generation slot of its own, so admission
-counts `n`: the choices are submitted one after the other, and when the line refuses
-one (503) the ones already in are withdrawn and the rest never start. The prompt is
+counts `n`: the choices are submitted in one step, all admitted or all refused (503),
+so two requests racing for the last slots never leave each other half admitted. The prompt is
 prepared once and read once where the prompt cache is on: the engine holds a waiting
 prompt that shares an uncached prefix with one being read until that one is read,
 then starts it from the cached KV state, so the other `n - 1` choices read only the
@@ -23,11 +23,11 @@ from typing import Any, Protocol
 
 import trio
 
-from mlxcel.actors.response_stream import ResponseStream, release
+from mlxcel.actors.fleet_lease import ModelLease
+from mlxcel.actors.response_stream import ResponseStream, release, submit_together
 from mlxcel.errors import GenerationFailed
 from mlxcel.generation import GenerationRequest
 from mlxcel.http.chat_objects import summed_usage
-from mlxcel.http.handles import Handles
 from mlxcel.http.rate_limits import metered
 from mlxcel.http.streaming import bind_to_exchange
 from mlxcel.items import ResponseRecord, Usage, new_id
@@ -66,32 +66,24 @@ async def metered_all(generations: Sequence[GenerationRequest]) -> list[Generati
 
 
 async def submit_all(
-    h: Handles, generations: Sequence[GenerationRequest], *, bind: bool
+    lease: ModelLease, generations: Sequence[GenerationRequest], *, bind: bool
 ) -> list[ResponseStream]:
-    """Every choice submitted, or none left running: a refusal (503) closes the ones
-    already admitted and returns the reservations of those never submitted. `bind`:
-    each stream closes when the HTTP exchange ends."""
-    streams = [h.scheduler.stream(g) for g in generations]
-    submitted = 0
-    try:
+    """Every choice submitted to the model `lease` holds in one step, or none
+    (`submit_together`): a refusal (503) closes them all and returns their
+    reservations. `bind`: each stream closes when the HTTP exchange ends."""
+    streams = [lease.stream(g) for g in generations]
+    if bind:
         for stream in streams:
-            if bind:
-                bind_to_exchange(stream)
-            await stream.submit()  # a refused one closes and releases itself
-            submitted += 1
-    except BaseException:
-        with trio.CancelScope(shield=True):
-            for stream in streams[:submitted]:
-                await stream.aclose()
-            for generation in generations[submitted + 1 :]:
-                await release(generation)
-        raise
+            bind_to_exchange(stream)
+    await submit_together(streams)
     return streams
 
 
-async def run_all(h: Handles, generations: Sequence[GenerationRequest]) -> list[ResponseRecord]:
+async def run_all(
+    lease: ModelLease, generations: Sequence[GenerationRequest]
+) -> list[ResponseRecord]:
     """Every choice run to its end, together: their final records, in choice order."""
-    streams = await submit_all(h, generations, bind=False)
+    streams = await submit_all(lease, generations, bind=False)
     records: dict[int, ResponseRecord] = {}
 
     async def last(index: int, stream: ResponseStream) -> None:

@@ -11,7 +11,7 @@ from mlxcel.errors import InvalidRequest
 from mlxcel.http.access_log import exchange_note
 from mlxcel.http.body import read_model
 from mlxcel.http.guards import current_tenant
-from mlxcel.http.handles import handles, json_response, served
+from mlxcel.http.handles import handles, json_response
 from mlxcel.http.objects import item_json, usage_json
 from mlxcel.http.params import compaction_params
 from mlxcel.http.rate_limits import metered_generate, rate_limited
@@ -29,11 +29,12 @@ compact = Blueprint("compact", __name__)
 async def compact_history() -> Response:
     body = await read_model(CompactBody)
     h = handles()
-    model = await served(body.model)  # a 404 before any other answer
-    _check(body, model.info.context_length)
-    params = await off_loop(compaction_params, body, tenant=current_tenant())
-    compaction = await prepare_compaction(params, model, h.store)
-    output, usage = await compaction.run(metered_generate(h.scheduler.generate))
+    async with h.fleet.open_model(body.model) as lease:  # a 404 before any other answer
+        model = lease.served()
+        _check(body, model.info.context_length)
+        params = await off_loop(compaction_params, body, tenant=current_tenant())
+        compaction = await prepare_compaction(params, model, h.store)
+        output, usage = await compaction.run(metered_generate(lease.generate))
     response_id = new_id("resp")
     exchange_note().response(response_id, usage)
     return json_response(

@@ -13,9 +13,9 @@ import trio
 from quart import Quart, Response, current_app
 
 from mlxcel.actors.fleet import Fleet
+from mlxcel.actors.fleet_router import FleetScheduler
 from mlxcel.actors.jobs import JobsHandle
-from mlxcel.actors.scheduler import SchedulerHandle
-from mlxcel.generation import ModelNames, ServedModel
+from mlxcel.generation import ModelNames
 from mlxcel.keys import Keyring
 from mlxcel.metrics import Metrics
 from mlxcel.prepare.policy import ClientPolicy
@@ -31,9 +31,10 @@ class Handles:
     """What the routes talk to."""
 
     fleet: Fleet
-    """Every configured model, its state and its engines when loaded."""
-    scheduler: SchedulerHandle
-    """Routes each response to its model's scheduler (`actors/fleet_router.py`)."""
+    """Every configured model, its state and its engines when loaded; a route holds
+    its model by one lease (`Fleet.open_model`) and submits through it."""
+    scheduler: FleetScheduler
+    """Cancels, drains and statistics over every loaded model's scheduler."""
     store: StoreHandle
     jobs: JobsHandle
     echo: EchoHandle
@@ -76,26 +77,3 @@ def json_response(body: Any, status: int = 200) -> Response:
     # a bug, answered as a 500 and logged).
     data = json.dumps(body, allow_nan=False)
     return Response(data, status=status, content_type="application/json")
-
-
-async def served(asked: str | None) -> ServedModel:
-    """The model a request names (None: the default), loaded if need be, as preparation
-    takes it: `ModelNotFound` (404) for a name no configured model answers to,
-    `ModelLoadFailed` (503) when it cannot be loaded. The current HTTP exchange holds the
-    model until it ends, so it is not unloaded between preparation and submission."""
-    fleet = handles().fleet
-    key = fleet.find(asked)
-    engines = await fleet.acquire(key)
-    exchange = trio.lowlevel.current_task().parent_nursery
-    if exchange is None:  # pragma: no cover - a route always runs in an exchange
-        fleet.release(key)
-    else:
-        exchange.start_soon(_hold_until_exchange_ends, fleet, key)
-    return engines.served()
-
-
-async def _hold_until_exchange_ends(fleet: Fleet, key: str) -> None:
-    try:
-        await trio.sleep_forever()
-    finally:
-        fleet.release(key)

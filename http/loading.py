@@ -14,48 +14,57 @@ from typing import cast
 import trio
 from quart import stream_with_context
 
+from mlxcel.actors.fleet_lease import ModelLease
 from mlxcel.errors import MlxcelError
-from mlxcel.generation import ServedModel
 from mlxcel.http.handles import handles
 from mlxcel.http.sse import SseEncoder
 from mlxcel.respond.events import KeepAlive, StreamError
 
 log = logging.getLogger(__name__)
 
-Then = Callable[[ServedModel, SseEncoder], AsyncGenerator[bytes]]
-"""What the stream sends once the model is loaded, given it and the frames' encoder."""
+Then = Callable[[ModelLease, SseEncoder], AsyncGenerator[bytes]]
+"""What the stream sends once the model is loaded, given its lease and the frames'
+encoder."""
 
 
 def loading_body(key: str, then: Then) -> AsyncIterator[bytes]:
     """The frames of a stream that waits for model `key` to load, then runs `then`
-    (in the request's context, so it prepares as the route would)."""
+    (in the request's context, so it prepares as the route would) under the request's
+    one lease, held until the stream ends (its response shares it)."""
     h = handles()
     encoder = SseEncoder(progress=h.progress_events)
 
     async def frames() -> AsyncIterator[bytes]:
         fleet = handles().fleet
+        lease: ModelLease | None = None
         try:
-            while True:
+            while lease is None:
                 with trio.move_on_after(h.keepalive_secs):
-                    engines = await fleet.acquire(key)  # held until the response is queued
-                    break
-                yield encoder.encode(KeepAlive(""))  # still loading
-            try:
-                body = then(engines.served(), encoder)
-                first = await anext(body)
-            finally:
-                fleet.release(key)  # the response, once queued, holds the model itself
-        except StopAsyncIteration:
-            return
+                    lease = await fleet.take(key)
+                if lease is None:
+                    yield encoder.encode(KeepAlive(""))  # still loading
         except MlxcelError as exc:
-            code = exc.code or "server_error"
-            yield encoder.encode(StreamError("", code, exc.message))
+            yield _error(encoder, exc)
             return
-        yield first
-        async with aclosing(body):
-            async for frame in body:
-                yield frame
+        async with lease:
+            body = then(lease, encoder)
+            try:
+                first = await anext(body)
+            except StopAsyncIteration:
+                return
+            except MlxcelError as exc:
+                yield _error(encoder, exc)
+                return
+            yield first
+            async with aclosing(body):
+                async for frame in body:
+                    yield frame
 
     # In the request's context, as the route is (its tenant, its key's admission).
     in_context = cast(Callable[[], AsyncIterator[bytes]], stream_with_context(frames))
     return in_context()
+
+
+def _error(encoder: SseEncoder, exc: MlxcelError) -> bytes:
+    """The one `error` event of a stream whose 200 has been sent."""
+    return encoder.encode(StreamError("", exc.code or "server_error", exc.message))

@@ -21,12 +21,13 @@ from typing import cast
 
 from quart import Blueprint, Response, request
 
-from mlxcel.generation import GenerationRequest
+from mlxcel.actors.fleet_lease import ModelLease
+from mlxcel.generation import GenerationRequest, ServedModel
 from mlxcel.http.access_log import note_record
 from mlxcel.http.body import read_model
 from mlxcel.http.chat_objects import finished
 from mlxcel.http.guards import current_tenant
-from mlxcel.http.handles import handles, json_response, served
+from mlxcel.http.handles import handles, json_response
 from mlxcel.http.messages_objects import Thinking, message_json
 from mlxcel.http.messages_params import message_params
 from mlxcel.http.messages_schemas import CountTokensBody, MessagesBody
@@ -75,16 +76,21 @@ async def add_request_id(response: Response) -> Response:
 @rate_limited
 async def create_message() -> Response:
     body = await read_model(MessagesBody)
-    generation = await _prepare(body)
+    async with handles().fleet.open_model(body.model) as lease:  # until the work is handed on
+        return await _message(body, lease)
+
+
+async def _message(body: MessagesBody, lease: ModelLease) -> Response:
+    generation = await _prepare(body, lease.served())
     thinking = Thinking(_signer(generation), shown=_shown(body))
     h = handles()
     if not body.stream:
-        record = finished(await h.scheduler.generate(generation))
+        record = finished(await lease.generate(generation))
         note_record(record)
         return json_response(message_json(record, thinking))
     events = MessageEvents(generation.record, len(generation.prompt), thinking)
     return await translated_response(
-        h, generation, [events.first()], events.translate, MESSAGE_FRAMES
+        h, lease, generation, [events.first()], events.translate, MESSAGE_FRAMES
     )
 
 
@@ -93,18 +99,18 @@ async def create_message() -> Response:
 async def count_message_tokens() -> Response:
     body = await read_model(CountTokensBody)
     h = handles()
-    model = await served(body.model)  # a 404 before any other answer
-    check_item_count(body.messages, model.info.context_length)
-    params = await off_loop(message_params, body)
-    params = dataclasses.replace(params, tenant=current_tenant())
-    tokens = await input_token_count(params, model, policy=h.policy, store=h.store, echo=h.echo)
+    async with h.fleet.open_model(body.model) as lease:  # a 404 before any other answer
+        model = lease.served()
+        check_item_count(body.messages, model.info.context_length)
+        params = await off_loop(message_params, body)
+        params = dataclasses.replace(params, tenant=current_tenant())
+        tokens = await input_token_count(params, model, policy=h.policy, store=h.store, echo=h.echo)
     return json_response({"input_tokens": tokens})
 
 
-async def _prepare(body: MessagesBody) -> GenerationRequest:
+async def _prepare(body: MessagesBody, model: ServedModel) -> GenerationRequest:
     """The request prepared for its tenant, as a chat completion is; its traces signed."""
     h = handles()
-    model = await served(body.model)
     check_item_count(body.messages, model.info.context_length)
     params = await off_loop(message_params, body)
     params = dataclasses.replace(params, tenant=current_tenant())

@@ -12,13 +12,14 @@ from contextlib import aclosing
 
 from quart import Blueprint, Response
 
+from mlxcel.actors.fleet_lease import ModelLease
 from mlxcel.errors import InvalidRequest
 from mlxcel.generation import GenerationRequest, ServedModel
 from mlxcel.http.access_log import exchange_note, note_record
 from mlxcel.http.body import read_model
 from mlxcel.http.files import check_file_urls
 from mlxcel.http.guards import current_tenant
-from mlxcel.http.handles import Handles, handles, json_response, served
+from mlxcel.http.handles import Handles, handles, json_response
 from mlxcel.http.loading import loading_body
 from mlxcel.http.objects import response_json
 from mlxcel.http.params import response_params
@@ -48,17 +49,25 @@ async def create_response() -> Response:
     if body.stream and h.fleet.state(key) != "loaded":
         # The stream opens now and has `mlx.progress` events while the model loads.
         return _event_stream(loading_body(key, functools.partial(_streamed, body)))
-    generation = await _prepared(body, await served(body.model))
+    async with h.fleet.open_model(body.model) as lease:  # until the work is handed on
+        return await _answered(body, lease)
+
+
+async def _answered(body: CreateResponseBody, lease: ModelLease) -> Response:
+    """The answer to `body` on the model `lease` holds: run to its end, queued as a
+    background job, or streamed (the job and the stream share the lease)."""
+    h = handles()
+    generation = await _prepared(body, lease.served())
     truncated = {TRUNCATED_HEADER: str(generation.truncated_items)} if body.truncation else {}
     if generation.record.echo.background:
-        record = await h.jobs.submit(generation)
+        record = await h.jobs.submit(generation, lease)
         note_record(record)
         return _with_headers(json_response(response_json(record)), truncated)
     if not body.stream:
-        record = await h.scheduler.generate(generation)
+        record = await lease.generate(generation)
         note_record(record)
         return _with_headers(json_response(response_json(record)), truncated)
-    return _with_headers(_event_stream(await _streamed_body(generation)), truncated)
+    return _with_headers(_event_stream(await _streamed_body(lease, generation)), truncated)
 
 
 async def _prepared(body: CreateResponseBody, model: ServedModel) -> GenerationRequest:
@@ -74,23 +83,24 @@ async def _prepared(body: CreateResponseBody, model: ServedModel) -> GenerationR
 
 
 async def _streamed(
-    body: CreateResponseBody, model: ServedModel, encoder: SseEncoder
+    body: CreateResponseBody, lease: ModelLease, encoder: SseEncoder
 ) -> AsyncGenerator[bytes]:
     """The frames of a streamed response once its model is loaded (`loading_body`)."""
-    streamed = await _streamed_body(await _prepared(body, model), encoder)
+    generation = await _prepared(body, lease.served())
+    streamed = await _streamed_body(lease, generation, encoder)
     async with aclosing(streamed):
         async for frame in streamed:
             yield frame
 
 
 async def _streamed_body(
-    generation: GenerationRequest, encoder: SseEncoder | None = None
+    lease: ModelLease, generation: GenerationRequest, encoder: SseEncoder | None = None
 ) -> EventStreamBody:
     """The response submitted (503 when full) and its stream bound to the exchange."""
     h = handles()
     return EventStreamBody(
         ResponseCreated(generation.record),
-        await submitted_stream(h, generation),
+        await submitted_stream(lease, generation),
         keepalive_secs=h.keepalive_secs,
         progress=h.progress_events,
         note=exchange_note(),
@@ -116,7 +126,13 @@ def _with_headers(response: Response, headers: dict[str, str]) -> Response:
 async def count_input_tokens() -> Response:
     body = await read_model(InputTokensBody)
     h = handles()
-    model = await served(body.model)  # a 404 before any other answer
+    async with h.fleet.open_model(body.model) as lease:  # a 404 before any other answer
+        return await _counted(body, lease.served())
+
+
+async def _counted(body: InputTokensBody, model: ServedModel) -> Response:
+    """The input tokens `body` would take on `model`."""
+    h = handles()
     if body.truncation != "auto":
         check_item_count(body.input, model.info.context_length)
     check_file_urls(body.input, h.policy.image_placeholders)

@@ -22,6 +22,7 @@ from typing import Any, Protocol
 import trio
 from quart import Response
 
+from mlxcel.actors.fleet_lease import ModelLease
 from mlxcel.actors.response_stream import ResponseStream
 from mlxcel.generation import GenerationRequest
 from mlxcel.http.access_log import ExchangeNote, exchange_note, note_record
@@ -185,22 +186,25 @@ def _note_end(note: ExchangeNote | None, event: ResponseEvent) -> None:
 
 async def translated_response(
     h: Handles,
+    lease: ModelLease,
     generation: GenerationRequest,
     first: list[dict[str, Any]],
     translate: Translate,
     framing: Framing = DATA_FRAMES,
 ) -> Response:
-    """The streamed answer of `generation` in another wire format: submitted now (503,
-    or the format's overloaded answer, when the line is full) and bound to the exchange."""
-    stream = await submitted_stream(h, generation)
+    """The streamed answer of `generation` in another wire format: submitted now to the
+    model `lease` holds (503, or the format's overloaded answer, when the line is full)
+    and bound to the exchange."""
+    stream = await submitted_stream(lease, generation)
     return data_stream_response(h, stream, first, translate, framing)
 
 
-async def submitted_stream(h: Handles, generation: GenerationRequest) -> ResponseStream:
-    """`generation`'s stream, submitted (503 when the line is full) and closed when the
-    HTTP exchange ends; its usage reaches the access log when it ends."""
+async def submitted_stream(lease: ModelLease, generation: GenerationRequest) -> ResponseStream:
+    """`generation`'s stream on the model `lease` holds, submitted (503 when the line is
+    full) and closed when the HTTP exchange ends (it holds the lease until then); its
+    usage reaches the access log when it ends."""
     note_record(generation.record)
-    stream = h.scheduler.stream(generation)
+    stream = lease.stream(generation)
     bind_to_exchange(stream)
     await stream.submit()
     return stream

@@ -1,5 +1,6 @@
-"""The fleet of models and its router, on fake engines and Trio's autojump clock (no
-HTTP): loads, evictions, leases, idle unloads, pins and failed loads."""
+"""The fleet of models and its leases, on fake engines and Trio's autojump clock (no
+HTTP): loads, evictions, leases (one per request, shared by its streams, raced by
+unloads), idle unloads, pins and failed loads."""
 
 from __future__ import annotations
 
@@ -13,7 +14,6 @@ import trio.testing
 
 from mlxcel.actors.fleet import ConfiguredModel, Fleet
 from mlxcel.actors.fleet_engines import EngineSpec
-from mlxcel.actors.fleet_router import FleetScheduler
 from mlxcel.config import Settings, StoreLimits
 from mlxcel.errors import ConfigError, ModelLoadFailed, ModelNotFound, ModelPinned
 from mlxcel.generation import GenerationRequest, ModelNames, Sampling
@@ -55,12 +55,13 @@ async def start(
     idle: float = 0.0,
     pinned: tuple[str, ...] = (),
     metrics: Metrics | None = None,
-) -> tuple[Fleet, FleetScheduler]:
+    depth: int = 4,
+) -> Fleet:
     limits = StoreLimits(100, 1 << 20, 0)
     store = await nursery.start(
         StoreActor(limits, limits, DEFAULTS.background_ephemeral_ttl_secs).run
     )
-    spec = EngineSpec(store, store.echo, 2, 4, 10.0, DEFAULTS.send_timeout_secs, Metrics())
+    spec = EngineSpec(store, store.echo, 2, depth, 10.0, DEFAULTS.send_timeout_secs, Metrics())
     models = [
         ConfiguredModel(
             ModelNames(n, f"/models/{n}"), functools.partial(loads.factory, n), n in pinned
@@ -69,7 +70,7 @@ async def start(
     ]
     fleet = Fleet(models, spec, max_loaded=max_loaded, idle_unload_secs=idle, metrics=metrics)
     started: Fleet = await nursery.start(fleet.run)
-    return started, FleetScheduler(started, 4)
+    return started
 
 
 def request(model: str, text: str = "echo: hello there") -> GenerationRequest:
@@ -80,14 +81,20 @@ def request(model: str, text: str = "echo: hello there") -> GenerationRequest:
     return GenerationRequest(record, tuple(prompt), Sampling(max_tokens=50))
 
 
+async def generate(fleet: Fleet, model: str, text: str = "echo: hello there") -> ResponseRecord:
+    """One request for `model`, as a route runs it: under one lease from start to end."""
+    async with fleet.open_model(model) as lease:
+        return await lease.generate(request(model, text))
+
+
 async def at_once(
-    router: FleetScheduler, models: list[str], besides: Awaitable[None] | None = None
+    fleet: Fleet, models: list[str], besides: Awaitable[None] | None = None
 ) -> list[ResponseRecord]:
     """A request for each of `models`, all at once (and `besides` among them)."""
     records: list[ResponseRecord] = []
 
     async def ask(model: str) -> None:
-        records.append(await router.generate(request(model)))
+        records.append(await generate(fleet, model))
 
     async def other() -> None:
         if besides is not None:
@@ -111,11 +118,11 @@ async def test_requests_load_their_model_and_alternate_at_a_limit_of_one(
     nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
 ) -> None:
     loads = Loads()
-    fleet, router = await start(nursery, loads)
+    fleet = await start(nursery, loads)
     await until(fleet, "a", "loaded")
     assert fleet.state("b") == "unloaded"
     for model in ("b", "a", "b"):
-        record = await router.generate(request(model))
+        record = await generate(fleet, model)
         assert record.status == "completed"
         assert fleet.state(model) == "loaded"
         other = "a" if model == "b" else "b"
@@ -127,9 +134,9 @@ async def test_a_storm_of_requests_shares_one_load(
     nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
 ) -> None:
     loads = Loads()
-    fleet, router = await start(nursery, loads)
+    fleet = await start(nursery, loads)
     await until(fleet, "a", "loaded")
-    records = await at_once(router, ["b"] * 6)  # two slots and four places in the line
+    records = await at_once(fleet, ["b"] * 6)  # two slots and four places in the line
     assert [r.status for r in records] == ["completed"] * 6
     assert loads.count["b"] == 1
 
@@ -140,12 +147,13 @@ async def test_the_evicted_model_waits_for_its_running_work(
     """Work on `a` (a held response, as a background job's) holds `b`'s load until it
     ends; it is never cut."""
     loads = Loads()
-    fleet, router = await start(nursery, loads)
+    fleet = await start(nursery, loads)
     await until(fleet, "a", "loaded")
     loads.engines["a"].hold()
-    held = router.stream(request("a"), waits=True)
-    await held.submit()
-    nursery.start_soon(router.generate, request("b"))
+    async with fleet.open_model("a") as lease:  # the stream outlives the request's block
+        held = lease.stream(request("a"), waits=True)
+        await held.submit()
+    nursery.start_soon(generate, fleet, "b")
     await until(fleet, "a", "unloading")
     await trio.sleep(5)
     assert fleet.state("a") == "unloading"
@@ -163,12 +171,12 @@ async def test_idle_models_unload_and_load_again(
     nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
 ) -> None:
     loads = Loads()
-    fleet, router = await start(nursery, loads, max_loaded=2, idle=1.0)
+    fleet = await start(nursery, loads, max_loaded=2, idle=1.0)
     await until(fleet, "a", "loaded")
-    await router.generate(request("b"))
+    await generate(fleet, "b")
     await until(fleet, "a", "unloaded")
     await until(fleet, "b", "unloaded")
-    assert (await router.generate(request("a"))).status == "completed"
+    assert (await generate(fleet, "a")).status == "completed"
     assert loads.count == {"a": 2, "b": 1}
 
 
@@ -176,11 +184,12 @@ async def test_running_work_holds_the_idle_timer(
     nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
 ) -> None:
     loads = Loads()
-    fleet, router = await start(nursery, loads, idle=1.0)
+    fleet = await start(nursery, loads, idle=1.0)
     await until(fleet, "a", "loaded")
     loads.engines["a"].hold()
-    stream = router.stream(request("a"))
-    await stream.submit()
+    async with fleet.open_model("a") as lease:
+        stream = lease.stream(request("a"))
+        await stream.submit()
     await trio.sleep(10)
     assert fleet.state("a") == "loaded"
     loads.engines["a"].release()
@@ -193,13 +202,13 @@ async def test_pinned_models_stay_and_refuse_unload(
     nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
 ) -> None:
     loads = Loads()
-    fleet, router = await start(nursery, loads, ("a", "b", "c"), max_loaded=2, pinned=("b",))
+    fleet = await start(nursery, loads, ("a", "b", "c"), max_loaded=2, pinned=("b",))
     await until(fleet, "b", "loaded")
     await until(fleet, "a", "loaded")
     with pytest.raises(ModelPinned):
         await fleet.unload("b")
     for model in ("c", "a", "c"):
-        await router.generate(request(model))
+        await generate(fleet, model)
         assert fleet.state("b") == "loaded"
     assert loads.count["b"] == 1
 
@@ -210,39 +219,99 @@ async def test_a_model_that_fails_to_load_fails_its_requests_alone(
     loads = Loads()
     loads.fail.add("b")
     metrics = Metrics()
-    fleet, router = await start(nursery, loads, metrics=metrics)
+    fleet = await start(nursery, loads, metrics=metrics)
     await until(fleet, "a", "loaded")
     with pytest.raises(ModelLoadFailed, match="truncated") as info:
-        await router.generate(request("b"))
+        await generate(fleet, "b")
     assert info.value.code == "model_load_failed"
     assert fleet.state("b") == "unloaded"
     assert "truncated" in (fleet.error("b") or "")
-    assert (await router.generate(request("a"))).status == "completed"
+    assert (await generate(fleet, "a")).status == "completed"
     assert metrics.model_loads.labels("b", "failed")._value.get() == 1
     loads.fail.clear()  # mended: the next request loads it
-    assert (await router.generate(request("b"))).status == "completed"
+    assert (await generate(fleet, "b")).status == "completed"
 
 
 async def test_an_unload_racing_a_request_serves_the_request(
     nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
 ) -> None:
     loads = Loads()
-    fleet, router = await start(nursery, loads)
+    fleet = await start(nursery, loads)
     await until(fleet, "a", "loaded")
-    records = await at_once(router, ["a", "a"], fleet.unload("a"))
+    records = await at_once(fleet, ["a", "a"], fleet.unload("a"))
     assert [r.status for r in records] == ["completed", "completed"]
     assert fleet.state("a") in ("loaded", "unloaded")
+
+
+@pytest.mark.parametrize("racer", ["unload", "eviction"])
+async def test_an_unload_racing_requests_in_preparation_serves_them_first(
+    nursery: trio.Nursery, racer: str
+) -> None:
+    """Sixteen requests hold `a` while they are prepared when an unload begins (by hand,
+    or to make room for `b`): each submits through the lease it holds, so each is served
+    and the unload ends after them. None waits on the unload that waits on it. (On the
+    real clock: the loads run on model threads, and a jumping clock would reach the
+    deadline while one works.)"""
+    loads = Loads()
+    fleet = await start(nursery, loads, depth=16)
+    await until(fleet, "a", "loaded")
+    prepared, holding, statuses = trio.Event(), trio.Semaphore(0), []
+
+    async def ask_a() -> None:
+        async with fleet.open_model("a") as lease:
+            holding.release()
+            await prepared.wait()  # its preparation, under its lease
+            statuses.append((await lease.generate(request("a"))).status)
+
+    with trio.fail_after(30):  # a deadlock fails here
+        async with trio.open_nursery() as racing:
+            for _ in range(16):
+                racing.start_soon(ask_a)
+            for _ in range(16):
+                await holding.acquire()
+            if racer == "unload":
+                racing.start_soon(fleet.unload, "a")
+            else:
+                racing.start_soon(generate, fleet, "b")
+            await until(fleet, "a", "unloading")
+            prepared.set()
+    assert statuses == ["completed"] * 16
+    assert fleet.state("a") == "unloaded"
+    assert fleet.state("b") == ("unloaded" if racer == "unload" else "loaded")
+    assert (await generate(fleet, "a")).status == "completed"
+
+
+async def test_a_lease_shared_by_a_stream_holds_the_model_until_the_stream_closes(
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
+    """The request's block ends once its stream is submitted; the stream keeps the model,
+    and the unload waits for it to close, however late."""
+    loads = Loads()
+    fleet = await start(nursery, loads)
+    await until(fleet, "a", "loaded")
+    async with fleet.open_model("a") as lease:
+        stream = lease.stream(request("a"))
+        await stream.submit()
+    nursery.start_soon(fleet.unload, "a")
+    await until(fleet, "a", "unloading")
+    await trio.sleep(30)
+    assert fleet.state("a") == "unloading"
+    async with stream:
+        assert [e async for e in stream][-1].record.status == "completed"  # type: ignore[attr-defined]
+    await until(fleet, "a", "unloaded")
+    with pytest.raises(RuntimeError):
+        lease.share()  # ended with its block: nothing may lean on it any more
 
 
 async def test_a_requester_leaving_during_a_load_leaves_nothing_held(
     nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
 ) -> None:
     loads = Loads()
-    fleet, router = await start(nursery, loads, idle=1.0)
+    fleet = await start(nursery, loads, idle=1.0)
     await until(fleet, "a", "loaded")
     loads.gate.clear()
     with trio.move_on_after(0.5):
-        await router.generate(request("b"))
+        await generate(fleet, "b")
     loads.gate.set()
     await until(fleet, "b", "loaded")
     await until(fleet, "b", "unloaded")  # no lease left behind holds its idle timer

@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from dataclasses import dataclass, field
 
 import pytest
 import trio
 import trio.testing
 
+from mlxcel.actors.fleet_engines import Engines
+from mlxcel.actors.fleet_lease import ModelLease
 from mlxcel.actors.jobs import BYTES_PER_OUTPUT_TOKEN, JobsHandle, JobSupervisor
 from mlxcel.actors.scheduler import Scheduler
 from mlxcel.config import Settings, StoreLimits
 from mlxcel.errors import RateLimited, ShuttingDown
-from mlxcel.generation import GenerateText, GenerationRequest, Sampling
+from mlxcel.generation import GenerateText, GenerationRequest, ModelNames, Sampling
 from mlxcel.items import RequestEcho, ResponseRecord, Usage, new_id
 from mlxcel.model.actor import ModelActor
 from mlxcel.model.fake import FakeCodec, FakeEngine, fake_factory
@@ -34,7 +37,7 @@ async def start(
     max_jobs: int = 4,
     max_bytes: int = 1 << 20,
     ephemeral_ttl: float = 600,
-) -> tuple[JobsHandle, StoreHandle]:
+) -> tuple[Jobs, StoreHandle]:
     limits = StoreLimits(100, max_bytes, 0)
     actor = StoreActor(
         limits,
@@ -58,10 +61,31 @@ async def start(
             send_timeout_secs=DEFAULTS.send_timeout_secs,
         ).run
     )
-    jobs = await nursery.start(
-        JobSupervisor(scheduler, store, max_jobs=max_jobs, max_bytes=max_bytes).run
-    )
+    handle = await nursery.start(JobSupervisor(store, max_jobs=max_jobs, max_bytes=max_bytes).run)
+    jobs = Jobs(handle, [])
+    engines = Engines(ModelNames("m", "/models/m"), model, scheduler)
+    jobs.lease = ModelLease.taken("m", engines, lambda: jobs.returned.append("m"))
     return jobs, store
+
+
+@dataclass
+class Jobs:
+    """The supervisor's handle, each job submitted on the one model (as a route submits
+    it under its request's lease, which this test holds until it ends it)."""
+
+    handle: JobsHandle
+    returned: list[str]
+    """Appended to when the last share of the lease has ended."""
+    lease: ModelLease = field(init=False)
+
+    async def submit(self, request: GenerationRequest) -> ResponseRecord:
+        return await self.handle.submit(request, self.lease)
+
+    async def cancel(self, response_id: str) -> ResponseRecord | None:
+        return await self.handle.cancel(response_id)
+
+    async def end_all(self) -> None:
+        await self.handle.end_all()
 
 
 def job(text: str, *, store: bool = True, max_tokens: int = 50) -> GenerationRequest:
@@ -129,6 +153,14 @@ async def test_a_job_over_the_cap_is_refused_and_nothing_is_kept(
     assert caught.value.code == "rate_limit_exceeded"
     assert await store.get(refused.record.id) is None
     assert await store.get(first.id) is not None
+    jobs.lease.end()  # the request's own share: the first job still holds the model
+    assert jobs.returned == []
+    engine.release()
+    with trio.fail_after(10):
+        await wait_until(lambda: jobs.returned == ["m"])  # the job's share ended with it
+    ended = await store.get(first.id)
+    assert ended is not None
+    assert ended.status == "incomplete"  # its 100 tokens spent
 
 
 async def test_oversized_final_object_becomes_a_failed_one(

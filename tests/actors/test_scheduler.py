@@ -8,6 +8,7 @@ import pytest
 import trio
 import trio.testing
 
+from mlxcel.actors.response_stream import submit_together
 from mlxcel.actors.scheduler import Scheduler, SchedulerHandle
 from mlxcel.config import Settings, StoreLimits
 from mlxcel.errors import QueueFull, ShuttingDown
@@ -125,6 +126,34 @@ async def test_queue_bound_and_slots(nursery: trio.Nursery) -> None:
     assert isinstance(first[-1], ResponseFinished)
     assert isinstance(second[-1], ResponseFinished)
     assert second[-1].record.output_text == "queued"
+
+
+async def test_requests_submitted_together_are_admitted_all_or_none(
+    nursery: trio.Nursery,
+) -> None:
+    """Two slots and one queue place take three at once and no fourth: a batch that
+    does not fit is refused whole and leaves nothing behind; one that fits exactly is
+    never refused."""
+    engine = FakeEngine()
+    engine.hold()
+    scheduler, _ = await start(nursery, engine, parallel=2, depth=1)
+    long = "echo: " + " ".join(["w"] * 50)
+    four = [scheduler.stream(request(long)) for _ in range(4)]
+    with pytest.raises(QueueFull):
+        await submit_together(four)
+    stats = await scheduler.statistics()
+    assert (stats.busy, stats.queued) == (0, 0)
+    three = [scheduler.stream(request(long)) for _ in range(3)]
+    await submit_together(three)
+    stats = await scheduler.statistics()
+    assert (stats.busy, stats.queued) == (2, 1)
+    with pytest.raises(QueueFull):
+        await scheduler.stream(request("echo: one more")).submit()
+    engine.release()
+    with trio.fail_after(10):
+        for stream in three:
+            async with stream:
+                assert isinstance([e async for e in stream][-1], ResponseFinished)
 
 
 async def test_leaving_requester_frees_its_slot(nursery: trio.Nursery) -> None:

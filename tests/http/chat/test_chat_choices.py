@@ -8,10 +8,13 @@ import time
 from typing import Any
 
 import httpx
+import openai
 import pytest
 import trio
 
+from mlxcel.http import chat
 from mlxcel.http.chat_sampling import MAX_CHOICES, MAX_LOGIT_BIAS
+from mlxcel.http.choices import metered_all
 from mlxcel.model.fake import FakeEngine
 
 from support import (
@@ -190,3 +193,63 @@ async def test_hanging_up_mid_stream_with_n_4_frees_every_slot(
     assert r.status_code == 200, r.text
     assert len(r.json()["choices"]) == 4
     await an_ordinary_request_completes(server)
+
+
+def _choices(server: FakeServer, path: str, n: int) -> int:
+    """How many choices a request for `n` got, or the status that refused it."""
+    client = server.client()
+    text = "echo: " + " ".join(["w"] * 60)  # each choice runs a while
+    try:
+        if path.endswith("/chat/completions"):
+            messages = [{"role": "user", "content": text}]
+            done = client.chat.completions.create(model="fake-model", messages=messages, n=n)  # type: ignore[arg-type]
+            return len(done.choices)
+        return len(client.completions.create(model="fake-model", prompt=text, n=n).choices)
+    except openai.APIStatusError as exc:
+        return exc.status_code
+
+
+@pytest.mark.parametrize("path", ROUTES)
+async def test_two_requests_racing_for_the_last_slots_one_is_served(
+    start_fake_server: StartServer, monkeypatch: pytest.MonkeyPatch, path: str
+) -> None:
+    """Eight slots, no waiting line, two `n: 8` requests at the same moment: all of one
+    request's choices are admitted in one step, so one is served and the other refused,
+    never both refused. Both are held just before submission and let go together, so
+    their submissions meet at the scheduler in every round."""
+    server = await start_fake_server(FakeEngine(step_delay=0.002), parallel=8, max_queue_depth=0)
+    arrived, go, waiting = trio.Event(), trio.Event(), [0]
+
+    async def held(generations: Any) -> Any:
+        waiting[0] += 1
+        if waiting[0] % 2 == 0:
+            arrived.set()
+        await go.wait()
+        return await metered_all(generations)
+
+    monkeypatch.setattr(chat, "metered_all", held)
+    for _ in range(10):
+        outcomes: list[int] = []
+
+        async def ask(outcomes: list[int] = outcomes) -> None:
+            outcomes.append(await in_thread(_choices, server, path, 8))
+
+        with trio.fail_after(20):
+            async with trio.open_nursery() as racing:
+                racing.start_soon(ask)
+                racing.start_soon(ask)
+                await arrived.wait()
+                go.set()
+            arrived, go = trio.Event(), trio.Event()
+            await until_idle(server)
+        assert sorted(outcomes) == [8, 503]
+    monkeypatch.undo()
+    await an_ordinary_request_completes(server)
+    assert await in_thread(_choices, server, path, 8) == 8  # the whole line is free again
+
+
+async def until_idle(server: FakeServer) -> None:
+    """Every slot has reported itself free again (the last response's slots too)."""
+    async with httpx.AsyncClient(base_url=server.url, timeout=30) as http:
+        while (await http.get("/health")).json()["slots"]["busy"] != 0:  # noqa: ASYNC110 - polled over HTTP
+            await trio.sleep(0.01)
