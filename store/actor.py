@@ -32,7 +32,7 @@ from mlxcel.store.deliveries import Deliveries
 from mlxcel.store.echo import EchoHandle
 from mlxcel.store.event_log import EventLimits, EventLog, event_log
 from mlxcel.store.limits import StoreLimits, redis_url, sqlite_path
-from mlxcel.store.memory import MemoryBackend
+from mlxcel.store.memory.backend import MemoryBackend
 from mlxcel.store.replica import Membership, SharedStore, new_epoch
 from mlxcel.store.tables import AddItems, ConversationChange, Refused, StoreStatistics, Table
 
@@ -338,7 +338,7 @@ class StoreActor:
     async def _open(self) -> tuple[StoreBackend, SharedStore | None]:
         """The backend, and the same as a shared store when other replicas share it."""
         if self._url is not None:
-            from mlxcel.store.redis import RedisBackend
+            from mlxcel.store.redis.backend import RedisBackend
 
             backend = await RedisBackend.open(
                 self._url,
@@ -360,7 +360,7 @@ class StoreActor:
                 clock=clock,
             )
             return memory, None
-        from mlxcel.store.sqlite import SqliteBackend
+        from mlxcel.store.sqlite.backend import SqliteBackend
 
         sqlite = await SqliteBackend.open(
             self._path,

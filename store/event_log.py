@@ -4,7 +4,7 @@ A job's events are numbered and encoded once, as they are produced, and appended
 (`actors/job_events.py`); `GET /v1/responses/{id}?stream=true` replays the stored frames
 byte for byte and then follows the log until its terminal frame (`http/resume.py`).
 Every store backend keeps one: this module's in memory, a table in the SQLite file
-(`store/event_log_sqlite.py`), a Redis Stream per response (`store/event_log_redis.py`).
+(`store/sqlite/event_log.py`), a Redis Stream per response (`store/redis/event_log.py`).
 
 Bounds, the same in every backend (`EventLimits`): a log holds at most `max_events`
 frames, and all logs together at most `max_bytes` (the responses' byte budget). A log
@@ -249,18 +249,18 @@ class MemoryEventLog:
 
 def event_log(backend: object, limits: EventLimits) -> EventLog:
     """The event logs kept by `backend`, in the same storage."""
-    from mlxcel.store.memory import MemoryBackend
+    from mlxcel.store.memory.backend import MemoryBackend
 
     if isinstance(backend, MemoryBackend):
         return MemoryEventLog(limits, backend.clock, backend.remove)
-    from mlxcel.store.sqlite import SqliteBackend
+    from mlxcel.store.sqlite.backend import SqliteBackend
 
     if isinstance(backend, SqliteBackend):
-        from mlxcel.store.event_log_sqlite import SqliteEventLog
+        from mlxcel.store.sqlite.event_log import SqliteEventLog
 
         return SqliteEventLog(backend, limits)
-    from mlxcel.store.event_log_redis import RedisEventLog
-    from mlxcel.store.redis import RedisBackend
+    from mlxcel.store.redis.backend import RedisBackend
+    from mlxcel.store.redis.event_log import RedisEventLog
 
     if isinstance(backend, RedisBackend):
         return RedisEventLog(backend, limits)

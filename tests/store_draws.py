@@ -117,7 +117,7 @@ fenced out happen often."""
 job_writers = st.sampled_from([HOLDER, HOLDER, CURRENT, STALE, OTHER])
 BOUNDED = (Table.RESPONSES, Table.CONVERSATIONS, Table.EPHEMERAL)
 REDIS_PARTS = ("body", "lru", "exp", "bytes", "link", "ver")
-"""The keys of one table in Redis (`store/redis_scripts.py`)."""
+"""The keys of one table in Redis (`store/redis/scripts.py`)."""
 
 
 def limits(entries: range, units: list[float], ttls: list[float]) -> st.SearchStrategy[StoreLimits]:

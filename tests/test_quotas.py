@@ -15,10 +15,10 @@ from mlxcel.keys import KeyLimits
 from mlxcel.quotas import DAY_SECS, MINUTE_SECS, AdminBuckets, Limiter
 from mlxcel.store.backend import Charge, StoreBackend
 from mlxcel.store.limits import StoreLimits
-from mlxcel.store.memory import MemoryBackend
-from mlxcel.store.redis import RedisBackend
-from mlxcel.store.sqlite import SqliteBackend
-from mlxcel.store.sqlite_file import SCHEMA_VERSION
+from mlxcel.store.memory.backend import MemoryBackend
+from mlxcel.store.redis.backend import RedisBackend
+from mlxcel.store.sqlite.backend import SqliteBackend
+from mlxcel.store.sqlite.file import SCHEMA_VERSION
 
 from redis_server import RedisServer
 from support import key_prefix

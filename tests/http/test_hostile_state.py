@@ -117,8 +117,8 @@ async def test_references_into_one_big_record_decode_it_once(
 ) -> None:
     """Before: each reference decoded (SQLite) or shipped (Redis) the whole record that
     holds it: 300 references into one 500 KB record cost 150 MB of decoding."""
-    import mlxcel.store.redis_values as redis_backend
-    import mlxcel.store.sqlite as sqlite_backend
+    import mlxcel.store.redis.values as redis_backend
+    import mlxcel.store.sqlite.backend as sqlite_backend
 
     decoded: list[int] = []
     module, name = (

@@ -1,7 +1,7 @@
 """The Redis backend: one store that several replicas share (`--store redis://...`).
 
-Every operation is one Lua script (`store/redis_scripts.py`, `redis_job_scripts.py`,
-`redis_deliveries.py`), so Redis runs it as one atomic step: budgets, TTL and LRU hold
+Every operation is one Lua script (`store/redis/scripts.py`, `job_scripts.py`,
+`deliveries.py`), so Redis runs it as one atomic step: budgets, TTL and LRU hold
 whichever replica writes, and no write lands inside another. A conversation change is
 written back only if the transcript is still the one read (compare-and-set on its
 version), so concurrent appends from any replica are never lost. Keys: `{PREFIX}:...`.
@@ -27,10 +27,10 @@ from coredis.commands.script import Script
 from coredis.exceptions import RedisError
 from coredis.retry import NoRetryPolicy
 
+import mlxcel.store.redis.job_scripts as job_lua
+import mlxcel.store.redis.scripts as lua
 from mlxcel.errors import ConfigError
 from mlxcel.items import Conversation, Item, ResponseRecord
-from mlxcel.store import redis_job_scripts as job_lua
-from mlxcel.store import redis_scripts as lua
 from mlxcel.store.backend import (
     MAX_CHAIN_HOPS,
     Chain,
@@ -44,9 +44,9 @@ from mlxcel.store.backend import (
 )
 from mlxcel.store.codec import CodecError, encode
 from mlxcel.store.limits import StoreLimits
-from mlxcel.store.redis_deliveries import RedisDeliveries
-from mlxcel.store.redis_upgrade import upgrade
-from mlxcel.store.redis_values import (
+from mlxcel.store.redis.deliveries import RedisDeliveries
+from mlxcel.store.redis.upgrade import upgrade
+from mlxcel.store.redis.values import (
     decode_response,
     decode_stored,
     found_items,

@@ -39,7 +39,7 @@ def link(value: Stored) -> str:
 
 def item_places(table: Table, value: Stored) -> str:
     """A stored response's items for the index: each id once, under its tenant, with its
-    place (see `redis_scripts.py`)."""
+    place (see `scripts.py`)."""
     if table is not Table.RESPONSES or not isinstance(value, ResponseRecord):
         return "[]"
     places = index_places(value)

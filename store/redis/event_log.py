@@ -23,8 +23,8 @@ from typing import Any
 import trio
 
 from mlxcel.store.event_log import Doorbell, EventLimits, LogSlice
-from mlxcel.store.redis import _FAILURES, RedisBackend
-from mlxcel.store.redis_scripts import script
+from mlxcel.store.redis.backend import _FAILURES, RedisBackend
+from mlxcel.store.redis.scripts import script
 from mlxcel.store.tables import Table, TableStatistics
 
 UNENDED_LOG_SECS = 86_400
