@@ -17,10 +17,16 @@ from mlxcel.items import (
     ResponseStatus,
     new_conversation_id,
 )
-from mlxcel.store.backend import JobOwner
+from mlxcel.store import (
+    AddItems,
+    ConversationChange,
+    JobOwner,
+    RemoveItem,
+    SetMetadata,
+    StoreLimits,
+    Table,
+)
 from mlxcel.store.codec import encoded_size
-from mlxcel.store.limits import StoreLimits
-from mlxcel.store.tables import AddItems, ConversationChange, RemoveItem, SetMetadata, Table
 
 KEYS = [f"resp_{n}" for n in range(5)]
 """Response ids; a response's `previous_response_id` is always an earlier one (no loops)."""

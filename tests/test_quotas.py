@@ -13,11 +13,11 @@ import trio
 
 from mlxcel.keys import KeyLimits
 from mlxcel.quotas import DAY_SECS, MINUTE_SECS, AdminBuckets, Limiter
+from mlxcel.store import StoreLimits
 from mlxcel.store.backend import Charge, StoreBackend
-from mlxcel.store.limits import StoreLimits
-from mlxcel.store.memory.backend import MemoryBackend
-from mlxcel.store.redis.backend import RedisBackend
-from mlxcel.store.sqlite.backend import SqliteBackend
+from mlxcel.store.memory import MemoryBackend
+from mlxcel.store.redis import RedisBackend
+from mlxcel.store.sqlite import SqliteBackend
 from mlxcel.store.sqlite.file import SCHEMA_VERSION
 
 from redis_server import RedisServer

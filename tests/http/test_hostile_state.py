@@ -18,7 +18,7 @@ from mlxcel.app import serve
 from mlxcel.config import Settings
 from mlxcel.generation import ModelNames
 from mlxcel.model.fake import FakeEngine, fake_factory
-from mlxcel.store.limits import StoreLimits
+from mlxcel.store import StoreLimits
 
 from redis_server import RedisServer
 from support import StartServer, read_until

@@ -38,9 +38,9 @@ from mlxcel.store import backend as store_backend
 from mlxcel.store.backend import JobOwner, StoreBackend
 from mlxcel.store.codec import encoded_size
 from mlxcel.store.limits import StoreLimits
-from mlxcel.store.memory.backend import MemoryBackend
-from mlxcel.store.redis.backend import RedisBackend
-from mlxcel.store.sqlite.backend import SqliteBackend
+from mlxcel.store.memory import MemoryBackend
+from mlxcel.store.redis import RedisBackend
+from mlxcel.store.sqlite import SqliteBackend
 from mlxcel.store.tables import ConversationChange, Table
 
 from redis_server import RedisConnection, RedisServer

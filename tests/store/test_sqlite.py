@@ -12,7 +12,7 @@ from mlxcel.errors import ConfigError
 from mlxcel.items import Conversation, InputText, Message, RequestEcho, ResponseRecord
 from mlxcel.store.backend import RESTART_MESSAGE, JobOwner
 from mlxcel.store.limits import StoreLimits
-from mlxcel.store.sqlite.backend import SqliteBackend
+from mlxcel.store.sqlite import SqliteBackend
 from mlxcel.store.sqlite.file import SCHEMA_VERSION
 from mlxcel.store.tables import AddItems, Table
 
