@@ -30,7 +30,7 @@ from mlxcel.model.engine import EngineFactory, LoadedModel
 from mlxcel.prepare.policy import ClientPolicy
 from mlxcel.quotas import AdminBuckets, Limiter
 from mlxcel.respond.tool_parsers import PARSERS
-from mlxcel.store.actor import StoreActor, StoreHandle
+from mlxcel.store import StoreActor, StoreHandle
 from mlxcel.webhooks import WebhookTarget
 
 log = logging.getLogger(__name__)

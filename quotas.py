@@ -25,7 +25,7 @@ import trio
 
 from mlxcel.generation import SpendTokens
 from mlxcel.keys import KeyLimits
-from mlxcel.store.backend import Charge
+from mlxcel.store import Charge
 
 MINUTE_SECS = 60
 DAY_SECS = 86_400

@@ -14,8 +14,7 @@ from mlxcel.actors.scheduler import Scheduler, SchedulerHandle
 from mlxcel.generation import ModelNames, ServedModel
 from mlxcel.metrics import Metrics
 from mlxcel.model.actor import ModelActor, ModelHandle
-from mlxcel.store.actor import StoreHandle
-from mlxcel.store.echo import EchoHandle
+from mlxcel.store import EchoHandle, StoreHandle
 
 if TYPE_CHECKING:
     from mlxcel.actors.fleet import ConfiguredModel

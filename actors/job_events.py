@@ -31,7 +31,7 @@ from mlxcel.respond.events import (
     ResponseFinished,
     ResponseQueued,
 )
-from mlxcel.store.event_log import EventLog
+from mlxcel.store import EventLog
 
 log = logging.getLogger(__name__)
 

@@ -37,10 +37,8 @@ from mlxcel.generation import GenerationRequest
 from mlxcel.items import ResponseError, ResponseRecord, Usage, cancelled, failed
 from mlxcel.metrics import Metrics
 from mlxcel.respond.events import ResponseFinished, ResponseInProgress
-from mlxcel.store.actor import StoreHandle
-from mlxcel.store.backend import JobOwner
+from mlxcel.store import Delivery, JobOwner, StoreHandle
 from mlxcel.store.codec import encoded_size
-from mlxcel.store.deliveries import Delivery
 from mlxcel.store.replica import LEASE_LOST_MESSAGE, Membership
 
 log = logging.getLogger(__name__)

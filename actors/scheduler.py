@@ -36,8 +36,7 @@ from mlxcel.actors.slot import ClientGone, ResponsePath, Running
 from mlxcel.items import ResponseRecord
 from mlxcel.metrics import Metrics
 from mlxcel.model.actor import ModelHandle
-from mlxcel.store.actor import StoreHandle
-from mlxcel.store.echo import EchoHandle
+from mlxcel.store import EchoHandle, StoreHandle
 
 __all__ = ["ClientGone", "Scheduler", "SchedulerHandle"]
 

@@ -33,7 +33,7 @@ from mlxcel.respond.events import (
     ResponseInProgress,
     StreamError,
 )
-from mlxcel.store.actor import StoreHandle
+from mlxcel.store import StoreHandle
 from mlxcel.store.echo import EchoHandle, signed_key, trace_signature, turn_key
 
 log = logging.getLogger(__name__)

@@ -34,8 +34,7 @@ from mlxcel.actors.webhook_lanes import IN_FLIGHT, Lanes
 from mlxcel.errors import StoreUnavailable
 from mlxcel.items import ResponseRecord
 from mlxcel.metrics import Metrics
-from mlxcel.store.actor import StoreHandle
-from mlxcel.store.deliveries import Added, Delivery
+from mlxcel.store import Added, Delivery, StoreHandle
 from mlxcel.webhooks import (
     EVENT_TYPES,
     WebhookTarget,

@@ -58,9 +58,8 @@ from mlxcel.items import (
     Usage,
     new_id,
 )
-from mlxcel.store.actor import StoreActor, StoreHandle
+from mlxcel.store import StoreActor, StoreHandle, StoreLimits
 from mlxcel.store.codec import encoded_size
-from mlxcel.store.limits import StoreLimits
 
 UNBOUNDED = StoreLimits(10_000_000, 1 << 42, 0)
 """No entry cap, budget or TTL that this benchmark could reach: nothing is evicted."""

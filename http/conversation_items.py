@@ -14,7 +14,7 @@ from mlxcel.http.conversations import added_items, changed_conversation, existin
 from mlxcel.http.handles import json_response
 from mlxcel.http.objects import conversation_json, item_json
 from mlxcel.http.schemas import ConversationItemsBody, list_page
-from mlxcel.store.tables import AddItems, RemoveItem
+from mlxcel.store import AddItems, RemoveItem
 
 conversation_items = Blueprint("conversation_items", __name__)
 

@@ -22,8 +22,13 @@ from mlxcel.http.schemas import ConversationCreateBody, ConversationUpdateBody
 from mlxcel.items import Conversation, Item, new_conversation_id
 from mlxcel.prepare.history import resolve_items
 from mlxcel.prepare.offload import off_loop
-from mlxcel.store.actor import StoreHandle, conversation_not_found
-from mlxcel.store.tables import ConversationChange, Refused, SetMetadata
+from mlxcel.store import (
+    ConversationChange,
+    Refused,
+    SetMetadata,
+    StoreHandle,
+    conversation_not_found,
+)
 
 conversations = Blueprint("conversations", __name__)
 

@@ -20,8 +20,7 @@ from mlxcel.keys import Keyring
 from mlxcel.metrics import Metrics
 from mlxcel.prepare.policy import ClientPolicy
 from mlxcel.quotas import AdminBuckets, Limiter
-from mlxcel.store.actor import StoreHandle
-from mlxcel.store.echo import EchoHandle
+from mlxcel.store import EchoHandle, StoreHandle
 
 _KEY = "mlxcel"
 

@@ -12,7 +12,7 @@ from quart import Blueprint, Response
 from mlxcel.errors import StoreUnavailable
 from mlxcel.http.handles import handles
 from mlxcel.metrics import CONTENT_TYPE
-from mlxcel.store.tables import StoreStatistics, TableStatistics
+from mlxcel.store import StoreStatistics, TableStatistics
 
 prometheus = Blueprint("prometheus", __name__)
 

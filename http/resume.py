@@ -19,7 +19,7 @@ from mlxcel.errors import InvalidRequest, NotFound, StoreUnavailable
 from mlxcel.http.handles import Handles
 from mlxcel.http.sse import KEEPALIVE_FRAME, numbered_frame, sse_frame
 from mlxcel.items import ResponseRecord
-from mlxcel.store.event_log import EventLog, LogSlice
+from mlxcel.store import EventLog, LogSlice
 
 READ_FRAMES = 256
 """Frames read from the log at once: what one reader holds at most."""

@@ -18,8 +18,7 @@ from mlxcel.prepare.intake import build_request, input_items, intake_items, rend
 from mlxcel.prepare.offload import off_loop
 from mlxcel.prepare.params import CompactionParams, ResponseParams
 from mlxcel.prepare.policy import ClientPolicy, screen
-from mlxcel.store.actor import StoreHandle
-from mlxcel.store.echo import EchoHandle
+from mlxcel.store import EchoHandle, StoreHandle
 
 
 async def prepare_response(

@@ -13,7 +13,7 @@ from typing import Protocol
 from mlxcel.errors import InvalidRequest
 from mlxcel.items import Item, ItemReference, JsonValue
 from mlxcel.prepare.params import ResponseParams
-from mlxcel.store.actor import StoreHandle
+from mlxcel.store import StoreHandle
 
 ID_PATTERN = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
 

@@ -39,7 +39,7 @@ from mlxcel.prepare.offload import off_loop
 from mlxcel.prepare.params import ResponseParams
 from mlxcel.prepare.tools import tool_use
 from mlxcel.prepare.truncation import fit, note_dropped, output_reserve, turn_measure
-from mlxcel.store.echo import EchoHandle
+from mlxcel.store import EchoHandle
 
 # The server sets these itself when it renders a prompt.
 RESERVED_TEMPLATE_KWARGS = frozenset(

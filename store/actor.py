@@ -2,8 +2,9 @@
 
 `StoreActor` owns a backend (`store/backend.py`: in memory, a SQLite file that
 survives restarts, or a Redis server several replicas share) for the server's life: it
-opens it, ends the jobs a previous process left unfinished, hands out a `StoreHandle`,
-and closes the backend when cancelled. Callers use the handle's methods, which call the
+opens it with its event logs (each backend's package keeps its own, in the same storage),
+ends the jobs a previous process left unfinished, hands out a `StoreHandle`, and closes
+the backend when cancelled. Callers use the handle's methods, which call the
 backend directly: each backend operation is one atomic step, so no inbox serialises them.
 On a shared store the actor also keeps this replica's lease (`store/replica.py`).
 """
@@ -30,10 +31,12 @@ from mlxcel.items import (
 from mlxcel.store.backend import Chain, Charge, JobOwner, StoreBackend
 from mlxcel.store.deliveries import Deliveries
 from mlxcel.store.echo import EchoHandle
-from mlxcel.store.event_log import EventLimits, EventLog, event_log
+from mlxcel.store.event_log import EventLimits, EventLog
 from mlxcel.store.limits import StoreLimits, redis_url, sqlite_path
-from mlxcel.store.memory import MemoryBackend
+from mlxcel.store.memory import MemoryBackend, MemoryEventLog
+from mlxcel.store.redis import RedisBackend, RedisEventLog
 from mlxcel.store.replica import Membership, SharedStore, new_epoch
+from mlxcel.store.sqlite import SqliteBackend, SqliteEventLog
 from mlxcel.store.tables import AddItems, ConversationChange, Refused, StoreStatistics, Table
 
 log = logging.getLogger(__name__)
@@ -294,7 +297,7 @@ class StoreActor:
         read, or a Redis server that cannot be reached or evicts keys on its own, is a
         ConfigError before the server starts serving.
         """
-        backend, shared = await self._open()
+        backend, events, shared = await self._open()
         try:
             replica = f"{socket.gethostname()}:{os.getpid()}"
             membership = None
@@ -323,7 +326,7 @@ class StoreActor:
                     self._conversations,
                     self._echo_bytes > 0,
                     membership,
-                    event_log(backend, self._event_limits),
+                    events,
                 )
                 nursery.cancel_scope.cancel()
             if membership is not None:
@@ -335,12 +338,12 @@ class StoreActor:
             # left at the depth it was entered, not inside a newer scope.
             await backend.aclose()
 
-    async def _open(self) -> tuple[StoreBackend, SharedStore | None]:
-        """The backend, and the same as a shared store when other replicas share it."""
+    async def _open(self) -> tuple[StoreBackend, EventLog, SharedStore | None]:
+        """The backend `--store` names with its event logs, kept in the same storage;
+        the backend again as a shared store when other replicas share it."""
+        limits = self._event_limits
         if self._url is not None:
-            from mlxcel.store.redis import RedisBackend
-
-            backend = await RedisBackend.open(
+            redis = await RedisBackend.open(
                 self._url,
                 self._key_prefix,
                 self._responses,
@@ -349,28 +352,25 @@ class StoreActor:
                 echo_bytes=self._echo_bytes,
                 clock=self._clock,
             )
-            return backend, backend
-        if self._path is None:
-            clock = self._clock or trio.current_time
-            memory = MemoryBackend(
+            return redis, RedisEventLog(redis, limits), redis
+        if self._path is not None:
+            sqlite = await SqliteBackend.open(
+                self._path,
                 self._responses,
                 self._conversations,
                 self._ephemeral,
                 echo_bytes=self._echo_bytes,
-                clock=clock,
+                clock=self._clock,
             )
-            return memory, None
-        from mlxcel.store.sqlite import SqliteBackend
-
-        sqlite = await SqliteBackend.open(
-            self._path,
+            return sqlite, SqliteEventLog(sqlite, limits), None
+        memory = MemoryBackend(
             self._responses,
             self._conversations,
             self._ephemeral,
             echo_bytes=self._echo_bytes,
-            clock=self._clock,
+            clock=self._clock or trio.current_time,
         )
-        return sqlite, None
+        return memory, MemoryEventLog(limits, memory.clock, memory.remove), None
 
 
 async def _maintain(backend: StoreBackend) -> None:

@@ -13,12 +13,12 @@ import trio
 
 from mlxcel.keys import KeyLimits
 from mlxcel.quotas import DAY_SECS, MINUTE_SECS, AdminBuckets, Limiter
+from mlxcel.store import StoreLimits
 from mlxcel.store.backend import Charge, StoreBackend
-from mlxcel.store.limits import StoreLimits
 from mlxcel.store.memory import MemoryBackend
 from mlxcel.store.redis import RedisBackend
 from mlxcel.store.sqlite import SqliteBackend
-from mlxcel.store.sqlite_file import SCHEMA_VERSION
+from mlxcel.store.sqlite.file import SCHEMA_VERSION
 
 from redis_server import RedisServer
 from support import key_prefix

@@ -22,7 +22,7 @@ from mlxcel.metrics import Metrics
 from mlxcel.model.engine import LoadedModel
 from mlxcel.model.fake import FakeCodec, FakeEngine, fake_factory
 from mlxcel.respond.events import ResponseFinished
-from mlxcel.store.actor import StoreActor
+from mlxcel.store import StoreActor
 
 DEFAULTS = Settings()
 

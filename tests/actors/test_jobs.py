@@ -20,9 +20,8 @@ from mlxcel.generation import GenerateText, GenerationRequest, ModelNames, Sampl
 from mlxcel.items import RequestEcho, ResponseRecord, Usage, new_id
 from mlxcel.model.actor import ModelActor
 from mlxcel.model.fake import FakeCodec, FakeEngine, fake_factory
-from mlxcel.store.actor import StoreActor, StoreHandle
+from mlxcel.store import StoreActor, StoreHandle, Table
 from mlxcel.store.codec import encoded_size
-from mlxcel.store.tables import Table
 
 from support import key_prefix, wait_until
 

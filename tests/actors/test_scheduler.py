@@ -24,7 +24,7 @@ from mlxcel.respond.events import (
     ResponseFinished,
     StreamError,
 )
-from mlxcel.store.actor import StoreActor, StoreHandle
+from mlxcel.store import StoreActor, StoreHandle
 
 from support import wait_until
 

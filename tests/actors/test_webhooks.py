@@ -19,8 +19,7 @@ import trio.testing
 from mlxcel.actors.webhook_lanes import PER_TARGET, PER_TENANT
 from mlxcel.actors.webhooks import LEASE_MARGIN_SECS, WebhookPolicy, WebhookSender, WebhooksHandle
 from mlxcel.items import RequestEcho, ResponseRecord, new_id
-from mlxcel.store.actor import StoreActor, StoreHandle
-from mlxcel.store.limits import StoreLimits
+from mlxcel.store import StoreActor, StoreHandle, StoreLimits
 from mlxcel.webhooks import WebhookTarget
 
 from support import in_thread

@@ -17,10 +17,16 @@ from mlxcel.items import (
     ResponseStatus,
     new_conversation_id,
 )
-from mlxcel.store.backend import JobOwner
+from mlxcel.store import (
+    AddItems,
+    ConversationChange,
+    JobOwner,
+    RemoveItem,
+    SetMetadata,
+    StoreLimits,
+    Table,
+)
 from mlxcel.store.codec import encoded_size
-from mlxcel.store.limits import StoreLimits
-from mlxcel.store.tables import AddItems, ConversationChange, RemoveItem, SetMetadata, Table
 
 KEYS = [f"resp_{n}" for n in range(5)]
 """Response ids; a response's `previous_response_id` is always an earlier one (no loops)."""
@@ -117,7 +123,7 @@ fenced out happen often."""
 job_writers = st.sampled_from([HOLDER, HOLDER, CURRENT, STALE, OTHER])
 BOUNDED = (Table.RESPONSES, Table.CONVERSATIONS, Table.EPHEMERAL)
 REDIS_PARTS = ("body", "lru", "exp", "bytes", "link", "ver")
-"""The keys of one table in Redis (`store/redis_scripts.py`)."""
+"""The keys of one table in Redis (`store/redis/scripts.py`)."""
 
 
 def limits(entries: range, units: list[float], ttls: list[float]) -> st.SearchStrategy[StoreLimits]:

@@ -12,13 +12,11 @@ from typing import Any
 from cachetools import Cache
 from hypothesis.stateful import RuleBasedStateMachine, invariant
 
-from mlxcel.store.backend import JobOwner
+from mlxcel.store import JobOwner, StoreLimits, Table
 from mlxcel.store.codec import encoded_size
-from mlxcel.store.limits import StoreLimits
 from mlxcel.store.memory import MemoryBackend
 from mlxcel.store.redis import RedisBackend
 from mlxcel.store.sqlite import SqliteBackend
-from mlxcel.store.tables import Table
 
 from redis_server import RedisConnection
 from store_draws import BOUNDED

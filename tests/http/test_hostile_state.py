@@ -18,7 +18,7 @@ from mlxcel.app import serve
 from mlxcel.config import Settings
 from mlxcel.generation import ModelNames
 from mlxcel.model.fake import FakeEngine, fake_factory
-from mlxcel.store.limits import StoreLimits
+from mlxcel.store import StoreLimits
 
 from redis_server import RedisServer
 from support import StartServer, read_until
@@ -117,8 +117,8 @@ async def test_references_into_one_big_record_decode_it_once(
 ) -> None:
     """Before: each reference decoded (SQLite) or shipped (Redis) the whole record that
     holds it: 300 references into one 500 KB record cost 150 MB of decoding."""
-    import mlxcel.store.redis_values as redis_backend
-    import mlxcel.store.sqlite as sqlite_backend
+    import mlxcel.store.redis.values as redis_backend
+    import mlxcel.store.sqlite.backend as sqlite_backend
 
     decoded: list[int] = []
     module, name = (

@@ -22,7 +22,7 @@ from mlxcel.prepare.front import (
 )
 from mlxcel.prepare.params import CompactionParams, ResponseParams
 from mlxcel.prepare.policy import ClientPolicy
-from mlxcel.store.actor import StoreActor, StoreHandle
+from mlxcel.store import StoreActor, StoreHandle
 
 POLICY = ClientPolicy()
 

@@ -26,7 +26,7 @@ from mlxcel.items import (
 from mlxcel.store.actor import StoreActor, StoreHandle
 from mlxcel.store.codec import encoded_size
 from mlxcel.store.item_index import ItemIndex
-from mlxcel.store.memory import BoundedTable
+from mlxcel.store.memory.backend import BoundedTable
 from mlxcel.store.tables import AddItems, Refused
 
 from support import key_prefix

@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 import trio
 
+import mlxcel.store.redis.deliveries as redis_deliveries
+import mlxcel.store.sqlite.deliveries as sqlite_deliveries
 from mlxcel.store import deliveries as deliveries_module
-from mlxcel.store import redis_deliveries, sqlite_deliveries
 from mlxcel.store.actor import StoreActor, StoreHandle
 from mlxcel.store.deliveries import Added, Delivery, encode_delivery
 from mlxcel.store.limits import StoreLimits

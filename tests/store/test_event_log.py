@@ -9,7 +9,8 @@ import trio
 from mlxcel.config import Settings, StoreLimits
 from mlxcel.items import RequestEcho, ResponseRecord
 from mlxcel.store.actor import StoreActor, StoreHandle
-from mlxcel.store.event_log import EventLimits, EventLog, MemoryEventLog
+from mlxcel.store.event_log import EventLimits, EventLog
+from mlxcel.store.memory import MemoryEventLog
 from mlxcel.store.tables import Table, TableStatistics
 
 from support import key_prefix

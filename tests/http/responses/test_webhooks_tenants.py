@@ -14,8 +14,9 @@ import pytest
 import trio
 from openai import OpenAI
 
+import mlxcel.store.redis.deliveries as redis_deliveries
+import mlxcel.store.sqlite.deliveries as sqlite_deliveries
 from mlxcel.store import deliveries as deliveries_module
-from mlxcel.store import redis_deliveries, sqlite_deliveries
 
 from support import FakeServer, KeysFile, StartServer, in_thread
 from webhook_receiver import HANG, SECRET, Receiver, receiver, unwrap

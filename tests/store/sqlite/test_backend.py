@@ -13,7 +13,7 @@ from mlxcel.items import Conversation, InputText, Message, RequestEcho, Response
 from mlxcel.store.backend import RESTART_MESSAGE, JobOwner
 from mlxcel.store.limits import StoreLimits
 from mlxcel.store.sqlite import SqliteBackend
-from mlxcel.store.sqlite_file import SCHEMA_VERSION
+from mlxcel.store.sqlite.file import SCHEMA_VERSION
 from mlxcel.store.tables import AddItems, Table
 
 LIMITS = StoreLimits(100, 1 << 20, 0)

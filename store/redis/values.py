@@ -1,11 +1,15 @@
 """How the Redis store's values become script arguments and come back: table limits,
 `previous_response_id` links, item places, job owners, and stored bodies read back (a
-damaged one is `StoreUnavailable`, never a half-built record)."""
+damaged one is `StoreUnavailable`, never a half-built record); and which failures of a
+call to Redis mean the store is unavailable."""
 
 from __future__ import annotations
 
 import json
 import logging
+
+import anyio
+from coredis.exceptions import RedisError
 
 from mlxcel.errors import StoreUnavailable
 from mlxcel.items import Item, ResponseRecord
@@ -17,6 +21,17 @@ from mlxcel.store.limits import StoreLimits
 from mlxcel.store.tables import Stored, Table
 
 log = logging.getLogger(__name__)
+
+FAILURES = (
+    RedisError,
+    OSError,
+    anyio.BrokenResourceError,
+    anyio.ClosedResourceError,
+    anyio.EndOfStream,
+    CodecError,
+)
+"""What a call to Redis raises when the store cannot be reached, fails, or answers what
+cannot be read: each is `unavailable` (503) to a client, and a failed start-up."""
 
 
 def unavailable(reason: str) -> StoreUnavailable:
@@ -39,7 +54,7 @@ def link(value: Stored) -> str:
 
 def item_places(table: Table, value: Stored) -> str:
     """A stored response's items for the index: each id once, under its tenant, with its
-    place (see `redis_scripts.py`)."""
+    place (see `scripts.py`)."""
     if table is not Table.RESPONSES or not isinstance(value, ResponseRecord):
         return "[]"
     places = index_places(value)

@@ -16,7 +16,7 @@ jobs keep their owner in `active:owner` ("replica\\nepoch") and their cancel req
 echo cache is the table `echo`. A rate-limit counter's window is the key
 `rate:<window secs>:<window start>:<counter>`, expiring after its window. The scripts of
 stored values are here; those of jobs, leases, cancels and rate counters are in
-`redis_job_scripts.py`, on the same shared functions.
+`job_scripts.py`, on the same shared functions.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The Redis backend: one store that several replicas share (`--store redis://...`).
 
-Every operation is one Lua script (`store/redis_scripts.py`, `redis_job_scripts.py`,
-`redis_deliveries.py`), so Redis runs it as one atomic step: budgets, TTL and LRU hold
+Every operation is one Lua script (`store/redis/scripts.py`, `job_scripts.py`,
+`deliveries.py`), so Redis runs it as one atomic step: budgets, TTL and LRU hold
 whichever replica writes, and no write lands inside another. A conversation change is
 written back only if the transcript is still the one read (compare-and-set on its
 version), so concurrent appends from any replica are never lost. Keys: `{PREFIX}:...`.
@@ -20,17 +20,16 @@ import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any
 
-import anyio
 import coredis
 import trio
 from coredis.commands.script import Script
 from coredis.exceptions import RedisError
 from coredis.retry import NoRetryPolicy
 
+import mlxcel.store.redis.job_scripts as job_lua
+import mlxcel.store.redis.scripts as lua
 from mlxcel.errors import ConfigError
 from mlxcel.items import Conversation, Item, ResponseRecord
-from mlxcel.store import redis_job_scripts as job_lua
-from mlxcel.store import redis_scripts as lua
 from mlxcel.store.backend import (
     MAX_CHAIN_HOPS,
     Chain,
@@ -42,11 +41,12 @@ from mlxcel.store.backend import (
     too_large,
     window,
 )
-from mlxcel.store.codec import CodecError, encode
+from mlxcel.store.codec import encode
 from mlxcel.store.limits import StoreLimits
-from mlxcel.store.redis_deliveries import RedisDeliveries
-from mlxcel.store.redis_upgrade import upgrade
-from mlxcel.store.redis_values import (
+from mlxcel.store.redis.deliveries import RedisDeliveries
+from mlxcel.store.redis.upgrade import upgrade
+from mlxcel.store.redis.values import (
+    FAILURES,
     decode_response,
     decode_stored,
     found_items,
@@ -78,15 +78,6 @@ differ a little (a later window is another key, so it is never counted twice).""
 MAX_CONFLICTS = 1000
 """Compare-and-set retries of one conversation change before it answers 503: far above
 what any number of concurrent writers to one transcript causes."""
-
-_FAILURES = (
-    RedisError,
-    OSError,
-    anyio.BrokenResourceError,
-    anyio.ClosedResourceError,
-    anyio.EndOfStream,
-    CodecError,
-)
 
 
 class RedisBackend:
@@ -149,7 +140,7 @@ class RedisBackend:
             policy = await _eviction_policy(client)
         except BaseException as exc:
             await backend._stack.aclose()
-            if isinstance(exc, _FAILURES):
+            if isinstance(exc, FAILURES):
                 raise ConfigError(f"cannot reach the Redis store at {where}: {exc}") from None
             raise
         if policy not in ("noeviction", ""):
@@ -366,7 +357,7 @@ class RedisBackend:
         now = repr(float(self._clock()))
         try:
             return await script(keys=[], args=[self.base, now, *args])
-        except _FAILURES as exc:
+        except FAILURES as exc:
             log.error("the Redis store failed: %s", str(exc))
             raise unavailable(str(exc)) from exc
 
@@ -396,5 +387,5 @@ def _where(url: str) -> str:
 def _split_failures(exc: BaseException) -> tuple[BaseException | None, BaseException | None]:
     """`exc` split into the store's failures and the rest (None for an empty part)."""
     if isinstance(exc, BaseExceptionGroup):
-        return exc.split(_FAILURES)
-    return (exc, None) if isinstance(exc, _FAILURES) else (None, exc)
+        return exc.split(FAILURES)
+    return (exc, None) if isinstance(exc, FAILURES) else (None, exc)

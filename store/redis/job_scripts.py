@@ -1,10 +1,10 @@
 """The Redis store's scripts of background jobs, replica leases, cancels and rate
 counters; the key layout, the shared functions and the arguments every script takes are
-those of `store/redis_scripts.py`."""
+those of `store/redis/scripts.py`."""
 
 from __future__ import annotations
 
-from mlxcel.store.redis_scripts import script
+from mlxcel.store.redis.scripts import script
 
 REGISTER_JOB = script(
     r"""

@@ -17,7 +17,7 @@ from typing import Any
 import trio
 
 from mlxcel.store.event_log import Doorbell, EventLimits, LogSlice
-from mlxcel.store.sqlite import SqliteBackend
+from mlxcel.store.sqlite.backend import SqliteBackend
 from mlxcel.store.tables import Table, TableStatistics
 
 TABLES = """

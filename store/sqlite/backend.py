@@ -40,8 +40,8 @@ from mlxcel.store.backend import (
 from mlxcel.store.codec import CodecError, decode, encode
 from mlxcel.store.item_index import item_at
 from mlxcel.store.limits import StoreLimits
-from mlxcel.store.sqlite_deliveries import SqliteDeliveries
-from mlxcel.store.sqlite_file import (
+from mlxcel.store.sqlite.deliveries import SqliteDeliveries
+from mlxcel.store.sqlite.file import (
     CHAIN,
     ITEM_PLACES,
     LIVE,
@@ -50,7 +50,7 @@ from mlxcel.store.sqlite_file import (
     connect,
     lock_file,
 )
-from mlxcel.store.sqlite_rows import Rows, Traces
+from mlxcel.store.sqlite.rows import Rows, Traces
 from mlxcel.store.tables import (
     ConversationChange,
     Refused,

@@ -21,7 +21,7 @@ from mlxcel.items import (
 )
 from mlxcel.store.backend import RESTART_MESSAGE, Chain, JobOwner
 from mlxcel.store.limits import StoreLimits
-from mlxcel.store.redis import COMMAND_TIMEOUT_SECS, RedisBackend
+from mlxcel.store.redis.backend import COMMAND_TIMEOUT_SECS, RedisBackend
 from mlxcel.store.tables import Table
 
 from redis_server import RedisServer

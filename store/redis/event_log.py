@@ -23,8 +23,9 @@ from typing import Any
 import trio
 
 from mlxcel.store.event_log import Doorbell, EventLimits, LogSlice
-from mlxcel.store.redis import _FAILURES, RedisBackend
-from mlxcel.store.redis_scripts import script
+from mlxcel.store.redis.backend import RedisBackend
+from mlxcel.store.redis.scripts import script
+from mlxcel.store.redis.values import FAILURES
 from mlxcel.store.tables import Table, TableStatistics
 
 UNENDED_LOG_SECS = 86_400
@@ -218,5 +219,5 @@ class RedisEventLog:
         stream = backend.base + "evs:" + response_id
         try:
             await backend._client.xread({stream: f"{after + 1}-0"}, count=1, block=BLOCK_MS)
-        except _FAILURES:
+        except FAILURES:
             await trio.sleep(BLOCK_MS / 1000)

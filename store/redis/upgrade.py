@@ -3,10 +3,10 @@
 Earlier releases indexed items in one JSON list per item id (`items`, re-encoded on every
 put and delete: quadratic in a record that repeats one id) and listed each response's
 item ids in `responses:itemids`. This release keeps a sorted set per tenant and id
-(`redis_scripts.py`); the stored responses are indexed afresh once, at start, and the
+(`scripts.py`); the stored responses are indexed afresh once, at start, and the
 old keys are dropped. Indexing is idempotent, so replicas starting together may each
 run it. Earlier releases also kept every pending webhook delivery's due time in one sorted
-set; this release keeps one per tenant (`redis_deliveries.py`), and moves them once.
+set; this release keeps one per tenant (`deliveries.py`), and moves them once.
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ from typing import Any
 
 import coredis
 
+import mlxcel.store.redis.scripts as lua
 from mlxcel.items import ResponseRecord
-from mlxcel.store import redis_scripts as lua
-from mlxcel.store.redis_deliveries import UPGRADE as UPGRADE_DELIVERIES
-from mlxcel.store.redis_values import decode_stored, item_places
+from mlxcel.store.redis.deliveries import UPGRADE as UPGRADE_DELIVERIES
+from mlxcel.store.redis.values import decode_stored, item_places
 from mlxcel.store.tables import Table
 
 log = logging.getLogger(__name__)

@@ -14,7 +14,7 @@ from typing import Any
 
 from mlxcel.items import ResponseRecord
 from mlxcel.store.backend import JobOwner
-from mlxcel.store.sqlite_file import index_items
+from mlxcel.store.sqlite.file import index_items
 from mlxcel.store.tables import Stored, Table
 
 
