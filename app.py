@@ -12,13 +12,11 @@ from collections.abc import Callable, Sequence
 
 import trio
 
-from mlxcel.actors.fleet import ConfiguredModel, Fleet
-from mlxcel.actors.fleet_engines import EngineSpec
-from mlxcel.actors.fleet_router import FleetScheduler
 from mlxcel.actors.jobs import JobsHandle, JobSupervisor
 from mlxcel.actors.webhooks import WebhookPolicy, WebhookSender, WebhooksHandle
 from mlxcel.config import Settings
 from mlxcel.errors import ConfigError
+from mlxcel.fleet import ConfiguredModel, EngineSpec, Fleet, FleetScheduler
 from mlxcel.generation import ModelNames
 from mlxcel.http.browser import BrowserPolicy
 from mlxcel.http.routes import Handles, create_app

@@ -18,18 +18,18 @@ from dataclasses import dataclass, field
 
 import trio
 
-from mlxcel.actors.fleet_lease import ModelLease
 from mlxcel.actors.job_events import EventRecorder, FrameEncoder
 from mlxcel.actors.messages import (
     CancelJob,
     EndJobs,
+    HeldModel,
     JobAdmission,
     JobAdmitted,
     JobCommand,
     JobRefused,
     SubmitJob,
+    answer,
 )
-from mlxcel.actors.replies import answer
 from mlxcel.actors.response_stream import release
 from mlxcel.actors.webhooks import WebhooksHandle
 from mlxcel.errors import RateLimited, ShuttingDown, StoreUnavailable
@@ -54,7 +54,7 @@ class JobsHandle:
     def __init__(self, inbox: trio.MemorySendChannel[JobCommand]) -> None:
         self._inbox = inbox
 
-    async def submit(self, request: GenerationRequest, lease: ModelLease) -> ResponseRecord:
+    async def submit(self, request: GenerationRequest, lease: HeldModel) -> ResponseRecord:
         """Admit a job that runs on the model `lease` holds: its `queued` record, or
         `RateLimited` (429). The job holds a share of the lease until it ends, so its
         model stays loaded for it. A request with a prelude (compaction) runs it in its
@@ -89,7 +89,7 @@ class JobsHandle:
 @dataclass
 class _Job:
     request: GenerationRequest
-    lease: ModelLease
+    lease: HeldModel
     """Its share of its request's lease: its model stays loaded until the job ends."""
     bytes: int
     owner: JobOwner
@@ -180,7 +180,7 @@ class JobSupervisor:
     async def _admit(
         self,
         request: GenerationRequest,
-        lease: ModelLease,
+        lease: HeldModel,
         nursery: trio.Nursery,
     ) -> JobAdmission:
         queued = dataclasses.replace(request.record, status="queued", usage=Usage())

@@ -7,9 +7,12 @@ streams back (`OutputTextDelta`, `ResponseFinished`) are catalogued in `respond/
 
 from __future__ import annotations
 
+import contextlib
 import enum
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from types import TracebackType
+from typing import Protocol, TypeVar
 
 import trio
 
@@ -18,8 +21,45 @@ from mlxcel.generation import GenerationRequest
 from mlxcel.items import ResponseRecord
 from mlxcel.respond.events import ResponseEvent
 
-if TYPE_CHECKING:  # the lease module imports this catalogue
-    from mlxcel.actors.fleet_lease import ModelLease
+T = TypeVar("T")
+
+
+def answer(reply: trio.MemorySendChannel[T], value: T) -> None:
+    """Answer a one-shot reply channel (buffer 1); a requester that left changes nothing."""
+    with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError, trio.WouldBlock):
+        reply.send_nowait(value)
+
+
+class JobEvents(Protocol):
+    """A response stream as a background job reads it (`actors/response_stream.py`'s
+    `ResponseStream`): submitted once, its events read to the end, closed on leaving."""
+
+    async def submit(self) -> None: ...
+
+    def __aiter__(self) -> AsyncIterator[ResponseEvent]: ...
+
+    async def __aenter__(self) -> JobEvents: ...
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None: ...
+
+
+class HeldModel(Protocol):
+    """What a background job needs of its request's lease on a model (the fleet's
+    `ModelLease`, `fleet/lease.py`): a share that keeps the model loaded until the job
+    ends, and a stream on that very model. A protocol, so the actors never import the
+    fleet that runs above them."""
+
+    def share(self) -> HeldModel: ...
+
+    def end(self) -> None: ...
+
+    def stream(self, request: GenerationRequest, *, waits: bool = False) -> JobEvents: ...
+
 
 # --- scheduler ---------------------------------------------------------------------
 
@@ -159,7 +199,7 @@ class SubmitJob:
     says whether it was admitted."""
 
     request: GenerationRequest
-    lease: ModelLease
+    lease: HeldModel
     reply: trio.MemorySendChannel[JobAdmission]
 
 

@@ -29,8 +29,8 @@ from mlxcel.actors.messages import (
     SlotIdle,
     Submit,
     Withdraw,
+    answer,
 )
-from mlxcel.actors.replies import answer
 from mlxcel.actors.response_stream import SchedulerHandle
 from mlxcel.actors.slot import ClientGone, ResponsePath, Running
 from mlxcel.items import ResponseRecord

@@ -17,8 +17,7 @@ from typing import Literal
 
 import trio
 
-from mlxcel.actors.messages import Generate
-from mlxcel.actors.replies import answer
+from mlxcel.actors.messages import Generate, answer
 from mlxcel.errors import InvalidRequest, StoreUnavailable
 from mlxcel.generation import GenerationRequest, PrefillProgress, SequenceFailed
 from mlxcel.items import Message, Reasoning, ResponseError, ResponseRecord, Usage, failed

@@ -17,11 +17,11 @@ from pathlib import Path
 
 import trio
 
-from mlxcel.actors.fleet import ConfiguredModel
 from mlxcel.app import check_tool_parser, configured_models, serve
 from mlxcel.cli.prompt_cache import resolve_prompt_cache_dir
 from mlxcel.config import Settings
 from mlxcel.errors import ConfigError
+from mlxcel.fleet import ConfiguredModel
 from mlxcel.generation import ModelNames
 from mlxcel.keys import Keyring
 from mlxcel.model.engine import EngineFactory, LoadedModel

@@ -23,9 +23,9 @@ from typing import Any, Protocol
 
 import trio
 
-from mlxcel.actors.fleet_lease import ModelLease
 from mlxcel.actors.response_stream import ResponseStream, release, submit_together
 from mlxcel.errors import GenerationFailed
+from mlxcel.fleet import ModelLease
 from mlxcel.generation import GenerationRequest
 from mlxcel.http.chat_objects import summed_usage
 from mlxcel.http.rate_limits import metered

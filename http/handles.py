@@ -12,9 +12,8 @@ from typing import Any
 import trio
 from quart import Quart, Response, current_app
 
-from mlxcel.actors.fleet import Fleet
-from mlxcel.actors.fleet_router import FleetScheduler
 from mlxcel.actors.jobs import JobsHandle
+from mlxcel.fleet import Fleet, FleetScheduler
 from mlxcel.generation import ModelNames
 from mlxcel.keys import Keyring
 from mlxcel.metrics import Metrics

@@ -14,8 +14,8 @@ from typing import cast
 import trio
 from quart import stream_with_context
 
-from mlxcel.actors.fleet_lease import ModelLease
 from mlxcel.errors import MlxcelError
+from mlxcel.fleet import ModelLease
 from mlxcel.http.handles import handles
 from mlxcel.http.sse import SseEncoder
 from mlxcel.respond.events import KeepAlive, StreamError

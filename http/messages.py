@@ -21,7 +21,7 @@ from typing import cast
 
 from quart import Blueprint, Response, request
 
-from mlxcel.actors.fleet_lease import ModelLease
+from mlxcel.fleet import ModelLease
 from mlxcel.generation import GenerationRequest, ServedModel
 from mlxcel.http.access_log import note_record
 from mlxcel.http.body import read_model

@@ -12,8 +12,8 @@ from contextlib import aclosing
 
 from quart import Blueprint, Response
 
-from mlxcel.actors.fleet_lease import ModelLease
 from mlxcel.errors import InvalidRequest
+from mlxcel.fleet import ModelLease
 from mlxcel.generation import GenerationRequest, ServedModel
 from mlxcel.http.access_log import exchange_note, note_record
 from mlxcel.http.body import read_model

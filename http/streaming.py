@@ -22,8 +22,8 @@ from typing import Any, Protocol
 import trio
 from quart import Response
 
-from mlxcel.actors.fleet_lease import ModelLease
 from mlxcel.actors.response_stream import ResponseStream
+from mlxcel.fleet import ModelLease
 from mlxcel.generation import GenerationRequest
 from mlxcel.http.access_log import ExchangeNote, exchange_note, note_record
 from mlxcel.http.handles import Handles

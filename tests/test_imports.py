@@ -4,6 +4,7 @@ layers apart stay true because this test walks the whole import graph.
     cli/       the command line: flags, serving the real model, codex-config
     http/      the wire: routes, schemas, JSON objects, SSE, errors, the server
     prepare/   from a request's parameters to a GenerationRequest
+    fleet/     several models: the registry, each loaded model's engines, a request's lease
     actors/    the running tasks (scheduler, slots, jobs) and their message catalogue
     respond/   generated text to items, stream events and the final record
     store/     what the server keeps, where, and for how long
@@ -20,7 +21,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SOURCES = ("actors", "cli", "http", "model", "prepare", "respond", "store")
+SOURCES = ("actors", "cli", "fleet", "http", "model", "prepare", "respond", "store")
 
 
 def module_name(path: Path) -> str:
@@ -94,6 +95,23 @@ def test_the_model_and_the_catalogue_never_reach_http(module: str) -> None:
     assert not found, " -> ".join(next(iter(found.values())))
 
 
+@pytest.mark.parametrize("module", under("mlxcel.actors"))
+def test_the_actors_never_reach_the_fleet_above_them(module: str) -> None:
+    found = {t: p for t, p in reachable(GRAPH, module).items() if t.startswith("mlxcel.fleet")}
+    assert not found, " -> ".join(next(iter(found.values())))
+
+
+def test_no_import_circles() -> None:
+    """No module reaches itself: every room's imports run one way."""
+    circles = sorted(
+        f"{m} -> " + " -> ".join(reachable(GRAPH, t).get(m, [t]))
+        for m in GRAPH
+        for t in GRAPH[m]
+        if t == m or m in reachable(GRAPH, t)
+    )
+    assert not circles, "\n".join(circles)
+
+
 @pytest.mark.parametrize("module", under("mlxcel.prepare"))
 def test_preparation_knows_no_wire_format(module: str) -> None:
     found = {t: p for t, p in reachable(GRAPH, module).items() if t.startswith("mlxcel.http")}
@@ -105,7 +123,7 @@ VOCABULARY = {"mlxcel.items", "mlxcel.errors", "mlxcel.generation"}
 
 @pytest.mark.parametrize("module", under("mlxcel.store"))
 def test_the_store_reaches_nothing_above_it(module: str) -> None:
-    above = ("model", "respond", "actors", "http", "prepare", "cli", "app", "quotas")
+    above = ("model", "respond", "actors", "fleet", "http", "prepare", "cli", "app", "quotas")
     found = {
         t: p
         for t, p in reachable(GRAPH, module).items()

@@ -92,3 +92,13 @@ def test_modules_and_functions_stay_small() -> None:
                 if size > FUNCTION_LINES:
                     offenders.append(f"{name}:{node.lineno} {node.name}: body of {size} lines")
     assert not offenders, "split these by role:\n" + "\n".join(offenders)
+
+
+ACTORS_MODULES = 8
+
+
+def test_actors_holds_only_the_running_tasks() -> None:
+    """`actors/` keeps the tasks and their catalogue; a concern that grows beside them
+    (several models, say) gets a room of its own."""
+    modules = sorted(p.name for p in (ROOT / "actors").glob("*.py") if p.name != "__init__.py")
+    assert len(modules) <= ACTORS_MODULES, modules

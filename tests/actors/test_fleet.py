@@ -12,10 +12,9 @@ import pytest
 import trio
 import trio.testing
 
-from mlxcel.actors.fleet import ConfiguredModel, Fleet
-from mlxcel.actors.fleet_engines import EngineSpec
 from mlxcel.config import Settings, StoreLimits
 from mlxcel.errors import ConfigError, ModelLoadFailed, ModelNotFound, ModelPinned
+from mlxcel.fleet import ConfiguredModel, EngineSpec, Fleet
 from mlxcel.generation import GenerationRequest, ModelNames, Sampling
 from mlxcel.items import RequestEcho, ResponseRecord, new_id
 from mlxcel.metrics import Metrics

@@ -10,12 +10,12 @@ import pytest
 import trio
 import trio.testing
 
-from mlxcel.actors.fleet_engines import Engines
-from mlxcel.actors.fleet_lease import ModelLease
 from mlxcel.actors.jobs import BYTES_PER_OUTPUT_TOKEN, JobsHandle, JobSupervisor
 from mlxcel.actors.scheduler import Scheduler
 from mlxcel.config import Settings, StoreLimits
 from mlxcel.errors import RateLimited, ShuttingDown
+from mlxcel.fleet import ModelLease
+from mlxcel.fleet.engines import Engines
 from mlxcel.generation import GenerateText, GenerationRequest, ModelNames, Sampling
 from mlxcel.items import RequestEcho, ResponseRecord, Usage, new_id
 from mlxcel.model.actor import ModelActor

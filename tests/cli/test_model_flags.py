@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from mlxcel.actors.fleet import ConfiguredModel
 from mlxcel.app import configured_models
 from mlxcel.cli.flags import build_parser, settings_from_args
 from mlxcel.cli.serve import resolve_models
 from mlxcel.config import Settings
 from mlxcel.errors import ConfigError
+from mlxcel.fleet import ConfiguredModel
 from mlxcel.generation import ModelNames
 from mlxcel.model.fake import fake_factory
 

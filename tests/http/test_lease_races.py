@@ -20,9 +20,9 @@ import openai
 import pytest
 import trio
 
-from mlxcel.actors.fleet import ConfiguredModel
 from mlxcel.app import serve
 from mlxcel.config import Settings
+from mlxcel.fleet import ConfiguredModel
 from mlxcel.generation import ModelNames
 from mlxcel.http import chat, messages, responses
 from mlxcel.model.fake import FakeEngine, fake_factory

@@ -16,9 +16,9 @@ import openai
 import pytest
 import trio
 
-from mlxcel.actors.fleet import ConfiguredModel
 from mlxcel.app import serve
 from mlxcel.config import Settings
+from mlxcel.fleet import ConfiguredModel
 from mlxcel.generation import ModelNames
 from mlxcel.model.engine import LoadedModel
 from mlxcel.model.fake import FakeEngine, fake_factory

@@ -1,14 +1,14 @@
 """What a server with several models does across all of them: cancel a response
 wherever it runs, drain and end every loaded model's work, and add up their statistics.
 A response itself goes to its model through its request's lease
-(`actors/fleet_lease.py`), never through here."""
+(`fleet/lease.py`), never through here."""
 
 from __future__ import annotations
 
 import trio
 
-from mlxcel.actors.fleet import Fleet
 from mlxcel.actors.messages import SchedulerStatistics
+from mlxcel.fleet.registry import Fleet
 from mlxcel.items import ResponseRecord
 
 

@@ -1,7 +1,7 @@
 """A request's lease on its model: taken once, before its preparation, and held until
 the last of its work ends.
 
-The fleet (`actors/fleet.py`) unloads a model only once no lease holds it, and new work
+The fleet (`fleet/registry.py`) unloads a model only once no lease holds it, and new work
 for a model being unloaded waits for its reload. So nothing that holds a lease may ever
 wait for another one: the unload would wait for the holder and the holder for the
 unload. A request therefore takes one lease (`Fleet.open_model`) and submits through it
@@ -17,9 +17,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from types import TracebackType
 
-from mlxcel.actors.fleet_engines import Engines
 from mlxcel.actors.messages import Generate
 from mlxcel.actors.response_stream import ResponseStream, final_record
+from mlxcel.fleet.engines import Engines
 from mlxcel.generation import GenerationRequest, ServedModel
 from mlxcel.items import ResponseRecord
 

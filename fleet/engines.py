@@ -1,12 +1,11 @@
 """One loaded model's engines: its model actor (the thread that owns its MLX engine and
 prompt cache) and its scheduler (slots and waiting line), started together and stopped
-together by the fleet (`actors/fleet.py`)."""
+together by the fleet (`fleet/registry.py`)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import trio
 
@@ -14,10 +13,18 @@ from mlxcel.actors.scheduler import Scheduler, SchedulerHandle
 from mlxcel.generation import ModelNames, ServedModel
 from mlxcel.metrics import Metrics
 from mlxcel.model.actor import ModelActor, ModelHandle
+from mlxcel.model.engine import EngineFactory
 from mlxcel.store import EchoHandle, StoreHandle
 
-if TYPE_CHECKING:
-    from mlxcel.actors.fleet import ConfiguredModel
+
+@dataclass(frozen=True, slots=True)
+class ConfiguredModel:
+    """A model the server may load: the names it answers to and how to load it."""
+
+    names: ModelNames
+    factory: EngineFactory
+    pinned: bool = False
+    """Loaded at start and never unloaded (`--pin`)."""
 
 
 @dataclass(frozen=True, slots=True)

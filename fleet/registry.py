@@ -1,13 +1,13 @@
 """The fleet: every configured model by name, and the engines of those loaded.
 
 One server may serve several models (`--model NAME=PATH`, `--models-dir`). Each loaded
-model has engines of its own (`fleet_engines.py`: a model actor with its thread, a
+model has engines of its own (`fleet/engines.py`: a model actor with its thread, a
 scheduler with its slots and line, the engine's prompt cache), started when a request
 needs the model and stopped when it is evicted, unloaded by hand or idle. The fleet
 decides which are loaded: at most `--max-loaded-models` at once, the least recently used
 unpinned one evicted to make room, once its work has drained.
 
-Work holds a model by a lease (`open_model`, `actors/fleet_lease.py`): one per request,
+Work holds a model by a lease (`open_model`, `fleet/lease.py`): one per request,
 taken before its preparation and held until the last of its work ends (a streamed
 response's close, a background job's end), its submissions made through it. An unload
 waits for the leases to go; meanwhile new requests for the model wait for its reload.
@@ -26,12 +26,11 @@ from dataclasses import dataclass, field
 
 import trio
 
-from mlxcel.actors.fleet_engines import Engines, EngineSpec, run_engines
-from mlxcel.actors.fleet_lease import ModelLease
 from mlxcel.errors import ConfigError, ModelLoadFailed, ModelNotFound, ModelPinned, ShuttingDown
+from mlxcel.fleet.engines import ConfiguredModel, Engines, EngineSpec, run_engines
+from mlxcel.fleet.lease import ModelLease
 from mlxcel.generation import ModelNames
 from mlxcel.metrics import Metrics
-from mlxcel.model.engine import EngineFactory
 
 log = logging.getLogger(__name__)
 
@@ -41,16 +40,6 @@ STATES = ("loaded", "loading", "unloading", "unloaded")
 DRAIN_SECS = 10.0
 """An unloading model's scheduler, once no lease holds it, gets this long to finish
 ending its withdrawn responses before its engines stop."""
-
-
-@dataclass(frozen=True, slots=True)
-class ConfiguredModel:
-    """A model the server may load: the names it answers to and how to load it."""
-
-    names: ModelNames
-    factory: EngineFactory
-    pinned: bool = False
-    """Loaded at start and never unloaded (`--pin`)."""
 
 
 @dataclass
