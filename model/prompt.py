@@ -85,6 +85,9 @@ def merge_system(messages: Sequence[ChatMessage]) -> list[ChatMessage]:
 
 
 class ChatTokenizer(Protocol):
+    """What rendering needs of a tokenizer: its chat template and its encoder, so prompts are
+    rendered and counted the same way whichever tokenizer a model brings."""
+
     def apply_chat_template(self, conversation: Any, **kwargs: Any) -> Any: ...
 
     def encode(self, text: str, add_special_tokens: bool = ...) -> list[int]: ...
