@@ -31,7 +31,7 @@ from mlxcel.items import (
     ResponseRecord,
     new_id,
 )
-from mlxcel.model.prompt import to_chat
+from mlxcel.prepare.chat_messages import to_chat
 from mlxcel.prepare.echoing import echo_prefix, restore_reasoning, restore_signed
 from mlxcel.prepare.history import conversation_id
 from mlxcel.prepare.limits import check_input_size

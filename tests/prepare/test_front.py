@@ -11,7 +11,7 @@ from mlxcel.errors import ContextLengthExceeded, InvalidRequest, ModelNotFound
 from mlxcel.generation import ModelNames, ServedModel
 from mlxcel.items import InputText, Item, Message, OutputText
 from mlxcel.model.fake import fake_factory
-from mlxcel.model.prompt import to_chat
+from mlxcel.prepare.chat_messages import to_chat
 from mlxcel.prepare.compaction import rendered_tokens
 from mlxcel.prepare.context_management import CompactionPrelude
 from mlxcel.prepare.front import (
