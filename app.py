@@ -256,7 +256,7 @@ def configured_models(
 
 def served_names(names: ModelNames, aliases: tuple[tuple[str, str], ...]) -> ModelNames:
     """The model's names with the `--model-alias` patterns that name it: every route
-    checks a request's `model` against these (`prepare.intake.check_model`)."""
+    finds a request's model by these (`Fleet.open_model`)."""
     try:
         return names.aliased(aliases)
     except ValueError as exc:

@@ -20,6 +20,9 @@ _ORIGIN = re.compile(r"https?://[^/\s]+", re.IGNORECASE)
 
 @dataclass(frozen=True, slots=True)
 class Settings:
+    """Every setting of one server, frozen: made once from the flags, the environment and the
+    files they name (`cli/flag_table.py`), then read by every room, so no room parses flags."""
+
     model: Path | None = None
     """A local MLX model folder; None means the embedded default model."""
     alias: str | None = None

@@ -51,6 +51,9 @@ BYTES_PER_OUTPUT_TOKEN = 8
 
 
 class JobsHandle:
+    """What the HTTP edge holds of the job supervisor: admitting, cancelling and draining
+    background jobs are commands on its inbox, so the jobs' state stays the supervisor's alone."""
+
     def __init__(self, inbox: trio.MemorySendChannel[JobCommand]) -> None:
         self._inbox = inbox
 
@@ -109,6 +112,10 @@ class _Job:
 
 
 class JobSupervisor:
+    """Runs each background response as a job of its own (one task and cancel scope each) that
+    outlives the request that made it: admission within the job and byte bounds, the status
+    written to the store as it moves, the event log for resumes, the webhook at its end."""
+
     def __init__(
         self,
         store: StoreHandle,

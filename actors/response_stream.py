@@ -185,6 +185,9 @@ async def submit_together(streams: Sequence[ResponseStream]) -> None:
 
 
 class SchedulerHandle:
+    """What the rest of the server holds of one scheduler: its control channel and the calls
+    made over it, so no caller touches the waiting line or the slots directly."""
+
     def __init__(self, control: trio.MemorySendChannel[SchedulerCommand], depth: int) -> None:
         self._control = control
         self.max_queue_depth = depth

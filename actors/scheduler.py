@@ -50,6 +50,10 @@ class _Waiting:
 
 
 class Scheduler:
+    """The generation-slot scheduler: the bounded waiting line in front of a fixed number of
+    slots, admission (a clean 503 when full), cancels and withdrawals, and the drain.
+    It exists so that concurrency is bounded in one place and every request is answered."""
+
     def __init__(
         self,
         model: ModelHandle,

@@ -80,6 +80,9 @@ def _host_name(host: str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class BrowserPolicy:
+    """What a browser may do with this server: the origins whose pages may read its answers
+    (CORS), and whether a loopback-bound server refuses other host names (DNS rebinding)."""
+
     cors_origins: frozenset[str] = frozenset()
     """Origins whose pages may read answers; `*` is any. Empty: CORS is off."""
     check_host: bool = False

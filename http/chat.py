@@ -27,13 +27,9 @@ from mlxcel.http.chat_objects import (
     finished,
     text_completion,
 )
+from mlxcel.http.chat_params import chat_params, completion_params
 from mlxcel.http.chat_sampling import check_n
-from mlxcel.http.chat_schemas import (
-    ChatCompletionBody,
-    CompletionBody,
-    chat_params,
-    completion_params,
-)
+from mlxcel.http.chat_schemas import ChatCompletionBody, CompletionBody
 from mlxcel.http.choices import (
     ChoiceChunks,
     ChoiceEvents,

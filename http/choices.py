@@ -28,6 +28,7 @@ from mlxcel.errors import GenerationFailed
 from mlxcel.fleet import ModelLease
 from mlxcel.generation import GenerationRequest
 from mlxcel.http.chat_objects import summed_usage
+from mlxcel.http.exchange import exchange_nursery
 from mlxcel.http.rate_limits import metered
 from mlxcel.http.streaming import bind_to_exchange
 from mlxcel.items import ResponseRecord, Usage, new_id
@@ -122,8 +123,7 @@ class ChoiceEvents:
 
     def start(self) -> None:
         """Read every stream from the HTTP exchange's own tasks (they end with it)."""
-        exchange = trio.lowlevel.current_task().parent_nursery
-        assert exchange is not None
+        exchange = exchange_nursery()
         for stream in self._streams:
             exchange.start_soon(self._forward, stream, self._send.clone())
         self._send.close()

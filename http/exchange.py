@@ -52,6 +52,18 @@ ROUTE_KEY = "mlxcel.route"
 """The scope key of the URL rule an exchange matched."""
 
 
+def exchange_nursery() -> trio.Nursery:
+    """The nursery of the HTTP exchange the calling route runs in: work started there
+    (reading a response's streams, closing them at the exchange's end) ends with the
+    exchange, whether or not its body ran. quart-trio runs each request's handler as a
+    task of that nursery (the range pinned in `pyproject.toml`); this is the one place
+    the server reaches for it."""
+    nursery = trio.lowlevel.current_task().parent_nursery
+    if nursery is None:
+        raise RuntimeError("not called from an HTTP exchange's handler")
+    return nursery
+
+
 class App(QuartTrio):
     """The Quart-Trio app, with each HTTP exchange's sends kept whole and counted."""
 

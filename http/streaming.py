@@ -26,6 +26,7 @@ from mlxcel.actors.response_stream import ResponseStream
 from mlxcel.fleet import ModelLease
 from mlxcel.generation import GenerationRequest
 from mlxcel.http.access_log import ExchangeNote, exchange_note, note_record
+from mlxcel.http.exchange import exchange_nursery
 from mlxcel.http.handles import Handles
 from mlxcel.http.sse import KEEPALIVE_FRAME, SseEncoder
 from mlxcel.respond.events import KeepAlive, ResponseCreated, ResponseEvent, ResponseFinished
@@ -235,9 +236,7 @@ def data_stream_response(
 
 def bind_to_exchange(events: ResponseStream) -> None:
     """Close `events` when the current HTTP exchange ends, whether or not its body ran."""
-    exchange = trio.lowlevel.current_task().parent_nursery
-    if exchange is not None:
-        exchange.start_soon(_close_at_end, events)
+    exchange_nursery().start_soon(_close_at_end, events)
 
 
 async def _close_at_end(events: ResponseStream) -> None:

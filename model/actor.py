@@ -74,6 +74,11 @@ class ModelHandle:
 
 
 class ModelActor:
+    """Owns the model: one thread holds the engine and MLX, and every prefill and decode step
+    runs there in turn, fed by the slots over bounded channels. One owner is what MLX needs
+    (its streams and caches are not shared safely across threads) and what continuous
+    batching needs (one step at a time over every running sequence)."""
+
     def __init__(
         self, factory: EngineFactory, max_sequences: int, metrics: Metrics | None = None
     ) -> None:

@@ -22,6 +22,9 @@ from mlxcel.metrics import PromptDiskStats
 
 
 class Engine(Protocol):
+    """The small boundary between the model actor and an engine (insert, step, remove, close),
+    so the MLX engine and the deterministic fake plug into the same actor."""
+
     def insert(self, spec: SequenceSpec) -> None: ...
 
     def decode(self) -> list[TokenStep]:

@@ -123,6 +123,10 @@ def _open_gate() -> threading.Event:
 
 @dataclass
 class FakeEngine:
+    """A deterministic engine without weights: the same protocol as the MLX engine, scripted
+    replies, steps that can be slowed, held or made to fail, so the actor machinery and
+    the HTTP edge are tested fast and exactly."""
+
     step_delay: float = 0.0
     prefill_chunk: int = 10_000
     fail_on: str | None = None

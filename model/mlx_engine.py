@@ -53,6 +53,10 @@ SHARED_PREFIX = 32
 
 @dataclass
 class MlxEngine:
+    """The real engine: a batch of sequences on an MLX model, continuous batching over decode
+    groups, chunked prefill within the step budget, sampling, grammars on the logits and
+    the prompt cache. Called only from the model actor's thread."""
+
     model: Any
     tokenizer: Any
     budget: StepBudget

@@ -31,7 +31,8 @@ from mlxcel.model import flat_forward, forward
 from mlxcel.model.cpu_forms import fast_log_softmax, install_cpu_forms
 from mlxcel.model.mlx_engine import MlxEngine
 from mlxcel.model.prefix_cache import PrefixCache
-from mlxcel.model.prompt_disk import NAMES, Identity, Layout, PromptDisk
+from mlxcel.model.prompt_disk import PromptDisk
+from mlxcel.model.prompt_layout import NAMES, Identity, Layout
 from mlxcel.model.qmm import install_quantized_forms
 from mlxcel.model.sampling import Sampler, reference_log_softmax
 from mlxcel.model.spill_file import digest

@@ -68,6 +68,10 @@ class _SpillingTrie(PromptTrie):
 
 
 class PrefixCache:
+    """Reuses the KV state of prompts already read: a request whose prompt starts with one
+    kept here reads only the rest. Bounded by bytes and entries in memory, with an
+    optional disk tier (`PromptDisk`) behind it."""
+
     def __init__(
         self, max_bytes: int, max_entries: int = MAX_ENTRIES, disk: PromptDisk | None = None
     ) -> None:

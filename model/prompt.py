@@ -1,8 +1,8 @@
-"""Conversation items → chat-template messages → prompt tokens.
+"""Chat-template messages → prompt tokens.
 
-`to_chat` is model-independent: it maps Responses items onto the message dicts chat
-templates read (system/user/assistant/tool, `tool_calls`). `TemplateCodec` applies a
-tokenizer's chat template; when a template accepts only one leading system message it
+The messages come from preparation (`prepare/chat_messages.py` maps Responses items onto
+the message dicts chat templates read). `TemplateCodec` applies a tokenizer's chat
+template; when a template accepts only one leading system message it
 retries with every system message merged into it. Text from the client never encodes as
 control tokens: only the template's own markup does.
 """
@@ -20,61 +20,12 @@ from tokenizers import Tokenizer
 
 from mlxcel.errors import InvalidRequest
 from mlxcel.generation import CustomGrammar
-from mlxcel.items import FunctionCall, FunctionCallOutput, Item, Message, Reasoning, replay
 from mlxcel.model.constrained import GrammarCompiler, compile_schema
 from mlxcel.model.tool_grammars import validate
 
 ChatMessage = dict[str, Any]
 
 log = logging.getLogger(__name__)
-
-
-def to_chat(instructions: str | None, items: Sequence[Item]) -> list[ChatMessage]:
-    """The chat messages for `instructions` followed by `items` (a compaction standing
-    in for the items before it)."""
-    messages: list[ChatMessage] = []
-    pending_reasoning = ""
-    if instructions:
-        messages.append({"role": "system", "content": instructions})
-    for item in replay(items):
-        match item:
-            case Message(role=role):
-                chat_role = "system" if role == "developer" else role
-                messages.append({"role": chat_role, "content": item.text})
-                if role == "assistant" and pending_reasoning:
-                    messages[-1]["reasoning_content"] = pending_reasoning
-                pending_reasoning = ""
-            case FunctionCall(call_id=call_id, arguments=arguments):
-                # A custom tool's input goes back as the one argument the model wrote it as.
-                parsed = {"input": arguments} if item.custom else _arguments(arguments)
-                call = {
-                    "id": call_id,
-                    "type": "function",
-                    "function": {"name": item.flat_name, "arguments": parsed},
-                }
-                last = messages[-1] if messages else None
-                if last is not None and last["role"] == "assistant":
-                    last.setdefault("tool_calls", []).append(call)
-                else:
-                    messages.append({"role": "assistant", "content": "", "tool_calls": [call]})
-                    if pending_reasoning:  # the trace that led to the call, as templates keep it
-                        messages[-1]["reasoning_content"] = pending_reasoning
-                    pending_reasoning = ""
-            case FunctionCallOutput(call_id=call_id, output=output):
-                messages.append({"role": "tool", "tool_call_id": call_id, "content": output})
-            case Reasoning(text=text):
-                pending_reasoning = text  # templates that keep traces read it from the turn
-    if not any(m["role"] in ("user", "tool") for m in messages):
-        raise InvalidRequest("The input must contain at least one user message.", param="input")
-    return messages
-
-
-def _arguments(arguments: str) -> Any:
-    """Templates expect parsed arguments (they `tojson` them); keep text that isn't JSON."""
-    try:
-        return json.loads(arguments)
-    except ValueError:
-        return arguments
 
 
 def merge_system(messages: Sequence[ChatMessage]) -> list[ChatMessage]:
@@ -85,6 +36,9 @@ def merge_system(messages: Sequence[ChatMessage]) -> list[ChatMessage]:
 
 
 class ChatTokenizer(Protocol):
+    """What rendering needs of a tokenizer: its chat template and its encoder, so prompts are
+    rendered and counted the same way whichever tokenizer a model brings."""
+
     def apply_chat_template(self, conversation: Any, **kwargs: Any) -> Any: ...
 
     def encode(self, text: str, add_special_tokens: bool = ...) -> list[int]: ...

@@ -42,6 +42,7 @@ from mlx_lm.models.cache import KVCache
 
 from mlxcel.metrics import PromptDiskStats
 from mlxcel.model import prompt_folder, spill_file
+from mlxcel.model.prompt_layout import NAMES, Identity, Layout, kv_caches
 from mlxcel.model.spill_file import DTYPES, Tensor
 
 log = logging.getLogger(__name__)
@@ -55,33 +56,6 @@ WAIT_SECS = 60.0
 STALE_PART_SECS = 600
 """A temporary file older than this is a crashed writer's leftover, removed at start."""
 SUFFIX = ".safetensors"
-
-NAMES = {mx.float32: "float32", mx.float16: "float16", mx.bfloat16: "bfloat16"}
-
-
-@dataclass(frozen=True, slots=True)
-class Identity:
-    """What a KV state depends on besides its tokens."""
-
-    model: str
-    """The model folder and a hash of its config."""
-    template: str
-    """A hash of the chat template."""
-
-    @property
-    def key(self) -> str:
-        return spill_file.digest(self.model, self.template)[: prompt_folder.KEY_DIGITS]
-
-
-@dataclass(frozen=True, slots=True)
-class Layout:
-    """The KV state this model makes: layers of `[1, heads, tokens, dim]` arrays."""
-
-    layers: int
-    heads: int
-    dim: int
-    value_dim: int
-    dtype: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +77,10 @@ class _Job:
 
 
 class PromptDisk:
+    """The prompt cache's disk tier: KV states of long prompts spilled to private files under
+    a byte budget, so a restart or an eviction from memory does not cost a long prompt's
+    reading again."""
+
     def __init__(self, root: Path, identity: Identity, layout: Layout, max_bytes: int) -> None:
         self.root = root
         self.folder = root / identity.key
@@ -245,7 +223,7 @@ class PromptDisk:
             )
             if not np.array_equal(self._check(meta, entry.name), entry.tokens):
                 raise ValueError("its tokens changed since it was indexed")
-            cache = self._cache(arrays, len(entry.tokens), meta["crc32"])
+            cache = kv_caches(arrays, self.layout, len(entry.tokens), meta["crc32"])
         except FileNotFoundError:
             self._forget(entry.name)  # removed meanwhile (the budget, another server)
             return None
@@ -255,29 +233,6 @@ class PromptDisk:
             self._count(rejected=1)
             return None
         return cache
-
-    def _cache(self, arrays: dict[str, mx.array], length: int, crc: str) -> list[Any]:
-        """Check the arrays against this model's layout; a cache object per layer."""
-        lay = self.layout
-        names = [f"{i}.{p}" for i in range(lay.layers) for p in ("keys", "values")]
-        if sorted(arrays) != sorted(names):
-            raise ValueError("its tensors are not this model's layers")
-        for name in names:
-            a, dim = arrays[name], lay.dim if name.endswith("keys") else lay.value_dim
-            if tuple(a.shape) != (1, lay.heads, length, dim) or NAMES.get(a.dtype) != lay.dtype:
-                raise ValueError(f"tensor {name} has the wrong shape or dtype")
-        mx.eval(list(arrays.values()))
-        raws = [arrays[n].view(mx.uint16) if lay.dtype == "bfloat16" else arrays[n] for n in names]
-        mx.eval(raws)
-        if spill_file.data_crc([np.asarray(memoryview(cast(Any, r))) for r in raws]) != crc:
-            raise ValueError("its data does not match its checksum")
-        caches = []
-        for i in range(lay.layers):
-            layer: Any = cast(Any, KVCache)()
-            layer.keys, layer.values = arrays[f"{i}.keys"], arrays[f"{i}.values"]
-            layer.offset = length
-            caches.append(layer)
-        return caches
 
     def _check(self, meta: dict[str, str], name: str) -> np.ndarray[Any, Any]:
         """A file's tokens, once its metadata is found to be this model's, this template's

@@ -42,7 +42,7 @@ from mlxcel.items import (
     new_id,
     replay,
 )
-from mlxcel.model.prompt import to_chat
+from mlxcel.prepare.chat_messages import to_chat
 from mlxcel.prepare.limits import item_chars
 from mlxcel.prepare.offload import off_loop
 

@@ -13,10 +13,9 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from mlxcel.errors import ContextLengthExceeded, InvalidRequest, ModelNotFound
+from mlxcel.errors import ContextLengthExceeded, InvalidRequest
 from mlxcel.generation import (
     GenerationRequest,
-    ModelNames,
     PromptCodec,
     Sampling,
     ServedModel,
@@ -31,7 +30,7 @@ from mlxcel.items import (
     ResponseRecord,
     new_id,
 )
-from mlxcel.model.prompt import to_chat
+from mlxcel.prepare.chat_messages import to_chat
 from mlxcel.prepare.echoing import echo_prefix, restore_reasoning, restore_signed
 from mlxcel.prepare.history import conversation_id
 from mlxcel.prepare.limits import check_input_size
@@ -84,12 +83,6 @@ async def intake_items(
         items = params.input
     items = await restore_signed(params, items, echo)
     return await restore_reasoning(params, model.names.alias, items, echo)
-
-
-def check_model(names: ModelNames, asked: str) -> None:
-    """404 for a `model` the loaded model does not answer to."""
-    if not names.matches(asked):
-        raise ModelNotFound(asked, names.listed())
 
 
 def output_grammar(text: dict[str, JsonValue] | None, codec: PromptCodec) -> str | None:
@@ -187,7 +180,6 @@ def build_request(
     stands in for history and input). `fits=False` lets a prompt that leaves no room for
     output through, for a request that compacts it first. `identity` is the id and
     creation time of the response this request continues (after its compaction)."""
-    check_model(model.names, params.model)
     info, codec = model.info, model.codec
     # Tools once per request: a forced call's grammar is compiled here, not twice.
     definitions, tools, call_grammar = tool_use(

@@ -33,7 +33,7 @@ from typing import Any
 from mlxcel.errors import ContextLengthExceeded, InvalidRequest
 from mlxcel.generation import PromptCodec
 from mlxcel.items import InputText, Item, Message, replay
-from mlxcel.model.prompt import to_chat
+from mlxcel.prepare.chat_messages import to_chat
 from mlxcel.prepare.compaction import cut_points
 from mlxcel.prepare.limits import CHARS_PER_TOKEN, ITEMS_PER_TOKEN, item_chars
 

@@ -70,6 +70,10 @@ class _OpenMessage:
 
 
 class ResponseBuilder:
+    """Turns one response's generated text into Responses items, the stream events that
+    announce them, and the final record, in one place, so every wire format and the store
+    see the same response."""
+
     def __init__(
         self,
         record: ResponseRecord,

@@ -28,6 +28,9 @@ Piece = ReasoningPiece | AnswerPiece
 
 
 class ReasoningSplitter:
+    """Splits a reasoning model's text into its reasoning and its answer as it streams, by
+    the think tags, holding back only what could still be a tag."""
+
     def __init__(self, *, opened: bool) -> None:
         self._state = "reasoning" if opened else "start"
         self._buffer = ""

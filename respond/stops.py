@@ -10,6 +10,9 @@ from collections.abc import Sequence
 
 
 class StopScanner:
+    """Finds a request's stop strings in streamed text, holding back only the tail that could
+    still begin one, so no stop string is ever sent to the client."""
+
     def __init__(self, stops: Sequence[str]) -> None:
         self._stops = tuple(s for s in stops if s)
         self._held = ""

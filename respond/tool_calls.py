@@ -38,6 +38,9 @@ class _OpenCall:
 
 
 class ToolCalls:
+    """The tool calls of one response as they are parsed: each call's item opened, its
+    arguments streamed and closed, in the order the events must go out."""
+
     def __init__(self, response_id: str, tools: ToolUse, output: list[Item | None]) -> None:
         self._id = response_id  # every event names its response
         self._tools = tools

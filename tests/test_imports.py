@@ -113,6 +113,12 @@ def test_no_import_circles() -> None:
 
 
 @pytest.mark.parametrize("module", under("mlxcel.prepare"))
+def test_preparation_reaches_the_model_only_through_what_it_is_handed(module: str) -> None:
+    direct = sorted(t for t in GRAPH[module] if t.startswith("mlxcel.model"))
+    assert not direct, f"{module} imports {direct}"
+
+
+@pytest.mark.parametrize("module", under("mlxcel.prepare"))
 def test_preparation_knows_no_wire_format(module: str) -> None:
     found = {t: p for t, p in reachable(GRAPH, module).items() if t.startswith("mlxcel.http")}
     assert not found, " -> ".join(next(iter(found.values())))

@@ -35,11 +35,11 @@ from mlxcel.store.backend import (
     final_table,
     reaped,
     too_large,
-    window,
 )
 from mlxcel.store.codec import CodecError, decode, encode
 from mlxcel.store.item_index import item_at
 from mlxcel.store.limits import StoreLimits
+from mlxcel.store.sqlite.counters import charge
 from mlxcel.store.sqlite.deliveries import SqliteDeliveries
 from mlxcel.store.sqlite.file import (
     CHAIN,
@@ -364,22 +364,7 @@ class SqliteBackend:
     def _charge(
         self, now: float, counter: str, amount: int, limit: int, window_secs: int
     ) -> Charge:
-        start, resets_in = window(now, window_secs)
-        row = self._db.execute(
-            "SELECT used FROM counters WHERE counter = ? AND window_secs = ? AND window_start = ?",
-            (counter, window_secs, start),
-        ).fetchone()
-        used = int(row[0]) if row is not None else 0
-        allowed = limit == 0 or used < limit
-        if allowed and (amount > 0 or (amount < 0 and used > 0)):
-            used = max(0, used + amount)
-            self._db.execute(
-                "INSERT INTO counters (counter, window_secs, window_start, used) "
-                "VALUES (?, ?, ?, ?) ON CONFLICT (counter, window_secs) DO UPDATE SET "
-                "window_start = excluded.window_start, used = excluded.used",
-                (counter, window_secs, start, used),
-            )
-        return Charge(allowed, used, resets_in)
+        return charge(self._db, now, counter, amount, limit, window_secs)
 
     # --- pieces of one transaction ---------------------------------------------------
 

@@ -16,7 +16,8 @@ from mlxcel.items import (
     Reasoning,
     Refusal,
 )
-from mlxcel.model.prompt import TemplateCodec, merge_system, to_chat
+from mlxcel.model.prompt import TemplateCodec, merge_system
+from mlxcel.prepare.chat_messages import to_chat
 
 
 def test_instructions_developer_and_assistant_parts() -> None:

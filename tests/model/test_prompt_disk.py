@@ -24,7 +24,8 @@ import mlx.core as mx  # noqa: E402
 from mlx_lm.models.cache import KVCache  # noqa: E402
 
 from mlxcel.model import prompt_disk, spill_file  # noqa: E402
-from mlxcel.model.prompt_disk import Identity, Layout, PromptDisk  # noqa: E402
+from mlxcel.model.prompt_disk import PromptDisk  # noqa: E402
+from mlxcel.model.prompt_layout import Identity, Layout  # noqa: E402
 
 pytestmark = pytest.mark.mlx
 

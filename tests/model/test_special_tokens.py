@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 
 from mlxcel.items import FunctionCall, FunctionCallOutput, InputText, Item, Message, OutputText
-from mlxcel.model.prompt import ChatMessage, TemplateCodec, to_chat
+from mlxcel.model.prompt import ChatMessage, TemplateCodec
+from mlxcel.prepare.chat_messages import to_chat
 
 from tiny_model import ensure_tiny_model
 

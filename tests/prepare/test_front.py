@@ -7,11 +7,11 @@ import pytest
 import trio
 
 from mlxcel.config import Settings, StoreLimits
-from mlxcel.errors import ContextLengthExceeded, InvalidRequest, ModelNotFound
+from mlxcel.errors import ContextLengthExceeded, InvalidRequest
 from mlxcel.generation import ModelNames, ServedModel
 from mlxcel.items import InputText, Item, Message, OutputText
 from mlxcel.model.fake import fake_factory
-from mlxcel.model.prompt import to_chat
+from mlxcel.prepare.chat_messages import to_chat
 from mlxcel.prepare.compaction import rendered_tokens
 from mlxcel.prepare.context_management import CompactionPrelude
 from mlxcel.prepare.front import (
@@ -61,13 +61,6 @@ async def test_a_response_is_rendered_from_its_input_for_its_tenant(
     assert request.prelude is None
     count = await input_token_count(params, model, policy=POLICY, store=store, echo=store.echo)
     assert count == len(request.prompt)
-
-
-async def test_a_response_for_another_model_is_not_found(nursery: trio.Nursery) -> None:
-    store = await open_store(nursery)
-    params = ResponseParams("other-model", (user("hello"),))
-    with pytest.raises(ModelNotFound):
-        await prepare_response(params, served(), policy=POLICY, store=store, echo=store.echo)
 
 
 async def test_a_response_continuing_an_unknown_one_is_a_400(nursery: trio.Nursery) -> None:
