@@ -5,7 +5,7 @@ SQLite (a server that keeps its responses across restarts keeps its prompt cache
 and to none with a memory or Redis store. A folder named on the command line that cannot
 be written stops the server at start; the default one only turns the disk tier off, with
 a warning: the server serves as well without it. The folder and the tier's files are
-the server's user's alone (0700, 0600: `model/prompt_folder.py`), made so at start
+the server's user's alone (0700, 0600: `model/cache/private.py`), made so at start
 whatever an earlier release left.
 """
 
@@ -19,7 +19,7 @@ from pathlib import Path
 from mlxcel.cli.flag_table import Flag
 from mlxcel.config import Settings
 from mlxcel.errors import ConfigError
-from mlxcel.model.prompt_folder import close_tree, create_private
+from mlxcel.model.cache.private import close_tree, create_private
 from mlxcel.store.limits import sqlite_path
 
 log = logging.getLogger(__name__)

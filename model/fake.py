@@ -33,9 +33,9 @@ from mlxcel.generation import (
     TokenStep,
 )
 from mlxcel.items import TokenLogprob
-from mlxcel.model.constrained import compile_schema
 from mlxcel.model.engine import LoadedModel
-from mlxcel.model.tool_grammars import check_quotable, validate
+from mlxcel.model.grammar.constrained import compile_schema
+from mlxcel.model.grammar.tool_grammars import check_quotable, validate
 
 DEFAULT_REPLY = "The quick brown fox jumps over the lazy dog."
 HELD_STEP_SECS = 0.005

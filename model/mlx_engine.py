@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mlxcel.generation import PrefillProgress, SequenceSpec, TokenStep
-from mlxcel.model.constrained import GrammarCompiler, GrammarMasks
+from mlxcel.model.grammar.constrained import GrammarCompiler, GrammarMasks
 from mlxcel.model.step_plan import MAX_PREFILL_ROWS, Chunk, StepBudget, Waiting, plan_chunk
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # weights are local; never reach for a hub
@@ -38,10 +38,10 @@ import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 
 from mlxcel.model import flat_forward, forward
+from mlxcel.model.cache.prefix import CacheKind, PrefixCache, common_prefix
 from mlxcel.model.decode_batch import DecodeBatch
 from mlxcel.model.forward import KV
 from mlxcel.model.penalties import RowPenalties, adjust
-from mlxcel.model.prefix_cache import CacheKind, PrefixCache, common_prefix
 from mlxcel.model.rows import ChunkRead, Row
 from mlxcel.model.sampling import Sampler, row_generator, token_logprob
 

@@ -14,9 +14,9 @@ from typing import Any
 
 from mlxcel.generation import ModelInfo
 from mlxcel.model.blas import BlasInfo
-from mlxcel.model.constrained import GrammarCompiler
 from mlxcel.model.engine import LoadedModel
 from mlxcel.model.folder import context_length
+from mlxcel.model.grammar.constrained import GrammarCompiler
 from mlxcel.model.prompt import TemplateCodec
 from mlxcel.model.step_plan import StepBudget
 from mlxcel.respond.tool_parsers import detect_parser
@@ -28,14 +28,14 @@ from mlx_lm.models.cache import KVCache, make_prompt_cache
 from mlx_lm.utils import load
 
 from mlxcel.model import flat_forward, forward
+from mlxcel.model.cache.disk import PromptDisk
+from mlxcel.model.cache.layout import NAMES, Identity, Layout
+from mlxcel.model.cache.prefix import PrefixCache
+from mlxcel.model.cache.spill_file import digest
 from mlxcel.model.cpu_forms import fast_log_softmax, install_cpu_forms
 from mlxcel.model.mlx_engine import MlxEngine
-from mlxcel.model.prefix_cache import PrefixCache
-from mlxcel.model.prompt_disk import PromptDisk
-from mlxcel.model.prompt_layout import NAMES, Identity, Layout
 from mlxcel.model.qmm import install_quantized_forms
 from mlxcel.model.sampling import Sampler, reference_log_softmax
-from mlxcel.model.spill_file import digest
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +60,7 @@ def load_mlx_model(
     decode step of a full batch of `max_batch` rows). `prompt_cache_bytes` bounds the KV states
     kept for reuse plus those of the live sequences (as `mlx_lm.server
     --prompt-cache-bytes` does); 0 disables the cache. With a `prompt_cache_dir`, its
-    entries spill to files there, within `prompt_cache_disk_bytes` (`prompt_disk`)."""
+    entries spill to files there, within `prompt_cache_disk_bytes` (`model/cache/disk.py`)."""
     model, tokenizer = load(str(path))[:2]
     fast = install_cpu_forms(model)  # on the CPU device only; Apple GPUs keep MLX's kernels
     quantized = install_quantized_forms(model)  # likewise

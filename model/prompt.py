@@ -20,8 +20,8 @@ from tokenizers import Tokenizer
 
 from mlxcel.errors import InvalidRequest
 from mlxcel.generation import CustomGrammar
-from mlxcel.model.constrained import GrammarCompiler, compile_schema
-from mlxcel.model.tool_grammars import validate
+from mlxcel.model.grammar.constrained import GrammarCompiler, compile_schema
+from mlxcel.model.grammar.tool_grammars import validate
 
 ChatMessage = dict[str, Any]
 

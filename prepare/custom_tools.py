@@ -3,7 +3,7 @@
 Chat templates know only functions, so a custom tool is shown to the model as a function
 with one string argument, `input`; a grammar in its `format` is added to its description
 for the model to read, and enforced while the model writes the call where its call markup
-allows (`model/tool_grammars.py`). The model's call comes back as a `custom_tool_call`
+allows (`model/grammar/tool_grammars.py`). The model's call comes back as a `custom_tool_call`
 whose `input` is that argument (`items.custom_input`).
 """
 

@@ -57,7 +57,7 @@ def warm(shared_warm: LoadedModel) -> LoadedModel:
 
 
 def with_cache(loaded: LoadedModel, cache_bytes: int) -> LoadedModel:
-    from mlxcel.model.prefix_cache import PrefixCache
+    from mlxcel.model.cache.prefix import PrefixCache
 
     assert not loaded.engine.has_work()
     loaded.engine.prefix_cache = PrefixCache(cache_bytes)  # type: ignore[attr-defined]

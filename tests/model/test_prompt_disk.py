@@ -23,9 +23,10 @@ load_fast_blas()  # before mlx.core
 import mlx.core as mx  # noqa: E402
 from mlx_lm.models.cache import KVCache  # noqa: E402
 
-from mlxcel.model import prompt_disk, spill_file  # noqa: E402
-from mlxcel.model.prompt_disk import PromptDisk  # noqa: E402
-from mlxcel.model.prompt_layout import Identity, Layout  # noqa: E402
+from mlxcel.model.cache import disk as prompt_disk  # noqa: E402
+from mlxcel.model.cache import spill_file  # noqa: E402
+from mlxcel.model.cache.disk import PromptDisk  # noqa: E402
+from mlxcel.model.cache.layout import Identity, Layout  # noqa: E402
 
 pytestmark = pytest.mark.mlx
 

@@ -18,8 +18,8 @@ from patch_grammar import PATCH_GRAMMAR
 
 from mlxcel.errors import InvalidRequest
 from mlxcel.generation import CustomGrammar
-from mlxcel.model.constrained import GrammarCompiler
-from mlxcel.model.json_quote import Unquotable, quote_lark
+from mlxcel.model.grammar.constrained import GrammarCompiler
+from mlxcel.model.grammar.json_quote import Unquotable, quote_lark
 
 from tiny_model import ensure_tiny_model
 

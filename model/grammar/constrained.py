@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
 from mlxcel.errors import InvalidRequest
 from mlxcel.generation import CustomGrammar
-from mlxcel.model.tool_grammars import call_opening, hermes_reply, invalid_grammar, validate
+from mlxcel.model.grammar.tool_grammars import call_opening, hermes_reply, invalid_grammar, validate
 
 MAX_SCHEMA_BYTES = 64 * 1024
 PROBE_STEPS = 4

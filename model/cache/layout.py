@@ -1,6 +1,6 @@
 """What a prompt-cache file's KV state must be for this model, and the state it becomes.
 
-The disk tier (`prompt_disk`) keeps files per model identity (`Identity`: the model and
+The disk tier (`disk.py`) keeps files per model identity (`Identity`: the model and
 its chat template) and checks every file it reads against the model's KV layout
 (`Layout`) and the data checksum before the state is used (`kv_caches`): nothing in a
 file is trusted. Runs on the model thread (it calls MLX).
@@ -15,7 +15,7 @@ import mlx.core as mx
 import numpy as np
 from mlx_lm.models.cache import KVCache
 
-from mlxcel.model import prompt_folder, spill_file
+from mlxcel.model.cache import private, spill_file
 
 NAMES = {mx.float32: "float32", mx.float16: "float16", mx.bfloat16: "bfloat16"}
 """The KV dtypes a file may hold, by their names in its metadata."""
@@ -32,7 +32,7 @@ class Identity:
 
     @property
     def key(self) -> str:
-        return spill_file.digest(self.model, self.template)[: prompt_folder.KEY_DIGITS]
+        return spill_file.digest(self.model, self.template)[: private.KEY_DIGITS]
 
 
 @dataclass(frozen=True, slots=True)

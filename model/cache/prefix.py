@@ -13,7 +13,7 @@ wrapper adds is the engine's invariants:
 - Entries are each tenant's own: a prompt is only ever served from the entries of the
   tenant that sent it, so `cached_tokens` tells no tenant what another sent. (One byte
   budget and one LRU order are shared.)
-- With a disk tier (`prompt_disk`), an entry evicted from memory is written to a file,
+- With a disk tier (`disk.py`), an entry evicted from memory is written to a file,
   `spill_all` writes every entry (the engine calls it when it closes: at shutdown and
   on unload), and a lookup that the disk can serve with a longer prefix than memory
   reads it from there.
@@ -30,7 +30,7 @@ from typing import Any, Literal
 import mlx.core as mx
 from mlx_lm.models.cache import LRUPromptCache, PromptTrie, can_trim_prompt_cache
 
-from mlxcel.model.prompt_disk import PromptDisk
+from mlxcel.model.cache.disk import PromptDisk
 
 log = logging.getLogger(__name__)
 

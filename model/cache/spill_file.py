@@ -1,6 +1,6 @@
 """One prompt-cache file: a safetensors file of a prefix's KV state, with its metadata.
 
-The disk tier (`prompt_disk`) writes these on a worker thread, which must not call MLX
+The disk tier (`disk.py`) writes these on a worker thread, which must not call MLX
 (the model thread is MLX's only user), so the file is written here from NumPy views of
 the already-evaluated arrays: safetensors is an 8-byte header length, a JSON header
 (each tensor's dtype, shape and byte range, and a `__metadata__` map of strings) and the
@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from mlxcel.model.prompt_folder import create_private
+from mlxcel.model.cache.private import create_private
 
 FORMAT = "mlxcel-prompt-cache/1"
 """The `format` metadata value of every file this module writes."""

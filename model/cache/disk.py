@@ -1,7 +1,7 @@
 """The prompt cache's disk tier: KV states of cached prefixes kept in files, so a long
 prompt's prefix outlives an eviction, an unload and a restart.
 
-The in-memory prefix cache (`prefix_cache`) hands states here when it evicts them and
+The in-memory prefix cache (`prefix.py`) hands states here when it evicts them and
 when the engine closes (`PrefixCache.spill_all`); a lookup it cannot serve as well from
 memory asks `load` for the longest prefix a file holds. Files live in one folder per
 model identity (the folder and a hash of its config) and chat template, so several
@@ -17,7 +17,7 @@ worker never calls MLX: it writes NumPy views of the evaluated arrays, and hands
 state back for the model thread to release (`reap`). Reading runs on the model thread,
 on the prefill path of the request that hits. Beyond `max_bytes` of files under the
 directory, the least recently used (by modification time, renewed by a hit) are removed.
-Folders are 0700 and files 0600 (`prompt_folder`): a file holds its prompt's tokens.
+Folders are 0700 and files 0600 (`private.py`): a file holds its prompt's tokens.
 
 Import this module only on the model thread, after `load_fast_blas()`.
 """
@@ -41,9 +41,9 @@ import numpy as np
 from mlx_lm.models.cache import KVCache
 
 from mlxcel.metrics import PromptDiskStats
-from mlxcel.model import prompt_folder, spill_file
-from mlxcel.model.prompt_layout import NAMES, Identity, Layout, kv_caches
-from mlxcel.model.spill_file import DTYPES, Tensor
+from mlxcel.model.cache import private, spill_file
+from mlxcel.model.cache.layout import NAMES, Identity, Layout, kv_caches
+from mlxcel.model.cache.spill_file import DTYPES, Tensor
 
 log = logging.getLogger(__name__)
 
@@ -84,8 +84,8 @@ class PromptDisk:
     def __init__(self, root: Path, identity: Identity, layout: Layout, max_bytes: int) -> None:
         self.root = root
         self.folder = root / identity.key
-        prompt_folder.close_folder(root)  # 0700, and the files 0600: they hold prompts
-        prompt_folder.close_model_folder(self.folder)
+        private.close_folder(root)  # 0700, and the files 0600: they hold prompts
+        private.close_model_folder(self.folder)
         self.identity, self.layout, self.max_bytes = identity, layout, max_bytes
         self._index: dict[str, _Entry] = {}
         self._lock = threading.Lock()  # the index and the counters

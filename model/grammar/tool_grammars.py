@@ -32,7 +32,7 @@ import llguidance
 
 from mlxcel.errors import InvalidRequest
 from mlxcel.generation import CustomGrammar
-from mlxcel.model.json_quote import Unquotable, quote_lark, quote_regex
+from mlxcel.model.grammar.json_quote import Unquotable, quote_lark, quote_regex
 
 MAX_GRAMMAR_BYTES = 64 * 1024
 """A custom tool's grammar definition may be at most this long."""
