@@ -27,8 +27,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from mlxcel.model.blas import BlasInfo, describe, load_fast_blas
-from mlxcel.model.blas_build import find_compiler
+from mlxcel.model.native.blas import BlasInfo, describe, load_fast_blas
+from mlxcel.model.native.build import find_compiler
 
 LAYERS = 24
 HEAD = ("head", 151936, 896)

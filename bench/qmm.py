@@ -31,7 +31,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from qmm_harness import Kernel, build, cpu_has_amx, cpu_supports
 
-from mlxcel.model.blas import describe, load_fast_blas
+from mlxcel.model.native.blas import describe, load_fast_blas
 
 HIDDEN, MLP, KV, VOCAB, LAYERS = 896, 4864, 128, 151936, 24
 #: (name, N, K, bits) per call shape; group size 32 throughout (as converted from GGUF).

@@ -57,7 +57,7 @@ def resolve_prompt_cache_dir(settings: Settings) -> Settings:
     if off or (given is None and sqlite_path(settings.store) is None):
         return replace(settings, prompt_cache_dir=None)
     if given is None:
-        from mlxcel.model.blas import cache_dir
+        from mlxcel.model.native.blas import cache_dir
 
         folder = cache_dir() / FOLDER
     else:

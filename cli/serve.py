@@ -93,7 +93,7 @@ def release_memory() -> None:
 
 def load_model(path: Path, names: ModelNames, settings: Settings) -> LoadedModel:
     """The engine factory for the real model: runs on the model actor's thread."""
-    from mlxcel.model.blas import describe, load_fast_blas
+    from mlxcel.model.native.blas import describe, load_fast_blas
 
     blas = load_fast_blas()
     from mlxcel.model.mlx_load import load_mlx_model
@@ -124,7 +124,7 @@ def run(settings: Settings) -> None:
     found = resolve_models(settings)
     models = [ConfiguredModel(n, functools.partial(load_model, p, n, settings)) for p, n in found]
     configured_models(settings, models)  # so does an alias or a pin naming no model
-    from mlxcel.model.blas import load_fast_blas
+    from mlxcel.model.native.blas import load_fast_blas
 
     load_fast_blas()  # before anything imports mlx.core
     for path, names in found:

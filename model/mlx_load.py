@@ -13,10 +13,10 @@ from pathlib import Path
 from typing import Any
 
 from mlxcel.generation import ModelInfo
-from mlxcel.model.blas import BlasInfo
 from mlxcel.model.constrained import GrammarCompiler
 from mlxcel.model.engine import LoadedModel
 from mlxcel.model.folder import context_length
+from mlxcel.model.native.blas import BlasInfo
 from mlxcel.model.prompt import TemplateCodec
 from mlxcel.model.step_plan import StepBudget
 from mlxcel.respond.tool_parsers import detect_parser
@@ -28,11 +28,11 @@ from mlx_lm.models.cache import KVCache, make_prompt_cache
 from mlx_lm.utils import load
 
 from mlxcel.model import flat_forward, forward
-from mlxcel.model.cpu_forms import fast_log_softmax, install_cpu_forms
 from mlxcel.model.mlx_engine import MlxEngine
+from mlxcel.model.native.cpu_forms import fast_log_softmax, install_cpu_forms
+from mlxcel.model.native.qmm import install_quantized_forms
 from mlxcel.model.prefix_cache import PrefixCache
 from mlxcel.model.prompt_disk import NAMES, Identity, Layout, PromptDisk
-from mlxcel.model.qmm import install_quantized_forms
 from mlxcel.model.sampling import Sampler, reference_log_softmax
 from mlxcel.model.spill_file import digest
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
-SOURCE = Path(__file__).resolve().parents[1] / "model" / "qmm_kernel.c"
+SOURCE = Path(__file__).resolve().parents[1] / "model" / "native" / "qmm_kernel.c"
 
 #: Compiler flags per build; the kernel picks its code path from them.
 ISA_FLAGS: dict[str, tuple[str, ...]] = {

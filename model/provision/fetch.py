@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any, Final, Literal, cast, get_args
 
 # Re-exported: models and BLAS shim builds share one cache root.
-from mlxcel.model.blas import cache_dir as cache_dir
+from mlxcel.model.native.blas import cache_dir as cache_dir
 
 log = logging.getLogger(__name__)
 
@@ -370,9 +370,9 @@ def _build_cpu_kernels() -> None:
     Never fails the command: without the kernels, models run on MLX's own (slower)
     operations, and the reason is logged.
     """
-    from mlxcel.model.blas import load_fast_blas
+    from mlxcel.model.native.blas import load_fast_blas
 
     load_fast_blas()
-    from mlxcel.model.cpu_ext import load_cpu_ext
+    from mlxcel.model.native.kernels import load_cpu_ext
 
     load_cpu_ext()

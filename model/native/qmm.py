@@ -22,8 +22,8 @@ from typing import Any
 import mlx.core as mx
 from mlx.nn.layers.quantized import QuantizedEmbedding, QuantizedLinear
 
-from mlxcel.model.cpu_ext import current_module, load_cpu_ext
-from mlxcel.model.cpu_forms import on_cpu
+from mlxcel.model.native.cpu_forms import on_cpu
+from mlxcel.model.native.kernels import current_module, load_cpu_ext
 
 
 def _product(x: mx.array, layer: Any) -> mx.array | None:

@@ -1,7 +1,7 @@
 """Compile mlxcel's CPU kernels into one extension of MLX primitives (``mlxcel_cpu_ext``).
 
 The kernels: the quantized matmul (``qmm_kernel.c``, primitive in ``qmm_ext.cpp``), and
-attention and SwiGLU (``attn_kernel.c``, primitives in ``attn_ext.cpp``); ``cpu_ext.cpp``
+attention and SwiGLU (``attn_kernel.c``, primitives in ``attn_ext.cpp``); ``kernels.cpp``
 makes them one Python module, so they share one build, one load and one thread pool.
 
 The extension is built once per machine into the user cache, with the compiler the
@@ -30,17 +30,17 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
-from mlxcel.model.blas import cache_dir
-from mlxcel.model.blas_build import find_compiler
+from mlxcel.model.native.blas import cache_dir
+from mlxcel.model.native.build import find_compiler
 
 log = logging.getLogger(__name__)
 
 HERE = Path(__file__).parent
 KERNELS = (HERE / "qmm_kernel.c", HERE / "attn_kernel.c")
-BINDINGS = (HERE / "cpu_ext.cpp", HERE / "qmm_ext.cpp", HERE / "attn_ext.cpp")
+BINDINGS = (HERE / "kernels.cpp", HERE / "qmm_ext.cpp", HERE / "attn_ext.cpp")
 SOURCES = (*KERNELS, *BINDINGS, HERE / "qmm_kernel.h", HERE / "attn_kernel.h")
 MODULE = "mlxcel_cpu_ext"
-"""The extension's module name (``NB_MODULE`` in ``cpu_ext.cpp``)."""
+"""The extension's module name (``NB_MODULE`` in ``kernels.cpp``)."""
 ISA_VARIABLES = ("MLXCEL_CPU_ISA", "MLXCEL_QMM_ISA")
 """The environment variables that force an instruction set, the first set one winning."""
 

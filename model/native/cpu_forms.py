@@ -41,7 +41,7 @@ import mlx.core as mx
 from mlx_lm.models import activations as _activations
 from mlx_lm.models import base as _base
 
-from mlxcel.model.cpu_ext import current_module, load_cpu_ext
+from mlxcel.model.native.kernels import current_module, load_cpu_ext
 
 LOG2E = math.log2(math.e)
 """``exp(x) == 2 ** (x * LOG2E)``."""

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from mlxcel.model.blas import build_shim
+from mlxcel.model.native.blas import build_shim
 
 pytestmark = pytest.mark.skipif(
     not sys.platform.startswith("linux"), reason="BLAS rerouting is Linux-only"
@@ -24,7 +24,7 @@ pytestmark = pytest.mark.skipif(
 
 PROBE = """
 import json, sys
-from mlxcel.model.blas import load_fast_blas
+from mlxcel.model.native.blas import load_fast_blas
 if "late" in sys.argv:
     import mlx.core
 info = load_fast_blas()

@@ -14,15 +14,15 @@ from types import ModuleType
 
 import pytest
 
-from mlxcel.model.blas import load_fast_blas
+from mlxcel.model.native.blas import load_fast_blas
 
 load_fast_blas()  # before mlx.core is imported below
 
 import mlx.core as mx  # noqa: E402
 import mlx.nn as nn  # noqa: E402
 
-from mlxcel.model import cpu_ext, qmm  # noqa: E402
-from mlxcel.model.cpu_ext_build import (  # noqa: E402
+from mlxcel.model.native import kernels, qmm  # noqa: E402
+from mlxcel.model.native.cpu_ext_build import (  # noqa: E402
     ISA_NEEDS,
     CpuExtBuildError,
     choose_isa,
@@ -146,10 +146,10 @@ class Tiny(nn.Module):
 
 @pytest.fixture
 def fresh_status() -> Iterator[None]:
-    saved = cpu_ext._status
-    cpu_ext._status = None
+    saved = kernels._status
+    kernels._status = None
     yield
-    cpu_ext._status = saved
+    kernels._status = saved
 
 
 def tiny_model() -> Tiny:
@@ -180,7 +180,7 @@ def test_without_the_kernel_models_keep_mlx_own_path_and_say_so(
     model = tiny_model()
     tokens = mx.array([[3, 4]])
     before = model(tokens)
-    with caplog.at_level(logging.WARNING, logger="mlxcel.model.cpu_ext"):
+    with caplog.at_level(logging.WARNING, logger="mlxcel.model.native.kernels"):
         assert qmm.install_quantized_forms(model) == 0
     assert "CPU kernels: MLX's own operations" in caplog.text
     assert type(model.proj) is nn.QuantizedLinear
@@ -192,9 +192,9 @@ def test_a_build_that_fails_falls_back(monkeypatch: pytest.MonkeyPatch, tmp_path
     monkeypatch.setenv("MLXCEL_CPU_ISA", "generic")
     monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
     monkeypatch.setattr(
-        "mlxcel.model.cpu_ext_build.built_path", lambda isa, root=None: tmp_path / "x.so"
+        "mlxcel.model.native.cpu_ext_build.built_path", lambda isa, root=None: tmp_path / "x.so"
     )
-    monkeypatch.setattr("mlxcel.model.blas_build.shutil.which", lambda name: None)
-    status = cpu_ext.load_cpu_ext()
+    monkeypatch.setattr("mlxcel.model.native.build.shutil.which", lambda name: None)
+    status = kernels.load_cpu_ext()
     assert not status.available
     assert "could not be built" in status.note

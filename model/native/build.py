@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 SHIM_VERSION = 2
 
 _HERE = Path(__file__).parent
-SOURCES = ("blas_shim.c", "blas_skinny.c", "blas_pool.c")
+SOURCES = ("blas_shim.c", "blas_skinny.c", "pool.c")
 HEADERS = ("blas_shim.h",)
 
 #: Compiler flags per instruction set, widest first.

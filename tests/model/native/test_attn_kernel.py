@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from mlxcel.model.blas import load_fast_blas
-from mlxcel.model.cpu_ext_build import ISA_NEEDS, cpu_flags
+from mlxcel.model.native.blas import load_fast_blas
+from mlxcel.model.native.cpu_ext_build import ISA_NEEDS, cpu_flags
 
 pytestmark = pytest.mark.mlx
 
@@ -28,7 +28,7 @@ import mlx.core as mx  # noqa: E402
 import mlx.nn as nn  # noqa: E402
 from mlx_lm.models.base import create_causal_mask  # noqa: E402
 
-from mlxcel.model.cpu_forms import REFERENCE_SDPA  # noqa: E402
+from mlxcel.model.native.cpu_forms import REFERENCE_SDPA  # noqa: E402
 
 ISAS = [isa for isa in ("avx512", "avx2") if ISA_NEEDS[isa] <= cpu_flags()] + ["generic"]
 FLOAT32_MIN = float(mx.finfo(mx.float32).min)

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from mlxcel.model import blas_build
+from mlxcel.model.native import build as blas_build
 
 pytestmark = pytest.mark.skipif(
     not sys.platform.startswith("linux"), reason="BLAS rerouting is Linux-only"
@@ -199,7 +199,7 @@ def test_concurrent_callers(libs: Libs) -> None:
 MLX_PROBE = """
 import json, sys
 import numpy as np
-from mlxcel.model.blas import load_fast_blas
+from mlxcel.model.native.blas import load_fast_blas
 info = load_fast_blas()
 import mlx.core as mx
 mx.set_default_device(mx.cpu)

@@ -23,8 +23,8 @@ from typing import Any
 
 import mlx.core as mx
 
-from mlxcel.model.blas_build import ShimBuildError
-from mlxcel.model.cpu_ext_build import MODULE, CpuExtBuildError, build, choose_isa
+from mlxcel.model.native.build import ShimBuildError
+from mlxcel.model.native.cpu_ext_build import MODULE, CpuExtBuildError, build, choose_isa
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@
  * through sgemv. So a product whose output has one row (or column) goes to
  * sgemv, and up to SKINNY_MAX_ROWS rows go to skinny_nt (blas_skinny.c), which
  * reads the weights once for all rows on a small pool of threads
- * (blas_pool.c). Everything else, and every layout the kernel does not take,
+ * (pool.c). Everything else, and every layout the kernel does not take,
  * goes to OpenBLAS unchanged.
  *
  * Integers are 32-bit (LP64 interface), matching both the reference BLAS

@@ -51,7 +51,7 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
-from mlxcel.model import blas_build
+from mlxcel.model.native import build as blas_build
 
 log = logging.getLogger(__name__)
 
@@ -263,7 +263,7 @@ def _dist_version(dist: str) -> str:
 def build_shim(openblas: Path) -> Path:
     """The shim for ``openblas`` and this CPU, compiled into the cache once.
 
-    See :mod:`mlxcel.model.blas_build` for the instruction-set choice and
+    See :mod:`mlxcel.model.native.build` for the instruction-set choice and
     the cache naming.
     """
     try:

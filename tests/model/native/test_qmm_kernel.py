@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from qmm_harness import Kernel, build, cpu_has_amx, cpu_supports
 
-from mlxcel.model.blas import load_fast_blas
+from mlxcel.model.native.blas import load_fast_blas
 
 pytestmark = pytest.mark.mlx
 

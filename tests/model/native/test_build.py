@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from mlxcel.model import blas_build
+from mlxcel.model.native import build as blas_build
 
 pytestmark = pytest.mark.skipif(
     not sys.platform.startswith("linux"), reason="BLAS rerouting is Linux-only"

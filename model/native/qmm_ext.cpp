@@ -1,5 +1,5 @@
 // An MLX primitive that runs mlxcel's CPU quantized matmul (qmm_kernel.c); registered on
-// the CPU kernels' extension module by cpu_ext.cpp.
+// the CPU kernels' extension module by kernels.cpp.
 //
 // Why a primitive and not a C call on numpy views: a primitive is a node of MLX's lazy
 // graph, run in order on MLX's CPU stream like MLX's own ops, so a forward stays one
@@ -143,7 +143,7 @@ mx::array quantized_matmul(const mx::array& x, const mx::array& w, const mx::arr
 
 }  // namespace
 
-// Registers the quantized matmul's functions on the extension's module (cpu_ext.cpp).
+// Registers the quantized matmul's functions on the extension's module (kernels.cpp).
 void register_qmm(nb::module_& m) {
   m.def("quantized_matmul", &quantized_matmul, "x"_a, "w"_a, "scales"_a, "biases"_a,
         "group_size"_a, "bits"_a,

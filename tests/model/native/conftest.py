@@ -17,11 +17,11 @@ def cpu_ext_for(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Mod
 
     def get(isa: str) -> ModuleType:
         if isa not in built:
-            from mlxcel.model.blas import load_fast_blas
+            from mlxcel.model.native.blas import load_fast_blas
 
             load_fast_blas()  # before mlx.core is imported by the modules below
-            from mlxcel.model.cpu_ext import import_extension
-            from mlxcel.model.cpu_ext_build import build
+            from mlxcel.model.native.cpu_ext_build import build
+            from mlxcel.model.native.kernels import import_extension
 
             path = build(isa, root=tmp_path_factory.mktemp(f"cpu-ext-{isa}")).path
             built[isa] = import_extension(path)
