@@ -23,7 +23,7 @@ Environment:
     that library (one exporting ``cblas_sgemm`` is loaded as is, one
     exporting ``scipy_cblas_sgemm`` gets the shim).
 ``MLXCEL_CACHE_DIR``
-    Overrides the per-user cache directory (shim builds and models).
+    Overrides the per-user cache directory (``mlxcel.config.cache_dir``).
 ``MLXCEL_BLAS_ISA``
     ``avx512``, ``avx2`` or ``generic``: the shim kernel's build (default:
     detected).
@@ -51,6 +51,7 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
+from mlxcel.config import cache_dir
 from mlxcel.model.native import build as blas_build
 
 log = logging.getLogger(__name__)
@@ -81,16 +82,6 @@ _lock = threading.Lock()
 _result: BlasInfo | None = None
 # ctypes handles must stay referenced or the libraries could be unloaded.
 _handles: list[ctypes.CDLL] = []
-
-
-def cache_dir() -> Path:
-    """Per-user cache directory shared by shim builds and converted models."""
-    override = os.environ.get("MLXCEL_CACHE_DIR")
-    if override:
-        return Path(override).expanduser()
-    from platformdirs import user_cache_dir
-
-    return Path(user_cache_dir("mlxcel"))
 
 
 def load_fast_blas() -> BlasInfo:

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
-from mlxcel.model.native.blas import cache_dir
+from mlxcel.config import cache_dir
 from mlxcel.model.native.build import find_compiler
 
 log = logging.getLogger(__name__)

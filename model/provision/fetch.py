@@ -33,8 +33,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Final, Literal, cast, get_args
 
-# Re-exported: models and BLAS shim builds share one cache root.
-from mlxcel.model.native.blas import cache_dir as cache_dir
+from mlxcel.config import cache_dir
 
 log = logging.getLogger(__name__)
 
