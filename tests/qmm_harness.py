@@ -72,7 +72,7 @@ def build(isa: str, out_dir: Path, defines: dict[str, int] | None = None) -> Pat
     target = out_dir / f"qmm-{tag}.so"
     cmd = [compiler, "-std=c11", "-O2", "-Wall", "-Wextra", "-Werror", "-fPIC", "-shared"]
     cmd += [*ISA_FLAGS[isa], *(f"-D{k}={v}" for k, v in (defines or {}).items())]
-    cmd += ["-o", str(target), str(SOURCE), "-lpthread"]
+    cmd += ["-o", str(target), str(SOURCE), str(SOURCE.with_name("pool.c")), "-lpthread"]
     subprocess.run(cmd, check=True, capture_output=True, text=True)
     return target
 
@@ -92,7 +92,7 @@ class Kernel:
             _FLOATS, ctypes.c_long, ctypes.c_int, ctypes.c_int, _FLOATS,
         ]  # fmt: skip
         lib.mlxcel_qmm_isa.restype = ctypes.c_char_p
-        lib.mlxcel_qmm_set_threads.argtypes = [ctypes.c_int]
+        lib.mlxcel_pool_set_threads.argtypes = [ctypes.c_int]
         return cls(lib)
 
     def last_path(self) -> str:
@@ -105,7 +105,7 @@ class Kernel:
         return bytes(self.lib.mlxcel_qmm_isa()).decode()
 
     def set_threads(self, n: int) -> None:
-        self.lib.mlxcel_qmm_set_threads(n)
+        self.lib.mlxcel_pool_set_threads(n)
 
     def qmm_into(
         self,

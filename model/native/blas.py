@@ -27,9 +27,10 @@ Environment:
 ``MLXCEL_BLAS_ISA``
     ``avx512``, ``avx2`` or ``generic``: the shim kernel's build (default:
     detected).
-``MLXCEL_BLAS_THREADS``
-    Threads of the shim's kernel (default: ``OPENBLAS_NUM_THREADS``, which
-    this module sets to the usable CPUs unless already set).
+``MLXCEL_CPU_THREADS`` (older name ``MLXCEL_BLAS_THREADS``)
+    Threads of the shim's kernel, which runs on the pool the CPU kernels share
+    (``pool.h``; default: ``OPENBLAS_NUM_THREADS``, which this module sets to the
+    usable CPUs unless already set).
 ``MLXCEL_BLAS_SKINNY_MAX``
     Most activation rows the kernel takes before OpenBLAS's sgemm does
     (0 turns the kernel off; one row always goes to sgemv).

@@ -1,7 +1,7 @@
 """Compile the BLAS shim (``blas_shim.c`` and its kernel) for this machine.
 
 The shim's skinny float32 kernel is written once with GCC vector extensions
-and compiled for the widest instruction set the CPU has: AVX-512 (F), else
+and compiled for the widest instruction set the CPU has: AVX-512 (F, BW, VL), else
 AVX2 with FMA, else the compiler's baseline ("generic"). The choice is made
 here at build time, not at run time, so the kernel needs no dispatch code;
 the price is one build per instruction set, each under its own cache name.
@@ -30,19 +30,21 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 #: The loader accepts only a shim reporting this version (see blas_shim.c).
-SHIM_VERSION = 2
+SHIM_VERSION = 3
 
 _HERE = Path(__file__).parent
 SOURCES = ("blas_shim.c", "blas_skinny.c", "pool.c")
-HEADERS = ("blas_shim.h",)
+HEADERS = ("blas_shim.h", "simd.h", "pool.h")
 
 #: Compiler flags per instruction set, widest first.
 ISA_FLAGS: dict[str, tuple[str, ...]] = {
-    "avx512": ("-mavx512f", "-mavx2", "-mfma"),
+    "avx512": ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx2", "-mfma"),
     "avx2": ("-mavx2", "-mfma"),
     "generic": (),
 }
-_BASE_FLAGS = ("-O3", "-pthread", "-shared", "-fPIC", "-fvisibility=hidden")
+_BASE_FLAGS = (
+    "-O3", "-pthread", "-shared", "-fPIC", "-fvisibility=hidden", "-DMLXCEL_POOL_OWNER",
+)  # fmt: skip
 
 
 class ShimBuildError(RuntimeError):
@@ -68,7 +70,7 @@ def cpu_isa(cpuinfo: str | None = None) -> str:
         if key.strip() == "flags":
             flags = set(value.split())
             break
-    if "avx512f" in flags:
+    if {"avx512f", "avx512bw", "avx512vl", "fma"} <= flags:  # simd.h's AVX-512
         return "avx512"
     if {"avx2", "fma"} <= flags:
         return "avx2"

@@ -36,9 +36,13 @@ from mlxcel.model.native.build import find_compiler
 log = logging.getLogger(__name__)
 
 HERE = Path(__file__).parent
-KERNELS = (HERE / "qmm_kernel.c", HERE / "attn_kernel.c")
+KERNELS = (HERE / "qmm_kernel.c", HERE / "attn_kernel.c", HERE / "pool.c")
 BINDINGS = (HERE / "kernels.cpp", HERE / "qmm_ext.cpp", HERE / "attn_ext.cpp")
-SOURCES = (*KERNELS, *BINDINGS, HERE / "qmm_kernel.h", HERE / "attn_kernel.h")
+SOURCES = (
+    *KERNELS,
+    *BINDINGS,
+    *(HERE / h for h in ("qmm_kernel.h", "attn_kernel.h", "simd.h", "pool.h")),
+)
 MODULE = "mlxcel_cpu_ext"
 """The extension's module name (``NB_MODULE`` in ``kernels.cpp``)."""
 ISA_VARIABLES = ("MLXCEL_CPU_ISA", "MLXCEL_QMM_ISA")

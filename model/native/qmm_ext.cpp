@@ -25,6 +25,7 @@
 #include "mlx/mlx.h"
 #include "mlx/primitives.h"
 
+#include "pool.h"
 #include "qmm_kernel.h"
 
 namespace mx = mlx::core;
@@ -152,6 +153,10 @@ void register_qmm(nb::module_& m) {
         "The instruction set the kernels were built for.");
   m.def("supports", [](int bits, int group_size) { return supports(bits, group_size); },
         "bits"_a, "group_size"_a, "Whether the kernel handles this bits/group_size pair.");
-  m.def("set_threads", [](int n) { mlxcel_qmm_set_threads(n); }, "n"_a,
-        "Worker threads the kernels split their work over.");
+  m.def("set_threads", [](int n) { mlxcel_pool_set_threads(n); }, "n"_a,
+        "Threads the kernels split their work over (n < 1: the default again).");
+  m.def("pool_threads", []() { return mlxcel_pool_threads(); },
+        "Threads of the pool the kernels run on, the caller included.");
+  m.def("pool_shared", []() { return mlxcel_pool_shared() != 0; },
+        "Whether the kernels run on the BLAS shim's pool (one pool in the process).");
 }

@@ -27,7 +27,8 @@ flags\t\t: fpu sse sse2 avx512f avx2 fma
 @pytest.mark.parametrize(
     ("extra", "isa"),
     [
-        ("avx avx2 fma avx512f avx512bw", "avx512"),
+        ("avx avx2 fma avx512f avx512bw avx512vl", "avx512"),
+        ("avx avx2 fma avx512f", "avx2"),  # AVX-512 without BW and VL: the kernels need them
         ("avx avx2 fma", "avx2"),
         ("avx avx2", "generic"),  # AVX2 without FMA: the kernel needs both
         ("avx fma", "generic"),
