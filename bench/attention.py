@@ -1,5 +1,5 @@
 """Attention and SwiGLU on the CPU: mlx-lm's own ops, today's composed CPU forms, numpy, and
-the compiled kernels (``model/attn_kernel.c`` as MLX primitives), at the default model's
+the compiled kernels (``model/native/attn_kernel.c`` as MLX primitives), at the default model's
 shapes (Qwen2.5-Coder-0.5B: 14 query heads, 2 KV heads, width 64; MLP 4864).
 
 Per call, medians of ``--repeats`` evaluations (the machine may be shared):
@@ -209,8 +209,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="fewer shapes")
     parser.add_argument("--read-repeats", type=int, default=1, help="prompt reads per cell")
     args = parser.parse_args(argv)
-    status = kernels.load_cpu_ext()
-    print(f"CPU kernels: {status.note}")
+    status = kernels.load_kernels()
+    print(f"CPU kernels: {status.describe()}")
     print_attention(args.quick, args.repeats)
     print_swiglu(args.repeats)
     if args.model:

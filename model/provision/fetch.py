@@ -372,6 +372,6 @@ def _build_cpu_kernels() -> None:
     from mlxcel.model.native.blas import load_fast_blas
 
     load_fast_blas()
-    from mlxcel.model.native.kernels import load_cpu_ext
+    from mlxcel.model.native.kernels import load_kernels
 
-    load_cpu_ext()
+    load_kernels()

@@ -1,6 +1,6 @@
-"""Fixtures of the model tests: the CPU kernels' extension built once per instruction set
-per session (each build takes a compiler run of about ten seconds), in the session's own
-directory rather than the user cache."""
+"""Fixtures of the native code's tests: the CPU kernels' extension built once per
+instruction set per session (each build takes a compiler run of about ten seconds), in
+the session's own directory rather than the user cache."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 
 
 @pytest.fixture(scope="session")
-def cpu_ext_for(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], ModuleType]:
+def kernels_for(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], ModuleType]:
     """Builds (once) and imports the extension for an instruction set."""
     built: dict[str, ModuleType] = {}
 
@@ -20,10 +20,10 @@ def cpu_ext_for(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Mod
             from mlxcel.model.native.blas import load_fast_blas
 
             load_fast_blas()  # before mlx.core is imported by the modules below
-            from mlxcel.model.native.cpu_ext_build import build
+            from mlxcel.model.native.build import build_kernels
             from mlxcel.model.native.kernels import import_extension
 
-            path = build(isa, root=tmp_path_factory.mktemp(f"cpu-ext-{isa}")).path
+            path = build_kernels(isa, out_dir=tmp_path_factory.mktemp(f"kernels-{isa}"))
             built[isa] = import_extension(path)
             assert built[isa].isa() == isa
         return built[isa]

@@ -1,4 +1,4 @@
-"""The CPU attention and SwiGLU kernels (model/attn_kernel.c) as MLX primitives, against
+"""The CPU attention and SwiGLU kernels (model/native/attn_kernel.c) as MLX primitives, against
 mlx-lm's and MLX's own.
 
 Every build this CPU can run (AVX-512, AVX2, plain C) is compiled once per session
@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from mlxcel.model.native.blas import load_fast_blas
-from mlxcel.model.native.cpu_ext_build import ISA_NEEDS, cpu_flags
+from mlxcel.model.native.build import probe
 
 pytestmark = pytest.mark.mlx
 
@@ -30,13 +30,13 @@ from mlx_lm.models.base import create_causal_mask  # noqa: E402
 
 from mlxcel.model.native.cpu_forms import REFERENCE_SDPA  # noqa: E402
 
-ISAS = [isa for isa in ("avx512", "avx2") if ISA_NEEDS[isa] <= cpu_flags()] + ["generic"]
+ISAS = [isa for isa in ("avx512", "avx2") if probe().runs(isa)] + ["generic"]
 FLOAT32_MIN = float(mx.finfo(mx.float32).min)
 
 
 @pytest.fixture(scope="module", params=ISAS)
-def ext(request: pytest.FixtureRequest, cpu_ext_for: Callable[[str], ModuleType]) -> ModuleType:
-    return cpu_ext_for(request.param)
+def ext(request: pytest.FixtureRequest, kernels_for: Callable[[str], ModuleType]) -> ModuleType:
+    return kernels_for(request.param)
 
 
 def kernel(ext: ModuleType, q: mx.array, k: mx.array, v: mx.array, mask: Any) -> mx.array:

@@ -81,7 +81,7 @@ def test_openblas_makes_mlx_matmul_fast(tmp_path: Path) -> None:
     assert fast["sgemm_from"] is not None
     assert "mlxcel-blas-shim" in fast["sgemm_from"], fast
     assert reference["sgemm_from"] is None
-    assert list((tmp_path / "blas").glob("mlxcel-blas-shim-*.so"))
+    assert list((tmp_path / "native").glob("mlxcel-blas-shim-*.so"))
 
 
 def test_late_call_is_reported() -> None:

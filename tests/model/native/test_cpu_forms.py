@@ -1,7 +1,7 @@
 """The CPU forms against MLX's and mlx-lm's own ops: same numbers, same greedy tokens.
 
 SwiGLU and attention are checked both ways they can run: through the compiled kernels
-(``cpu_ext``) and as composed MLX ops (the fallback without them).
+(``kernels``) and as composed MLX ops (the fallback without them).
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ def clean_install() -> Iterator[None]:
 def forms(request: pytest.FixtureRequest) -> Iterator[str]:
     """Runs a test with the compiled kernels loaded, then with the composed MLX forms."""
     if request.param == "kernel":
-        assert kernels.load_cpu_ext().available
+        assert kernels.load_kernels().available
         yield request.param
     else:
         with composed_forms():
@@ -164,7 +164,7 @@ def test_sdpa_with_extreme_scores_stays_finite_and_equal() -> None:
 
 def recording_kernels(calls: list[str]) -> Any:
     """The loaded kernels, with each call of attention or SwiGLU noted in `calls`."""
-    real = kernels.load_cpu_ext().module
+    real = kernels.load_kernels().module
     assert real is not None
 
     def note(name: str) -> Any:
@@ -181,7 +181,7 @@ def test_the_forms_use_the_kernels_when_loaded_and_fall_back_without(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     calls: list[str] = []
-    status = kernels.CpuExtStatus(recording_kernels(calls), "avx512", "recording")
+    status = kernels.KernelsStatus(recording_kernels(calls), "avx512", "recording")
     monkeypatch.setattr(kernels, "_status", status)
     gate, up = mx.random.normal((2, 50)), mx.random.normal((2, 50))
     mask = create_causal_mask(5, offset=20, left_padding=mx.array([0, 4]))
@@ -193,7 +193,7 @@ def test_the_forms_use_the_kernels_when_loaded_and_fall_back_without(
         assert_close(fast_swiglu(gate, up), REFERENCE_SWIGLU(gate, up), atol=1e-6)
         assert calls == (["attention", "attention", "swiglu"] if kernel else [])
         calls.clear()
-        monkeypatch.setattr(kernels, "_status", kernels.CpuExtStatus(None, None, "off"))
+        monkeypatch.setattr(kernels, "_status", kernels.KernelsStatus(None, None, "off"))
     monkeypatch.setattr(kernels, "_status", status)
     with composed_forms():
         sdpa_pair(1, 4, 2, 3, 7, None)
@@ -382,7 +382,7 @@ def test_greedy_tokens_after_a_long_prompt_are_identical_with_the_kernels() -> N
     assert len(shorter) < len(prompt)
     assert install_quantized_forms(model) > 0  # as the engine: the products on the CPU kernel
     assert install_cpu_forms(model)
-    assert kernels.load_cpu_ext().available
+    assert kernels.load_kernels().available
     runs = []
     kinds: tuple[AbstractContextManager[None], ...] = (nullcontext(), reference_forms())
     for forms in kinds:

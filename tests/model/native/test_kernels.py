@@ -3,7 +3,6 @@ self-check against MLX's own ops."""
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType, SimpleNamespace
@@ -20,7 +19,6 @@ load_fast_blas()  # before mlx.core is imported below
 import mlx.core as mx  # noqa: E402
 
 from mlxcel.model.native import kernels  # noqa: E402
-from mlxcel.model.native.cpu_ext_build import CpuExtBuild  # noqa: E402
 
 
 @pytest.fixture
@@ -34,7 +32,7 @@ def fresh_status() -> Iterator[None]:
 def loading(monkeypatch: pytest.MonkeyPatch, module: Any) -> None:
     """Make the loader find `module` as the built extension."""
     monkeypatch.setenv("MLXCEL_CPU_ISA", "generic")
-    monkeypatch.setattr(kernels, "build", lambda isa: CpuExtBuild(Path("x.so"), isa))
+    monkeypatch.setattr(kernels, "build_kernels", lambda isa: Path(f"{isa}.so"))
     monkeypatch.setattr(kernels, "import_extension", lambda path: module)
 
 
@@ -51,31 +49,29 @@ def broken(real: ModuleType, name: str) -> SimpleNamespace:
 def test_a_kernel_that_computes_wrong_is_never_used(
     name: str,
     monkeypatch: pytest.MonkeyPatch,
-    caplog: pytest.LogCaptureFixture,
-    cpu_ext_for: Callable[[str], ModuleType],
+    kernels_for: Callable[[str], ModuleType],
 ) -> None:
-    loading(monkeypatch, broken(cpu_ext_for("generic"), name))
-    with caplog.at_level(logging.WARNING, logger="mlxcel.model.native.kernels"):
-        status = kernels.load_cpu_ext()
+    loading(monkeypatch, broken(kernels_for("generic"), name))
+    status = kernels.load_kernels()
     assert not status.available
     assert "self-check" in status.note
-    assert "CPU kernels: MLX's own operations" in caplog.text
+    assert status.describe().startswith("MLX's own operations (the generic kernels could not")
     assert kernels.current_module() is None
 
 
 @pytest.mark.usefixtures("fresh_status")
 def test_the_kernels_load_once_per_process(
-    monkeypatch: pytest.MonkeyPatch, cpu_ext_for: Callable[[str], ModuleType]
+    monkeypatch: pytest.MonkeyPatch, kernels_for: Callable[[str], ModuleType]
 ) -> None:
-    real = cpu_ext_for("generic")
+    real = kernels_for("generic")
     imports: list[Any] = []
     loading(monkeypatch, real)
     monkeypatch.setattr(kernels, "import_extension", lambda path: imports.append(path) or real)
     assert kernels.current_module() is None  # never loads by itself
-    first = kernels.load_cpu_ext()
+    first = kernels.load_kernels()
     assert first.available
     assert first.isa == "generic"
-    assert kernels.load_cpu_ext() is first
+    assert kernels.load_kernels() is first
     module = kernels.current_module()
     assert module is real
     assert len(imports) == 1

@@ -20,7 +20,9 @@ from typing import Any
 
 import numpy as np
 import pytest
-from qmm_harness import Kernel, build, cpu_supports
+
+from mlxcel.model.native.build import build_qmm_library, probe
+from mlxcel.model.native.qmm_lib import Kernel
 
 pytestmark = [
     pytest.mark.mlx,
@@ -55,7 +57,7 @@ print(json.dumps({
 """
 
 
-def probe(extension: Path, **env: str) -> dict[str, Any]:
+def run_probe(extension: Path, **env: str) -> dict[str, Any]:
     result = subprocess.run(
         [sys.executable, "-c", PROBE, str(extension)],
         env={**os.environ, **env},
@@ -71,16 +73,15 @@ def probe(extension: Path, **env: str) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def extension(cpu_ext_for: Callable[[str], ModuleType]) -> Path:
+def extension(kernels_for: Callable[[str], ModuleType]) -> Path:
     """The kernels' extension built for the widest instruction set this CPU runs."""
-    isa = next(i for i in ("avx512", "avx2", "generic") if cpu_supports(i))
-    return Path(str(cpu_ext_for(isa).__file__))
+    return Path(str(kernels_for(probe().isa).__file__))
 
 
 def test_the_kernels_run_on_the_blas_shims_pool(extension: Path) -> None:
     """No second set of workers: the quantized matmul's call starts no thread after the
     shim's skinny kernel has started the pool, and the pool's size is the one set."""
-    found = probe(extension, MLXCEL_CPU_THREADS="2")
+    found = run_probe(extension, MLXCEL_CPU_THREADS="2")
     assert "via shim" in found["blas"], found
     assert found["shared"] is True
     assert found["threads"] == 2
@@ -89,7 +90,7 @@ def test_the_kernels_run_on_the_blas_shims_pool(extension: Path) -> None:
 
 
 def test_without_the_shim_the_extension_runs_its_own_pool(extension: Path) -> None:
-    found = probe(extension, MLXCEL_BLAS="reference", MLXCEL_BLAS_THREADS="3")
+    found = run_probe(extension, MLXCEL_BLAS="reference", MLXCEL_BLAS_THREADS="3")
     assert found["blas"] == "reference"
     assert found["shared"] is False
     assert found["threads"] == 3  # the older variable still sizes the pool
@@ -113,8 +114,7 @@ def make_case(n: int, k: int, m: int, seed: int) -> tuple[np.ndarray, ...]:
 def test_callers_on_several_threads_at_once_each_get_their_answer(tmp_path: Path) -> None:
     """One caller runs on the pool, the others alone on their own thread, each with its
     own scratch: every result is right, on every path (1, 16 and 200 rows)."""
-    isa = next(i for i in ("avx512", "avx2", "generic") if cpu_supports(i))
-    kern = Kernel.load(build(isa, tmp_path))
+    kern = Kernel.load(build_qmm_library(probe().isa, tmp_path))
     cases = [make_case(300 + 40 * i, 512, m, i) for i, m in enumerate((1, 16, 200, 1, 16, 200))]
     errors: list[BaseException] = []
 
