@@ -44,6 +44,11 @@ class KernelsStatus:
     def available(self) -> bool:
         return self.module is not None
 
+    @property
+    def turned_off(self) -> bool:
+        """Unavailable because ``MLXCEL_CPU_ISA=off`` asked for MLX's own operations."""
+        return self.module is None and self.note == OFF
+
     def describe(self) -> str:
         """For the log: which kernels run, and on which pool; or why MLX's own do."""
         if self.module is None:
@@ -52,6 +57,8 @@ class KernelsStatus:
         return f"mlxcel's own ({self.isa}, on {pool} of {self.module.pool_threads()} threads)"
 
 
+OFF = "MLXCEL_CPU_ISA=off"
+"""The note of kernels turned off."""
 _lock = threading.Lock()
 _status: KernelsStatus | None = None
 
@@ -82,7 +89,7 @@ def current_module() -> ModuleType | None:
 def _load() -> KernelsStatus:
     isa = kernels_isa()
     if isa is None:
-        why = "MLXCEL_CPU_ISA=off" if forced_isa() == "off" else "no AVX-512 or AVX2 on this CPU"
+        why = OFF if forced_isa() == "off" else "no AVX-512 or AVX2 on this CPU"
         return KernelsStatus(None, None, why)
     try:
         module = import_extension(build_kernels(isa))

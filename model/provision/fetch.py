@@ -363,15 +363,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _build_cpu_kernels() -> None:
-    """Build the CPU kernels (quantized matmul, attention, SwiGLU) now, at set-up, so the
-    first server start need not.
+    """Build the CPU acceleration (the BLAS shim, the CPU kernels: quantized matmul,
+    attention, SwiGLU) now, at set-up, so the first server start need not.
 
     Never fails the command: without the kernels, models run on MLX's own (slower)
-    operations, and the reason is logged.
+    operations, and the line `accelerate` logs says why.
     """
-    from mlxcel.model.native.blas import load_fast_blas
+    from mlxcel.model.native import accelerate
 
-    load_fast_blas()
-    from mlxcel.model.native.kernels import load_kernels
-
-    load_kernels()
+    accelerate()
