@@ -6,7 +6,7 @@
   ``qmm_kernel.c``/``qmm_ext.cpp``, attention and SwiGLU ``attn_kernel.c``/``attn_ext.cpp``),
   given to models by ``qmm.py`` and ``cpu_forms.py``;
 - ``build``: the one CPU probe and build of both; ``pool.c`` their one thread pool and
-  ``simd.h`` their vector helpers; ``qmm_lib.py`` the kernel alone for its tests.
+  ``simd.h`` their vector operations; ``qmm_lib.py`` the kernel alone for its tests.
 
 :func:`accelerate` is the front door: the BLAS, then the kernels, and a record of what
 runs, logged in one line. Importing this package imports no MLX (``blas.load_fast_blas()``

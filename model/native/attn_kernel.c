@@ -20,7 +20,7 @@
  * The product with v is a register tile of MR rows by NV vectors of v.
  *
  * Build: one source, the instruction set chosen when compiling, with the
- * vector helpers of simd.h (AVX-512 F/BW/VL + FMA, AVX2 + FMA, or portable C
+ * vector operations of simd.h (AVX-512 F/BW/VL + FMA, AVX2 + FMA, or portable C
  * with GCC vector extensions). The exp is the same algorithm in all three: n =
  * round(x log2 e), r = x - n ln 2 (two-part ln 2), a degree-7 polynomial
  * (Cephes' expf, ~1 ulp), times 2^n (AVX-512: scalef; else two exponent

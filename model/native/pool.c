@@ -3,7 +3,7 @@
  * see pool.h for the contract and the environment.
  *
  * Why not OpenMP or a fresh thread per call: a decode step makes a few hundred kernel
- * calls of 0.01-2 ms each, so waking the helpers must cost a few microseconds. Workers
+ * calls of 0.01-2 ms each, so waking the workers must cost a few microseconds. Workers
  * spin for a while after each job (the next call usually comes within microseconds) and
  * then sleep on a futex, so an idle server costs no CPU. Chunks are handed out one at a
  * time through an atomic counter, so a worker that wakes late, or a core taken by another

@@ -8,7 +8,7 @@
  * weights is unpacked and dequantized ONCE and then used for all M rows.
  *
  * Build: one source, the instruction set chosen when compiling (build.py's
- * table; the vector helpers are simd.h's):
+ * table; the vector operations are simd.h's):
  *   AVX-512  -mavx512f -mavx512bw -mavx512vl -mavx512dq -mfma -mbmi2 -mf16c
  *            [-mavx512vbmi]
  *   AVX2     -mavx2 -mfma -mbmi2 -mf16c

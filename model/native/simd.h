@@ -1,5 +1,5 @@
 /*
- * The vector helpers every kernel of mlxcel's native code uses: one instruction set chosen
+ * The vector operations every kernel of mlxcel's native code uses: one instruction set chosen
  * when compiling (the build passes its flags, see build.py), VL float lanes, and the same
  * operations under the same names whatever the set.
  *

@@ -1,6 +1,6 @@
 """Fixtures of the native code's tests: the CPU kernels' extension built once per
-instruction set per session (each build takes a compiler run of about ten seconds), in
-the session's own directory rather than the user cache."""
+instruction set per test run (each build takes a compiler run of about ten seconds), in
+the run's own temporary directory rather than the user cache."""
 
 from __future__ import annotations
 

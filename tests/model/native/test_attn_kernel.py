@@ -1,7 +1,7 @@
 """The CPU attention and SwiGLU kernels (model/native/attn_kernel.c) as MLX primitives, against
 mlx-lm's and MLX's own.
 
-Every build this CPU can run (AVX-512, AVX2, plain C) is compiled once per session
+Every build this CPU can run (AVX-512, AVX2, plain C) is compiled once per test run
 (``conftest.py``). Attention must equal mlx-lm's ``scaled_dot_product_attention`` (MLX's
 fused op) within float32 rounding for every mask kind mlx-lm passes, grouped heads, one
 and many queries, key counts on and off the kernel's 64-key blocks, batches with left

@@ -1,7 +1,7 @@
 """The CPU quantized matmul as an MLX primitive: same products as MLX's, and a clean fallback.
 
 Every build this CPU can run (AVX-512, AVX2, and the plain C one) is compiled into the
-session's own directory (``conftest.py``) and compared with ``mx.dequantize`` followed by a float32 matmul,
+run's own directory (``conftest.py``) and compared with ``mx.dequantize`` followed by a float32 matmul,
 for every bits/group pair, row counts from 1 to 600, odd shapes and strided inputs.
 """
 
