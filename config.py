@@ -1,7 +1,9 @@
-"""Settings: one frozen record built from flags and environment (flags win)."""
+"""Settings: one frozen record built from flags and environment (flags win); and the per-user
+cache folder every part that keeps files between runs shares (`cache_dir`)."""
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -13,9 +15,25 @@ from mlxcel.store.limits import StoreLimits, redis_url, sqlite_path
 if TYPE_CHECKING:
     from mlxcel.webhooks import WebhookTarget
 
-__all__ = ["Settings", "StoreLimits"]
+__all__ = ["Settings", "StoreLimits", "cache_dir"]
 
 _ORIGIN = re.compile(r"https?://[^/\s]+", re.IGNORECASE)
+
+
+def cache_dir() -> Path:
+    """The per-user cache folder: converted models, the native builds (BLAS shim and CPU
+    kernels), the prompt cache's default disk tier.
+
+    `MLXCEL_CACHE_DIR` moves it; otherwise it is the folder each OS defines for caches
+    (on Linux `$XDG_CACHE_HOME/mlxcel`, else `~/.cache/mlxcel`). Read at each call, so a
+    process (or a test) that changes the environment gets the folder it names.
+    """
+    override = os.environ.get("MLXCEL_CACHE_DIR")
+    if override:
+        return Path(override).expanduser()
+    from platformdirs import user_cache_dir  # only when asked: settings load nothing more
+
+    return Path(user_cache_dir("mlxcel"))
 
 
 @dataclass(frozen=True, slots=True)

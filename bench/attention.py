@@ -1,5 +1,5 @@
 """Attention and SwiGLU on the CPU: mlx-lm's own ops, today's composed CPU forms, numpy, and
-the compiled kernels (``model/attn_kernel.c`` as MLX primitives), at the default model's
+the compiled kernels (``model/native/attn_kernel.c`` as MLX primitives), at the default model's
 shapes (Qwen2.5-Coder-0.5B: 14 query heads, 2 KV heads, width 64; MLP 4864).
 
 Per call, medians of ``--repeats`` evaluations (the machine may be shared):
@@ -29,15 +29,15 @@ from typing import Any
 
 import numpy as np
 
-from mlxcel.model.blas import load_fast_blas
+from mlxcel.model.native.blas import load_fast_blas
 
 load_fast_blas()  # before mlx.core is imported below
 
 import mlx.core as mx  # noqa: E402
 from mlx_lm.models.base import create_causal_mask  # noqa: E402
 
-from mlxcel.model import cpu_ext  # noqa: E402
-from mlxcel.model.cpu_forms import (  # noqa: E402
+from mlxcel.model.native import kernels  # noqa: E402
+from mlxcel.model.native.cpu_forms import (  # noqa: E402
     REFERENCE_SDPA,
     REFERENCE_SWIGLU,
     composed_forms,
@@ -94,7 +94,7 @@ def attention_row(batch: int, q_len: int, k_len: int, repeats: int) -> dict[str,
     mask = create_causal_mask(q_len, offset=k_len - q_len, left_padding=left)
     mx.eval(q, k, v, mask)
     row = {}
-    if cpu_ext.current_module() is not None:
+    if kernels.current_module() is not None:
         row["kernel"] = median_seconds(lambda: fast_sdpa(q, k, v, None, SCALE, mask), repeats)
     settle()
     row["mlx-lm"] = median_seconds(
@@ -118,7 +118,7 @@ def swiglu_row(rows: int, repeats: int) -> dict[str, float]:
     up = mx.random.normal((rows, MLP), key=keys[1])
     mx.eval(gate, up)
     row = {}
-    if cpu_ext.current_module() is not None:
+    if kernels.current_module() is not None:
         row["kernel"] = median_seconds(lambda: fast_swiglu(gate, up), repeats)
     row["mlx-lm"] = median_seconds(lambda: REFERENCE_SWIGLU(gate, up), repeats)
     with composed_forms():
@@ -179,9 +179,9 @@ def read_rate(model: Any, tokens: list[int], chunk: int = 512) -> float:
 def print_model_reads(repeats: int) -> None:
     from mlx_lm.utils import load
 
-    from mlxcel.model.cpu_forms import install_cpu_forms
+    from mlxcel.model.native.cpu_forms import install_cpu_forms
+    from mlxcel.model.native.qmm import install_quantized_forms
     from mlxcel.model.provision.fetch import default_model_dir
-    from mlxcel.model.qmm import install_quantized_forms
 
     model = load(str(default_model_dir()))[0]
     install_quantized_forms(model)
@@ -209,8 +209,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="fewer shapes")
     parser.add_argument("--read-repeats", type=int, default=1, help="prompt reads per cell")
     args = parser.parse_args(argv)
-    status = cpu_ext.load_cpu_ext()
-    print(f"CPU kernels: {status.note}")
+    status = kernels.load_kernels()
+    print(f"CPU kernels: {status.describe()}")
     print_attention(args.quick, args.repeats)
     print_swiglu(args.repeats)
     if args.model:

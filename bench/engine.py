@@ -32,8 +32,8 @@ from typing import Any
 from prompts import TokenCounter, make_long_prompt, make_prompt
 
 from mlxcel.generation import Sampling, SequenceSpec
-from mlxcel.model.blas import BlasInfo, describe, load_fast_blas
 from mlxcel.model.engine import LoadedModel
+from mlxcel.model.native.blas import BlasInfo, describe, load_fast_blas
 from mlxcel.model.provision.fetch import default_model_dir, is_ready
 
 
@@ -64,7 +64,7 @@ class Run:
 def run_old(model: Any, stop: list[int], rows: list[list[int]], max_tokens: int, cap: int) -> Run:
     """mlx-lm's `BatchGenerator`, driven one `next()` at a time, on mlx-lm's own ops (the
     CPU forms the new engine installs are set aside while it runs)."""
-    from mlxcel.model.cpu_forms import reference_forms
+    from mlxcel.model.native.cpu_forms import reference_forms
 
     with reference_forms():
         return _run_old(model, stop, rows, max_tokens, cap)

@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from mlxcel.model.blas import describe, load_fast_blas
+from mlxcel.model.native.blas import describe, load_fast_blas
 from mlxcel.model.provision.fetch import default_model_dir
 
 CONTEXT = 150
@@ -96,8 +96,8 @@ def main(argv: list[str]) -> int:
     blas = load_fast_blas()
     from mlx_lm.utils import load
 
-    from mlxcel.model.cpu_forms import install_cpu_forms
-    from mlxcel.model.qmm import install_quantized_forms
+    from mlxcel.model.native.cpu_forms import install_cpu_forms
+    from mlxcel.model.native.qmm import install_quantized_forms
 
     model = load(str(default_model_dir()))[0]
     install_cpu_forms(model)

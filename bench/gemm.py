@@ -27,8 +27,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from mlxcel.model.blas import BlasInfo, describe, load_fast_blas
-from mlxcel.model.blas_build import find_compiler
+from mlxcel.model.native.blas import BlasInfo, describe, load_fast_blas
+from mlxcel.model.native.build import compilers
 
 LAYERS = 24
 HEAD = ("head", 151936, 896)
@@ -87,7 +87,7 @@ def stream_rate(threads: int, gib: int = 2, repeats: int = 7) -> float:
         lib_path = Path(tmp) / "stream.so"
         src = Path(tmp) / "stream.c"
         src.write_text(STREAM_C)
-        cmd = [find_compiler(), "-O3", "-march=native", "-pthread", "-shared", "-fPIC"]
+        cmd = [compilers().cc, "-O3", "-march=native", "-pthread", "-shared", "-fPIC"]
         subprocess.run([*cmd, "-o", str(lib_path), str(src)], check=True)
         lib = ctypes.CDLL(str(lib_path))
     lib.stream.restype = ctypes.c_uint64

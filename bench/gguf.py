@@ -30,9 +30,9 @@ def _fetch() -> Any:
 
 def cached_gguf_path() -> Path:
     """Where the default model's GGUF is kept (present or not)."""
-    fetch = _fetch()
-    spec = fetch.DEFAULT_MODEL
-    return Path(fetch.cache_dir()) / "models" / f"{spec.name.lower()}-{spec.sha256[:12]}.gguf"
+    spec = _fetch().DEFAULT_MODEL
+    root = importlib.import_module("mlxcel.config").cache_dir()
+    return root / "models" / f"{spec.name.lower()}-{spec.sha256[:12]}.gguf"
 
 
 def ensure_default_gguf(progress: bool = True) -> Path:

@@ -22,7 +22,7 @@ from typing import Any
 from prompts import TokenCounter, make_prompt
 
 from mlxcel.config import Settings
-from mlxcel.model.blas import BlasInfo, describe, load_fast_blas
+from mlxcel.model.native.blas import BlasInfo, describe, load_fast_blas
 from mlxcel.model.provision.fetch import default_model_dir, is_ready
 
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mlxcel.model.blas import describe, load_fast_blas
+from mlxcel.model.native.blas import describe, load_fast_blas
 from mlxcel.model.provision.fetch import default_model_dir, is_ready
 
 CASES = {"decode64": (64, 1, 150), "prefill0": (1, 256, 0), "prefill2k": (1, 256, 2048)}
@@ -63,7 +63,7 @@ def time_forward(
     after one untimed run."""
     import mlx.core as mx
 
-    from mlxcel.model.cpu_forms import fast_log_softmax
+    from mlxcel.model.native.cpu_forms import fast_log_softmax
 
     tokens = mx.random.randint(0, model.args.vocab_size, (batch, length))
 
@@ -86,7 +86,7 @@ def uses_cpu_forms() -> bool:
     """Whether mlx-lm's qwen2 currently runs the CPU forms (not the reference ops)."""
     from mlx_lm.models import qwen2
 
-    from mlxcel.model.cpu_forms import fast_swiglu
+    from mlxcel.model.native.cpu_forms import fast_swiglu
 
     return vars(qwen2)["swiglu"] is fast_swiglu
 
@@ -152,7 +152,7 @@ def softmax_op(p: Pieces, fast: bool) -> Callable[[], Any]:
     import mlx.core as mx
 
     def softmax() -> Any:
-        from mlxcel.model.cpu_forms import _additive_mask, _exp_shifted
+        from mlxcel.model.native.cpu_forms import _additive_mask, _exp_shifted
 
         if fast:
             add = _additive_mask(p.mask, p.length, p.total)
@@ -216,7 +216,7 @@ def sampling_cost(model: Any, batch: int, repeats: int, fast: bool) -> float:
     """Milliseconds of sampling one token per row from random logits."""
     import mlx.core as mx
 
-    from mlxcel.model.cpu_forms import fast_log_softmax
+    from mlxcel.model.native.cpu_forms import fast_log_softmax
 
     def sampling() -> Any:
         logits = mx.random.normal((batch, model.args.vocab_size))
@@ -249,7 +249,7 @@ def main() -> int:
     blas = load_fast_blas()  # before anything imports mlx.core
     from mlx_lm.utils import load
 
-    from mlxcel.model.cpu_forms import install_cpu_forms, reference_forms
+    from mlxcel.model.native.cpu_forms import install_cpu_forms, reference_forms
 
     print(describe(blas))
     model = load(str(path))[0]

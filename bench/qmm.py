@@ -1,4 +1,4 @@
-"""The quantized matmul kernel (model/qmm_kernel.c) against MLX, per shape and per model pass.
+"""The quantized matmul kernel (model/native/qmm_kernel.c) against MLX, per shape and per model pass.
 
 Per shape of the default model (Qwen2.5-Coder-0.5B: hidden 896, MLP 4864, KV 128, vocabulary
 151936) and rows M of x: microseconds per call of our kernel, of MLX's own
@@ -16,10 +16,8 @@ from __future__ import annotations
 import argparse
 import ctypes
 import os
-import shutil
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -28,10 +26,9 @@ from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from qmm_harness import Kernel, build, cpu_has_amx, cpu_supports
-
-from mlxcel.model.blas import describe, load_fast_blas
+from mlxcel.model.native.blas import describe, load_fast_blas
+from mlxcel.model.native.build import build_qmm_library, compilers, probe
+from mlxcel.model.native.qmm_lib import Kernel
 
 HIDDEN, MLP, KV, VOCAB, LAYERS = 896, 4864, 128, 151936, 24
 #: (name, N, K, bits) per call shape; group size 32 throughout (as converted from GGUF).
@@ -158,7 +155,7 @@ def stream_reader(tmp: Path, weights: list[Quant], threads: int) -> Callable[[],
     src = tmp / "stream.c"
     src.write_text(STREAM_C)
     lib_path = tmp / "stream.so"
-    cc = shutil.which("cc") or "gcc"
+    cc = compilers().cc
     subprocess.run([cc, "-O2", "-mavx2", "-shared", "-fPIC", "-o", str(lib_path), str(src),
                     "-lpthread"], check=True)  # fmt: skip
     lib = ctypes.CDLL(str(lib_path))
@@ -217,16 +214,18 @@ def main() -> None:
     parser.add_argument("--skip-model", action="store_true")
     args = parser.parse_args()
     blas = load_fast_blas()  # before anything imports mlx.core
-    isa = args.isa or next(i for i in ("avx512", "avx2", "generic") if cpu_supports(i))
+    cpu = probe()
+    isa = args.isa or cpu.isa
     rng = np.random.default_rng(0)
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
-        kern = Kernel.load(build(isa, tmp))
+        kern = Kernel.load(build_qmm_library(isa, tmp))
         kern.set_threads(args.threads)
-        threads = args.threads or len(os.sched_getaffinity(0))
-        amx = isa == "avx512" and cpu_has_amx() and os.environ.get("MLXCEL_QMM_AMX") != "0"
-        print(f"kernel build {kern.isa}{' with AMX from M = 5' if amx else ''},"
-              f" {threads} threads; {describe(blas)}")  # fmt: skip
+        threads = kern.threads
+        amx = isa == "avx512" and cpu.amx and os.environ.get("MLXCEL_QMM_AMX") != "0"
+        pool = "the BLAS shim's pool" if kern.pool_shared else "its own pool"
+        print(f"{cpu.describe()}: kernel build {kern.isa}{' with AMX from M = 5' if amx else ''},"
+              f" {threads} threads ({pool}); {describe(blas)}")  # fmt: skip
         ms = [1, 16] if args.quick else [1, 4, 16, 64, 600]
         if not args.skip_shapes:
             per_shape(kern, ms, SHAPES[::3] if args.quick else SHAPES, rng)

@@ -29,7 +29,7 @@ import statistics
 import time
 from collections.abc import Callable
 
-from mlxcel.model.blas import load_fast_blas
+from mlxcel.model.native.blas import load_fast_blas
 
 load_fast_blas()  # before mlx.core
 
@@ -38,8 +38,8 @@ import numpy as np  # noqa: E402
 from mlx_lm.sample_utils import make_sampler  # noqa: E402
 
 from mlxcel.generation import Sampling  # noqa: E402
-from mlxcel.model.cpu_forms import fast_log_softmax  # noqa: E402
 from mlxcel.model.draw import keep, row_generator  # noqa: E402
+from mlxcel.model.native.cpu_forms import fast_log_softmax  # noqa: E402
 from mlxcel.model.sampling import Sampler  # noqa: E402
 
 VOCAB = 151_936

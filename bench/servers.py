@@ -30,7 +30,7 @@ MODEL_NAMES: dict[Kind, str] = {"ours": OUR_ALIAS, "peer": PEER_MODEL, "llamacpp
 # anything imports mlx.core, then mlx_lm.server's own `main()`.
 PEER_BOOT = """\
 import sys
-from mlxcel.model.blas import describe, load_fast_blas
+from mlxcel.model.native.blas import describe, load_fast_blas
 info = load_fast_blas()
 print(describe(info), flush=True)
 model, port, decode, prompt = sys.argv[1:5]

@@ -17,7 +17,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from mlxcel.cli.flag_table import Flag
-from mlxcel.config import Settings
+from mlxcel.config import Settings, cache_dir
 from mlxcel.errors import ConfigError
 from mlxcel.model.cache.private import close_tree, create_private
 from mlxcel.store.limits import sqlite_path
@@ -59,12 +59,7 @@ def resolve_prompt_cache_dir(settings: Settings) -> Settings:
     off = settings.prompt_cache_disk_bytes == 0 or settings.prompt_cache_bytes == 0
     if off or (given is None and sqlite_path(settings.store) is None):
         return replace(settings, prompt_cache_dir=None)
-    if given is None:
-        from mlxcel.model.blas import cache_dir
-
-        folder = cache_dir() / FOLDER
-    else:
-        folder = given.expanduser().absolute()
+    folder = cache_dir() / FOLDER if given is None else given.expanduser().absolute()
     problem = unwritable(folder)
     if problem is None:
         return replace(settings, prompt_cache_dir=folder)

@@ -1,6 +1,6 @@
 """Serving the real model from the command line: pick the model folder and its names,
 load the fast BLAS before anything imports MLX, build the engine factory the model thread
-calls, and run the server (`mlxcel.app.serve`) in a Trio run until SIGINT or SIGTERM and
+calls (the CPU acceleration, `accelerate()`, then the model), and run the server (`mlxcel.app.serve`) in a Trio run until SIGINT or SIGTERM and
 its drain; SIGHUP reads the keys file again meanwhile."""
 
 from __future__ import annotations
@@ -93,22 +93,18 @@ def release_memory() -> None:
 
 def load_model(path: Path, names: ModelNames, settings: Settings) -> LoadedModel:
     """The engine factory for the real model: runs on the model actor's thread."""
-    from mlxcel.model.blas import describe, load_fast_blas
+    from mlxcel.model.native import accelerate
 
-    blas = load_fast_blas()
+    acceleration = accelerate()  # the BLAS and the CPU kernels, said in one log line
     from mlxcel.model.mlx_load import load_mlx_model
 
-    line = describe(blas)
-    (log.info if blas.fast else log.warning)("%s", line)
-    if not blas.fast:
-        log.warning("MLX runs on the slow reference BLAS: expect generation 20-40x slower")
     return load_mlx_model(
         path,
         name=names.alias,
         max_batch=settings.parallel,
         prefill_step_size=settings.prefill_step_size,
         max_step_ms=settings.max_step_ms,
-        blas=blas,
+        blas=acceleration.blas,
         ctx_size=settings.ctx_size,
         prompt_cache_bytes=settings.prompt_cache_bytes,
         prompt_cache_dir=settings.prompt_cache_dir,
@@ -125,7 +121,7 @@ def run(settings: Settings) -> None:
     found = resolve_models(settings)
     models = [ConfiguredModel(n, functools.partial(load_model, p, n, settings)) for p, n in found]
     configured_models(settings, models)  # so does an alias or a pin naming no model
-    from mlxcel.model.blas import load_fast_blas
+    from mlxcel.model.native.blas import load_fast_blas
 
     load_fast_blas()  # before anything imports mlx.core
     for path, names in found:

@@ -13,10 +13,10 @@ from pathlib import Path
 from typing import Any
 
 from mlxcel.generation import ModelInfo
-from mlxcel.model.blas import BlasInfo
 from mlxcel.model.engine import LoadedModel
 from mlxcel.model.folder import context_length
 from mlxcel.model.grammar.constrained import GrammarCompiler
+from mlxcel.model.native.blas import BlasInfo
 from mlxcel.model.prompt import TemplateCodec
 from mlxcel.model.step_plan import StepBudget
 from mlxcel.respond.tool_parsers import detect_parser
@@ -32,9 +32,9 @@ from mlxcel.model.cache.disk import PromptDisk
 from mlxcel.model.cache.layout import NAMES, Identity, Layout
 from mlxcel.model.cache.prefix import PrefixCache
 from mlxcel.model.cache.spill_file import digest
-from mlxcel.model.cpu_forms import fast_log_softmax, install_cpu_forms
 from mlxcel.model.mlx_engine import MlxEngine
-from mlxcel.model.qmm import install_quantized_forms
+from mlxcel.model.native.cpu_forms import fast_log_softmax, install_cpu_forms
+from mlxcel.model.native.qmm import install_quantized_forms
 from mlxcel.model.sampling import Sampler, reference_log_softmax
 
 log = logging.getLogger(__name__)

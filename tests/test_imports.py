@@ -8,7 +8,7 @@ layers apart stay true because this test walks the whole import graph.
     actors/    the running tasks (scheduler, slots, jobs) and their message catalogue
     respond/   generated text to items, stream events and the final record
     store/     what the server keeps, where, and for how long
-    model/     the engine, the model thread, prompts, the fast BLAS
+    model/     the engine, the model thread, prompts; native/: the CPU acceleration
     generation.py, items.py, errors.py   the vocabulary every layer speaks
 """
 

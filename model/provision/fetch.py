@@ -33,8 +33,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Final, Literal, cast, get_args
 
-# Re-exported: models and BLAS shim builds share one cache root.
-from mlxcel.model.blas import cache_dir as cache_dir
+from mlxcel.config import cache_dir
 
 log = logging.getLogger(__name__)
 
@@ -364,15 +363,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _build_cpu_kernels() -> None:
-    """Build the CPU kernels (quantized matmul, attention, SwiGLU) now, at set-up, so the
-    first server start need not.
+    """Build the CPU acceleration (the BLAS shim, the CPU kernels: quantized matmul,
+    attention, SwiGLU) now, at set-up, so the first server start need not.
 
     Never fails the command: without the kernels, models run on MLX's own (slower)
-    operations, and the reason is logged.
+    operations, and the line `accelerate` logs says why.
     """
-    from mlxcel.model.blas import load_fast_blas
+    from mlxcel.model.native import accelerate
 
-    load_fast_blas()
-    from mlxcel.model.cpu_ext import load_cpu_ext
-
-    load_cpu_ext()
+    accelerate()

@@ -11,7 +11,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -56,12 +56,13 @@ def wait_ready(
         time.sleep(interval)
 
 
-def _environ() -> dict[str, str]:
-    """This process's environment, importing the same `mlxcel` as this process does."""
+def _environ(extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """This process's environment, importing the same `mlxcel` as this process does, with
+    no `MLXCEL_` variable but those of `extra`."""
     root = str(Path(mlxcel.__file__).resolve().parents[1])
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MLXCEL_", "LLAMA_ARG_"))}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, (root, os.environ.get("PYTHONPATH"))))
-    return env
+    return {**env, **(extra or {})}
 
 
 @dataclass
@@ -170,10 +171,11 @@ class ServerProcesses:
         alias: str = MODEL,
         ready_secs: float = READY_SECS,
         client_timeout: float = 30,
+        env: Mapping[str, str] | None = None,
     ) -> ServerProcess:
         log = self._logs / f"{name}-{len(self._started)}-{port}.log"
         with log.open("w") as out:
-            proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=_environ())
+            proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=_environ(env))
         url = f"http://127.0.0.1:{port}"
         server = ServerProcess(proc, url, log, alias, ready_secs, client_timeout)
         self._started.append(server)
@@ -192,9 +194,9 @@ class ServerProcesses:
         argv += flags
         return self._spawn(argv, port, "server")
 
-    def launch_real(self, *flags: str) -> ServerProcess:
-        """`mlxcel-server` with `flags` (the default model unless `--model` says), not
-        waited for."""
+    def launch_real(self, *flags: str, env: Mapping[str, str] | None = None) -> ServerProcess:
+        """`mlxcel-server` with `flags` (the default model unless `--model` says) and the
+        `MLXCEL_` variables of `env`, not waited for."""
         port = free_port()
         exe = Path(sys.executable).with_name("mlxcel-server")
         argv = [str(exe), "--port", str(port), *flags]
@@ -205,6 +207,7 @@ class ServerProcesses:
             alias=DEFAULT_ALIAS,
             ready_secs=REAL_READY_SECS,
             client_timeout=600,
+            env=env,
         )
 
     def start(self, *flags: str, step_delay: float = 0.0, hold: str | None = None) -> ServerProcess:
@@ -228,10 +231,13 @@ class ServerProcesses:
             server.kill()  # and its clients closed
 
 
-def start_server(logs: Path, *flags: str) -> Iterator[RealServer]:
-    """The real server (`mlxcel-server`) with `flags`, once it answers `/health`, its log
-    in the folder `logs`; stopped (SIGTERM) when the generator closes."""
-    with _real_servers(logs, 1, flags) as (server,):
+def start_server(
+    logs: Path, *flags: str, env: Mapping[str, str] | None = None
+) -> Iterator[RealServer]:
+    """The real server (`mlxcel-server`) with `flags` (and the `MLXCEL_` variables of
+    `env`), once it answers `/health`, its log in the folder `logs`; stopped (SIGTERM) when
+    the generator closes."""
+    with _real_servers(logs, 1, flags, env) as (server,):
         yield server
 
 
@@ -243,11 +249,13 @@ def start_replicas(logs: Path, count: int, *flags: str) -> Iterator[list[RealSer
 
 
 @contextlib.contextmanager
-def _real_servers(logs: Path, count: int, flags: Sequence[str]) -> Iterator[list[RealServer]]:
+def _real_servers(
+    logs: Path, count: int, flags: Sequence[str], env: Mapping[str, str] | None = None
+) -> Iterator[list[RealServer]]:
     started = ServerProcesses(logs)
     servers: list[RealServer] = []
     try:
-        servers = [started.launch_real(*flags) for _ in range(count)]
+        servers = [started.launch_real(*flags, env=env) for _ in range(count)]
         for server in servers:
             server.wait_ready()
         yield servers

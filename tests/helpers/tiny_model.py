@@ -106,8 +106,8 @@ def load_tiny(path: Path, *, max_batch: int = 4, prefill_step_size: int = 64) ->
     """The tiny model loaded as the server loads a model (a `LoadedModel`), with the
     default prompt cache; call after `load_fast_blas()`."""
     from mlxcel.config import Settings
-    from mlxcel.model.blas import load_fast_blas
     from mlxcel.model.mlx_load import load_mlx_model
+    from mlxcel.model.native.blas import load_fast_blas
 
     return load_mlx_model(
         path,

@@ -19,9 +19,9 @@ from hypothesis import strategies as st
 from mlxcel.config import Settings
 from mlxcel.errors import InvalidRequest
 from mlxcel.generation import Sampling, SequenceSpec
-from mlxcel.model.blas import load_fast_blas
 from mlxcel.model.engine import LoadedModel
 from mlxcel.model.grammar.constrained import GrammarCompiler, GrammarProcessor, compile_schema
+from mlxcel.model.native.blas import load_fast_blas
 from mlxcel.respond.tool_parsers import CallClosed, HermesToolParser
 
 from tiny_model import ensure_tiny_model

@@ -216,7 +216,7 @@ def test_tiny_model_loads_and_generates_deterministically(
         monkeypatch.setenv("MLXCEL_CACHE_DIR", _USER_CACHE)
     if not is_ready(default_model_dir()):
         pytest.skip("default model not fetched (run `mlxcel fetch-model`)")
-    from mlxcel.model.blas import load_fast_blas
+    from mlxcel.model.native.blas import load_fast_blas
 
     load_fast_blas()
     folder = ensure_tiny_model(tmp_path / "tiny")

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from mlxcel.model.blas import load_fast_blas
+from mlxcel.model.native.blas import load_fast_blas
 from mlxcel.model.provision.fetch import default_model_dir, is_ready
 
 from tiny_model import ensure_tiny_model
@@ -149,8 +149,8 @@ MODELS: dict[str, Callable[[], Any]] = {
 def load_folder(path: Path) -> Any:
     from mlx_lm.utils import load
 
-    from mlxcel.model.cpu_forms import install_cpu_forms
-    from mlxcel.model.qmm import install_quantized_forms
+    from mlxcel.model.native.cpu_forms import install_cpu_forms
+    from mlxcel.model.native.qmm import install_quantized_forms
 
     model = load(str(path))[0]
     install_cpu_forms(model)

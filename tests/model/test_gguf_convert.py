@@ -20,7 +20,7 @@ Array = npt.NDArray[np.float32]
 
 
 def _load_weights(folder: Path) -> dict[str, Array]:
-    from mlxcel.model.blas import load_fast_blas
+    from mlxcel.model.native.blas import load_fast_blas
 
     load_fast_blas()
     import mlx.core as mx

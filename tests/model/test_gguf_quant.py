@@ -20,7 +20,7 @@ from gguf import GGMLQuantizationType as Q
 from gguf import GGUFReader
 from gguf.quants import dequantize
 
-from mlxcel.model.blas import load_fast_blas
+from mlxcel.model.native.blas import load_fast_blas
 from mlxcel.model.provision.fetch import DEFAULT_MODEL, ensure_default_model, ensure_model
 from mlxcel.model.provision.gguf_convert import convert_gguf
 from mlxcel.model.provision.gguf_quant import dequantize_groups, mlx_bits, pack, repack

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 from mlxcel.generation import Sampling, SequenceSpec
-from mlxcel.model.blas import load_fast_blas
 from mlxcel.model.engine import LoadedModel
+from mlxcel.model.native.blas import load_fast_blas
 from mlxcel.model.provision.fetch import default_model_dir, is_ready
 
 from parity_prompts import SYSTEM, TEXTS

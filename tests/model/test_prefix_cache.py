@@ -15,8 +15,8 @@ import jsonschema
 import pytest
 
 from mlxcel.generation import Sampling, SequenceSpec, TokenStep
-from mlxcel.model.blas import load_fast_blas
 from mlxcel.model.engine import LoadedModel
+from mlxcel.model.native.blas import load_fast_blas
 
 from tiny_model import ensure_tiny_model
 

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from mlxcel.generation import Sampling, SequenceSpec
-from mlxcel.model.blas import load_fast_blas
 from mlxcel.model.engine import LoadedModel
+from mlxcel.model.native.blas import load_fast_blas
 
 from tiny_model import ensure_tiny_model
 

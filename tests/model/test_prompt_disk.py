@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from mlxcel.model.blas import load_fast_blas
+from mlxcel.model.native.blas import load_fast_blas
 
 load_fast_blas()  # before mlx.core
 

@@ -1,45 +1,39 @@
 """The CPU quantized matmul as an MLX primitive: same products as MLX's, and a clean fallback.
 
 Every build this CPU can run (AVX-512, AVX2, and the plain C one) is compiled into the
-session's own directory (``conftest.py``) and compared with ``mx.dequantize`` followed by a float32 matmul,
+run's own directory (``conftest.py``) and compared with ``mx.dequantize`` followed by a float32 matmul,
 for every bits/group pair, row counts from 1 to 600, odd shapes and strided inputs.
 """
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 
-from mlxcel.model.blas import load_fast_blas
+from mlxcel.model.native.blas import load_fast_blas
 
 load_fast_blas()  # before mlx.core is imported below
 
 import mlx.core as mx  # noqa: E402
 import mlx.nn as nn  # noqa: E402
 
-from mlxcel.model import cpu_ext, qmm  # noqa: E402
-from mlxcel.model.cpu_ext_build import (  # noqa: E402
-    ISA_NEEDS,
-    CpuExtBuildError,
-    choose_isa,
-    cpu_flags,
-)
+from mlxcel.model.native import kernels, qmm  # noqa: E402
+from mlxcel.model.native.build import probe  # noqa: E402
 
 pytestmark = pytest.mark.mlx
 
-ISAS = [isa for isa in ("avx512", "avx2") if ISA_NEEDS[isa] <= cpu_flags()] + ["generic"]
+ISAS = [isa for isa in ("avx512", "avx2") if probe().runs(isa)] + ["generic"]
 BITS = (4, 5, 8)
 GROUPS = (32, 64, 128)
 ROWS = (1, 2, 3, 7, 16, 33, 64, 600)
 
 
 @pytest.fixture(scope="module", params=ISAS)
-def ext(request: pytest.FixtureRequest, cpu_ext_for: Callable[[str], ModuleType]) -> ModuleType:
-    return cpu_ext_for(request.param)
+def ext(request: pytest.FixtureRequest, kernels_for: Callable[[str], ModuleType]) -> ModuleType:
+    return kernels_for(request.param)
 
 
 def quantized(n: int, k: int, bits: int, group: int, seed: int = 0) -> tuple[mx.array, ...]:
@@ -113,25 +107,6 @@ def test_what_it_does_not_take_is_refused(ext: ModuleType) -> None:
         ext.quantized_matmul(x, w, s[:4], b, 32, 4)
 
 
-def test_isa_choice_follows_the_cpu_and_the_override(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("MLXCEL_QMM_ISA", raising=False)
-    monkeypatch.delenv("MLXCEL_CPU_ISA", raising=False)
-    assert choose_isa(frozenset()) is None
-    assert choose_isa(ISA_NEEDS["avx2"]) == "avx2"
-    assert choose_isa(ISA_NEEDS["avx2"] | ISA_NEEDS["avx512"]) == "avx512"
-    monkeypatch.setenv("MLXCEL_QMM_ISA", "off")
-    assert choose_isa(ISA_NEEDS["avx512"]) is None
-    monkeypatch.setenv("MLXCEL_QMM_ISA", "avx2")
-    assert choose_isa(frozenset()) == "avx2"
-    monkeypatch.setenv("MLXCEL_QMM_ISA", "sse9")
-    with pytest.raises(CpuExtBuildError):
-        choose_isa()
-    monkeypatch.setenv("MLXCEL_CPU_ISA", "generic")  # the newer name wins over the older
-    assert choose_isa(ISA_NEEDS["avx512"]) == "generic"
-    monkeypatch.setenv("MLXCEL_CPU_ISA", "off")
-    assert choose_isa(ISA_NEEDS["avx512"]) is None
-
-
 class Tiny(nn.Module):
     def __init__(self) -> None:
         super().__init__()
@@ -146,10 +121,10 @@ class Tiny(nn.Module):
 
 @pytest.fixture
 def fresh_status() -> Iterator[None]:
-    saved = cpu_ext._status
-    cpu_ext._status = None
+    saved = kernels._status
+    kernels._status = None
     yield
-    cpu_ext._status = saved
+    kernels._status = saved
 
 
 def tiny_model() -> Tiny:
@@ -173,16 +148,15 @@ def test_a_quantized_model_computes_the_same_through_the_kernel() -> None:
 
 @pytest.mark.usefixtures("fresh_status")
 def test_without_the_kernel_models_keep_mlx_own_path_and_say_so(
-    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.delenv("MLXCEL_CPU_ISA", raising=False)
     monkeypatch.setenv("MLXCEL_QMM_ISA", "off")
     model = tiny_model()
     tokens = mx.array([[3, 4]])
     before = model(tokens)
-    with caplog.at_level(logging.WARNING, logger="mlxcel.model.cpu_ext"):
-        assert qmm.install_quantized_forms(model) == 0
-    assert "CPU kernels: MLX's own operations" in caplog.text
+    assert qmm.install_quantized_forms(model) == 0
+    assert kernels.load_kernels().describe() == "MLX's own operations (MLXCEL_CPU_ISA=off)"
     assert type(model.proj) is nn.QuantizedLinear
     assert mx.array_equal(model(tokens), before).item()
 
@@ -191,10 +165,7 @@ def test_without_the_kernel_models_keep_mlx_own_path_and_say_so(
 def test_a_build_that_fails_falls_back(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("MLXCEL_CPU_ISA", "generic")
     monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
-    monkeypatch.setattr(
-        "mlxcel.model.cpu_ext_build.built_path", lambda isa, root=None: tmp_path / "x.so"
-    )
-    monkeypatch.setattr("mlxcel.model.blas_build.shutil.which", lambda name: None)
-    status = cpu_ext.load_cpu_ext()
+    monkeypatch.setattr("mlxcel.model.native.build.shutil.which", lambda name: None)
+    status = kernels.load_kernels()
     assert not status.available
     assert "could not be built" in status.note

@@ -1,7 +1,7 @@
-"""The CPU attention and SwiGLU kernels (model/attn_kernel.c) as MLX primitives, against
+"""The CPU attention and SwiGLU kernels (model/native/attn_kernel.c) as MLX primitives, against
 mlx-lm's and MLX's own.
 
-Every build this CPU can run (AVX-512, AVX2, plain C) is compiled once per session
+Every build this CPU can run (AVX-512, AVX2, plain C) is compiled once per test run
 (``conftest.py``). Attention must equal mlx-lm's ``scaled_dot_product_attention`` (MLX's
 fused op) within float32 rounding for every mask kind mlx-lm passes, grouped heads, one
 and many queries, key counts on and off the kernel's 64-key blocks, batches with left
@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from mlxcel.model.blas import load_fast_blas
-from mlxcel.model.cpu_ext_build import ISA_NEEDS, cpu_flags
+from mlxcel.model.native.blas import load_fast_blas
+from mlxcel.model.native.build import probe
 
 pytestmark = pytest.mark.mlx
 
@@ -28,15 +28,15 @@ import mlx.core as mx  # noqa: E402
 import mlx.nn as nn  # noqa: E402
 from mlx_lm.models.base import create_causal_mask  # noqa: E402
 
-from mlxcel.model.cpu_forms import REFERENCE_SDPA  # noqa: E402
+from mlxcel.model.native.cpu_forms import REFERENCE_SDPA  # noqa: E402
 
-ISAS = [isa for isa in ("avx512", "avx2") if ISA_NEEDS[isa] <= cpu_flags()] + ["generic"]
+ISAS = [isa for isa in ("avx512", "avx2") if probe().runs(isa)] + ["generic"]
 FLOAT32_MIN = float(mx.finfo(mx.float32).min)
 
 
 @pytest.fixture(scope="module", params=ISAS)
-def ext(request: pytest.FixtureRequest, cpu_ext_for: Callable[[str], ModuleType]) -> ModuleType:
-    return cpu_ext_for(request.param)
+def ext(request: pytest.FixtureRequest, kernels_for: Callable[[str], ModuleType]) -> ModuleType:
+    return kernels_for(request.param)
 
 
 def kernel(ext: ModuleType, q: mx.array, k: mx.array, v: mx.array, mask: Any) -> mx.array:

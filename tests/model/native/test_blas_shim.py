@@ -26,7 +26,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from mlxcel.model import blas_build
+from mlxcel.model.native.blas import SHIM_VERSION
+from mlxcel.model.native.build import build_shim, probe
 
 pytestmark = pytest.mark.skipif(
     not sys.platform.startswith("linux"), reason="BLAS rerouting is Linux-only"
@@ -34,7 +35,7 @@ pytestmark = pytest.mark.skipif(
 
 ROW, COL, NO_T, T = 101, 102, 111, 112
 _NARROW_TO_WIDE = ("generic", "avx2", "avx512")
-ISAS = list(_NARROW_TO_WIDE[: _NARROW_TO_WIDE.index(blas_build.cpu_isa()) + 1])
+ISAS = list(_NARROW_TO_WIDE[: _NARROW_TO_WIDE.index(probe().isa) + 1])
 """The builds this CPU can run: its widest and every narrower one."""
 ROWS = [*range(1, 71), 600]
 
@@ -61,11 +62,11 @@ class Libs:
 @pytest.fixture(scope="module", params=ISAS)
 def libs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Libs:
     out = tmp_path_factory.mktemp("shim")
-    path = blas_build.build(openblas_path(), out, request.param)
+    path = build_shim(openblas_path(), request.param, out)
     lib = ctypes.CDLL(str(path))
     lib.mlxcel_blas_shim_isa.restype = ctypes.c_char_p
     assert lib.mlxcel_blas_shim_isa() == request.param.encode()
-    assert lib.mlxcel_blas_shim_version() == blas_build.SHIM_VERSION
+    assert lib.mlxcel_blas_shim_version() == SHIM_VERSION
     ref = _sgemm(ctypes.CDLL(str(openblas_path())).scipy_cblas_sgemm)
     return Libs(_sgemm(lib.cblas_sgemm), ref, path)
 
@@ -199,7 +200,7 @@ def test_concurrent_callers(libs: Libs) -> None:
 MLX_PROBE = """
 import json, sys
 import numpy as np
-from mlxcel.model.blas import load_fast_blas
+from mlxcel.model.native.blas import load_fast_blas
 info = load_fast_blas()
 import mlx.core as mx
 mx.set_default_device(mx.cpu)
@@ -223,7 +224,7 @@ print(json.dumps({"name": info.name, "worst": worst}))
 
 @pytest.mark.parametrize("isa", ISAS)
 def test_mlx_matmul_through_the_shim(isa: str, tmp_path: Path) -> None:
-    env = {**os.environ, "MLXCEL_CACHE_DIR": str(tmp_path), "MLXCEL_BLAS_ISA": isa}
+    env = {**os.environ, "MLXCEL_CACHE_DIR": str(tmp_path), "MLXCEL_CPU_ISA": isa}
     result = subprocess.run(
         [sys.executable, "-c", MLX_PROBE], env=env, capture_output=True, text=True,
         timeout=300, check=False,
@@ -232,7 +233,7 @@ def test_mlx_matmul_through_the_shim(isa: str, tmp_path: Path) -> None:
     data = json.loads(result.stdout.strip().splitlines()[-1])
     assert f"via shim, {isa} kernel" in data["name"], data
     assert data["worst"] <= 1.0, data  # within float32 rounding of float64
-    assert [p.name.split("-")[3] for p in (tmp_path / "blas").glob("*.so")] == [isa]
+    assert [p.name.split("-")[3] for p in (tmp_path / "native").glob("*.so")] == [isa]
 
 
 FORK_PROBE = """

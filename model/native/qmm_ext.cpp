@@ -1,5 +1,5 @@
 // An MLX primitive that runs mlxcel's CPU quantized matmul (qmm_kernel.c); registered on
-// the CPU kernels' extension module by cpu_ext.cpp.
+// the CPU kernels' extension module by kernels.cpp.
 //
 // Why a primitive and not a C call on numpy views: a primitive is a node of MLX's lazy
 // graph, run in order on MLX's CPU stream like MLX's own ops, so a forward stays one
@@ -25,6 +25,7 @@
 #include "mlx/mlx.h"
 #include "mlx/primitives.h"
 
+#include "pool.h"
 #include "qmm_kernel.h"
 
 namespace mx = mlx::core;
@@ -143,7 +144,7 @@ mx::array quantized_matmul(const mx::array& x, const mx::array& w, const mx::arr
 
 }  // namespace
 
-// Registers the quantized matmul's functions on the extension's module (cpu_ext.cpp).
+// Registers the quantized matmul's functions on the extension's module (kernels.cpp).
 void register_qmm(nb::module_& m) {
   m.def("quantized_matmul", &quantized_matmul, "x"_a, "w"_a, "scales"_a, "biases"_a,
         "group_size"_a, "bits"_a,
@@ -152,6 +153,10 @@ void register_qmm(nb::module_& m) {
         "The instruction set the kernels were built for.");
   m.def("supports", [](int bits, int group_size) { return supports(bits, group_size); },
         "bits"_a, "group_size"_a, "Whether the kernel handles this bits/group_size pair.");
-  m.def("set_threads", [](int n) { mlxcel_qmm_set_threads(n); }, "n"_a,
-        "Worker threads the kernels split their work over.");
+  m.def("set_threads", [](int n) { mlxcel_pool_set_threads(n); }, "n"_a,
+        "Threads the kernels split their work over (n < 1: the default again).");
+  m.def("pool_threads", []() { return mlxcel_pool_threads(); },
+        "Threads of the pool the kernels run on, the caller included.");
+  m.def("pool_shared", []() { return mlxcel_pool_shared() != 0; },
+        "Whether the kernels run on the BLAS shim's pool (one pool in the process).");
 }

@@ -21,12 +21,13 @@
  * Results equal MLX's to float32 rounding (the summation order differs; on
  * the AMX path a non-finite x may give NaN where MLX gives an infinity).
  *
- * Threads: the work is split over N across a small persistent pool (workers
- * spin briefly after a call, then sleep). Calls must not overlap: call from
- * one thread at a time (MLX's CPU stream calls serially). The weight buffer
- * is never read past its last byte. On CPUs with AMX the first call with
- * several rows of x asks Linux for the tile state (arch_prctl), once per
- * process; MLXCEL_QMM_AMX=0 in the environment keeps the tiles unused.
+ * Threads: the work is split over N on the process's one thread pool (pool.h:
+ * workers spin briefly after a call, then sleep). Calls may come from several
+ * threads at once: one runs on the pool, the others each on its own thread.
+ * The weight buffer is never read past its last byte. On CPUs with AMX the
+ * first call with several rows of x asks Linux for the tile state
+ * (arch_prctl), once per process; MLXCEL_QMM_AMX=0 in the environment keeps
+ * the tiles unused.
  */
 #ifndef MLXCEL_QMM_KERNEL_H
 #define MLXCEL_QMM_KERNEL_H
@@ -38,29 +39,14 @@ extern "C" {
 #endif
 
 /* Returns 0 on success, nonzero for an unsupported bits/group pair (or
- * shape); y is untouched then. */
+ * shape; y is untouched then) or when a thread had no memory for its scratch
+ * (3; y is unspecified then). */
 int mlxcel_qmm(const float *x, long m, long k, const uint32_t *w, const float *scales,
                const float *biases, long n, int bits, int group, float *y);
 
 /* "avx512", "avx2" or "generic": the instruction set this build was compiled
  * for. The loader must check the CPU supports it before calling anything. */
 const char *mlxcel_qmm_isa(void);
-
-/* Worker threads including the caller; n < 1 restores the default (the CPUs
- * in the process's affinity mask, at most 64). */
-void mlxcel_qmm_set_threads(int n);
-
-/* The kernel's thread pool, shared with the other CPU kernels of the
- * extension (attn_kernel.c) so that one set of workers serves them all:
- * calls fn(ctx, begin, end) over [0, n) in chunks of per_chunk rows, on the
- * caller and the workers, and returns when every chunk is done. `wake`: the
- * call is large enough to wake sleeping workers (tens of microseconds).
- * Calls must not overlap each other or mlxcel_qmm. */
-typedef void (*mlxcel_range_fn)(void *ctx, long begin, long end);
-void mlxcel_pool_for(mlxcel_range_fn fn, void *ctx, long n, long per_chunk, int wake);
-
-/* Threads the pool runs on, the caller included (starts it if needed). */
-int mlxcel_pool_threads(void);
 
 #ifdef __cplusplus
 }

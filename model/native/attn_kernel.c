@@ -19,9 +19,9 @@
  * sums are then element-wise across key vectors, with no horizontal step.
  * The product with v is a register tile of MR rows by NV vectors of v.
  *
- * Build: one source, the instruction set chosen when compiling, as
- * qmm_kernel.c (AVX-512 F/BW/VL + FMA, AVX2 + FMA, or portable C with GCC
- * vector extensions). The exp is the same algorithm in all three: n =
+ * Build: one source, the instruction set chosen when compiling, with the
+ * vector operations of simd.h (AVX-512 F/BW/VL + FMA, AVX2 + FMA, or portable C
+ * with GCC vector extensions). The exp is the same algorithm in all three: n =
  * round(x log2 e), r = x - n ln 2 (two-part ln 2), a degree-7 polynomial
  * (Cephes' expf, ~1 ulp), times 2^n (AVX-512: scalef; else two exponent
  * halves, so that results up to the overflow to inf are right). Results below
@@ -35,20 +35,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "qmm_kernel.h"
+#include "pool.h"
+#include "simd.h"
 
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__FMA__)
-#define ATTN_AVX512 1
-#elif defined(__AVX2__) && defined(__FMA__)
-#define ATTN_AVX2 1
-#else
-#define ATTN_GENERIC 1
-#endif
-#if !defined(ATTN_GENERIC)
-#include <immintrin.h>
-#endif
-
-#define INLINE static inline __attribute__((always_inline))
 #define EXP_HI 89.0f  /* above: inf (2^128 overflows) */
 #define EXP_LO -87.33f /* below: 0, not a denormal (e^-87.34 < FLT_MIN) */
 #define LOG2E 1.44269504088896341f
@@ -57,104 +46,25 @@
 #define BK 64 /* keys per block */
 
 /* ------------------------------------------------------------------------
- * Vectors: VL float lanes. RV row vectors per block (R = RV * VL rows), NK
- * keys per score tile, MR rows by NV vectors per product tile.
+ * Tiles per instruction set (simd.h gives VL lanes): RV row vectors per block
+ * (R = RV * VL rows), NK keys per score tile, MR rows by NV vectors per
+ * product tile.
  * ------------------------------------------------------------------------ */
-#if defined(ATTN_AVX512)
-#define VL 16
+#if defined(MLXCEL_SIMD_AVX512)
 #define RV 3
 #define NK 8
 #define MR 6
 #define NV 4
-typedef __m512 vf;
-INLINE vf v_load(const float *p) { return _mm512_loadu_ps(p); }
-INLINE void v_store(float *p, vf v) { _mm512_storeu_ps(p, v); }
-INLINE vf v_set1(float f) { return _mm512_set1_ps(f); }
-INLINE vf v_add(vf a, vf b) { return _mm512_add_ps(a, b); }
-INLINE vf v_sub(vf a, vf b) { return _mm512_sub_ps(a, b); }
-INLINE vf v_mul(vf a, vf b) { return _mm512_mul_ps(a, b); }
-INLINE vf v_div(vf a, vf b) { return _mm512_div_ps(a, b); }
-INLINE vf v_fma(vf a, vf b, vf c) { return _mm512_fmadd_ps(a, b, c); }
-/* max/min return the second operand when either is NaN: x goes second so a
- * NaN stays NaN. */
-INLINE vf v_max(vf c, vf x) { return _mm512_max_ps(c, x); }
-INLINE vf v_min(vf c, vf x) { return _mm512_min_ps(c, x); }
-/* a < b ? x : y, and a == b ? x : y */
-INLINE vf v_lt(vf a, vf b, vf x, vf y) {
-  return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(a, b, _CMP_LT_OQ), y, x);
-}
-INLINE vf v_eq(vf a, vf b, vf x, vf y) {
-  return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(a, b, _CMP_EQ_OQ), y, x);
-}
-INLINE vf v_round(vf x) {
-  return _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-}
-INLINE vf v_scale2(vf p, vf n) { return _mm512_scalef_ps(p, n); }
-#elif defined(ATTN_AVX2)
-#define VL 8
+#elif defined(MLXCEL_SIMD_AVX2)
 #define RV 3
 #define NK 4
 #define MR 3
 #define NV 4
-typedef __m256 vf;
-INLINE vf v_load(const float *p) { return _mm256_loadu_ps(p); }
-INLINE void v_store(float *p, vf v) { _mm256_storeu_ps(p, v); }
-INLINE vf v_set1(float f) { return _mm256_set1_ps(f); }
-INLINE vf v_add(vf a, vf b) { return _mm256_add_ps(a, b); }
-INLINE vf v_sub(vf a, vf b) { return _mm256_sub_ps(a, b); }
-INLINE vf v_mul(vf a, vf b) { return _mm256_mul_ps(a, b); }
-INLINE vf v_div(vf a, vf b) { return _mm256_div_ps(a, b); }
-INLINE vf v_fma(vf a, vf b, vf c) { return _mm256_fmadd_ps(a, b, c); }
-INLINE vf v_max(vf c, vf x) { return _mm256_max_ps(c, x); }
-INLINE vf v_min(vf c, vf x) { return _mm256_min_ps(c, x); }
-INLINE vf v_lt(vf a, vf b, vf x, vf y) { return _mm256_blendv_ps(y, x, _mm256_cmp_ps(a, b, _CMP_LT_OQ)); }
-INLINE vf v_eq(vf a, vf b, vf x, vf y) { return _mm256_blendv_ps(y, x, _mm256_cmp_ps(a, b, _CMP_EQ_OQ)); }
-INLINE vf v_round(vf x) { return _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
-/* p * 2^n for integral n in [-150, 128], as two factors that are normal floats. */
-INLINE vf v_scale2(vf p, vf n) {
-  const __m256i ni = _mm256_cvtps_epi32(n), n1 = _mm256_srai_epi32(ni, 1);
-  const __m256i n2 = _mm256_sub_epi32(ni, n1), bias = _mm256_set1_epi32(127);
-  const vf e1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n1, bias), 23));
-  const vf e2 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n2, bias), 23));
-  return _mm256_mul_ps(_mm256_mul_ps(p, e1), e2);
-}
 #else
-#define VL 4 /* a 16-byte vector: SSE2 or NEON */
 #define RV 4
 #define NK 2
 #define MR 2
 #define NV 4
-typedef float vf __attribute__((vector_size(4 * VL)));
-typedef int32_t vi __attribute__((vector_size(4 * VL)));
-INLINE vf v_load(const float *p) {
-  vf r;
-  memcpy(&r, p, sizeof r);
-  return r;
-}
-INLINE void v_store(float *p, vf v) { memcpy(p, &v, sizeof v); }
-INLINE vf v_set1(float f) { return (vf){0} + f; }
-INLINE vf v_add(vf a, vf b) { return a + b; }
-INLINE vf v_sub(vf a, vf b) { return a - b; }
-INLINE vf v_mul(vf a, vf b) { return a * b; }
-INLINE vf v_div(vf a, vf b) { return a / b; }
-INLINE vf v_fma(vf a, vf b, vf c) { return a * b + c; }
-INLINE vf v_pick(vi m, vf x, vf y) { return (vf)(((vi)x & m) | ((vi)y & ~m)); }
-INLINE vf v_lt(vf a, vf b, vf x, vf y) { return v_pick(a < b, x, y); }
-INLINE vf v_eq(vf a, vf b, vf x, vf y) { return v_pick(a == b, x, y); }
-INLINE vf v_max(vf c, vf x) { return v_pick(x < c, c, x); } /* NaN x stays */
-INLINE vf v_min(vf c, vf x) { return v_pick(c < x, c, x); }
-INLINE vf v_round(vf x) { /* to nearest even, |x| < 2^22 */
-  const vf magic = v_set1(12582912.0f);
-  return (x + magic) - magic;
-}
-INLINE vf v_scale2(vf p, vf n) {
-  const vi ni = __builtin_convertvector(n, vi), n1 = ni >> 1, n2 = ni - n1;
-  vf e1, e2;
-  const vi b1 = (n1 + 127) << 23, b2 = (n2 + 127) << 23;
-  memcpy(&e1, &b1, sizeof e1);
-  memcpy(&e2, &b2, sizeof e2);
-  return p * e1 * e2;
-}
 #endif
 
 #define R (RV * VL) /* query rows per block */
@@ -224,7 +134,7 @@ static void swiglu_range(void *ctx, long i0, long i1) {
 
 void mlxcel_swiglu(const float *gate, const float *up, float *out, long n) {
   swiglu_t s = {gate, up, out};
-  mlxcel_pool_for(swiglu_range, &s, n, 8192, n >= (1L << 16));
+  mlxcel_pool_for(swiglu_range, &s, n, 8192, n >= (1L << 16) ? MLXCEL_POOL_WAKE : 0);
 }
 
 /* ------------------------------------------------------------------------
@@ -320,16 +230,8 @@ typedef struct {
   float minpos, maxpos;  /* causal: the rows' positions */
 } block_t;
 
-static __thread float *tl_buf;
-static __thread size_t tl_floats;
-
 static float *thread_scratch(size_t floats) {
-  if (tl_floats < floats) {
-    free(tl_buf);
-    tl_buf = aligned_alloc(64, (floats * sizeof(float) + 63) / 64 * 64);
-    tl_floats = tl_buf ? floats : 0;
-  }
-  return tl_buf;
+  return mlxcel_thread_buffer(MLXCEL_BUF_ATTN, floats * sizeof(float));
 }
 
 #define ONES8 0x0101010101010101ULL
@@ -587,6 +489,6 @@ int mlxcel_attention(const mlxcel_attn_args *a) {
   P.rows = P.rep * a->q_len;
   P.nrb = (P.rows + R - 1) / R;
   const double work = (double)a->batch * a->q_heads * a->q_len * a->k_len * (a->k_dim + a->v_dim);
-  mlxcel_pool_for(attn_range, &P, P.groups * P.nrb, 1, work >= (double)(1 << 20));
+  mlxcel_pool_for(attn_range, &P, P.groups * P.nrb, 1, work >= (double)(1 << 20) ? MLXCEL_POOL_WAKE : 0);
   return P.failed ? 3 : 0;
 }

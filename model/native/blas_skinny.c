@@ -12,9 +12,9 @@
  * Sums are reduced VW at a time with a transposed shuffle tree.
  *
  * The vector width and tile sizes follow the instruction set chosen at
- * compile time: AVX-512 (32 registers: 4 x 6 accumulators), AVX2+FMA or
- * plain SSE (16 registers: 2 x 6). GCC vector extensions keep one source for
- * all three.
+ * compile time (simd.h): AVX-512 (32 registers: 4 x 6 accumulators), AVX2+FMA
+ * or plain SSE (16 registers: 2 x 6). GCC vector extensions keep one source
+ * for all three.
  */
 #include "blas_shim.h"
 
@@ -22,14 +22,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#if defined(__AVX512F__)
-#define VW 16
+#define VW VL /* simd.h's lanes for this build's instruction set */
+#if defined(MLXCEL_SIMD_AVX512)
 #define TILE_W 4
-#elif defined(__AVX2__) && defined(__FMA__)
-#define VW 8
-#define TILE_W 2
 #else
-#define VW 4
 #define TILE_W 2
 #endif
 #define TILE_S 6
@@ -40,11 +36,12 @@
 #define CHUNK_FLOATS 32768 /* weights per task, about 128 KiB */
 #define SERIAL_FMAS 262144 /* below this much work, threads cost more */
 
-typedef float vf __attribute__((vector_size(VW * 4)));
-typedef int vi __attribute__((vector_size(VW * 4)));
+/* The kernel is written once with GCC vector extensions over simd.h's VL lanes. */
+typedef float gvf __attribute__((vector_size(VW * 4)));
+typedef int gvi __attribute__((vector_size(VW * 4)));
 
-static inline vf load(const float *p) {
-  vf v;
+static inline gvf load(const float *p) {
+  gvf v;
   memcpy(&v, p, sizeof v);
   return v;
 }
@@ -55,7 +52,7 @@ static inline vf load(const float *p) {
 typedef struct {
   int head, tail; /* whether this pass does them */
   long tail_k;    /* where the tail step loads */
-  vi head_keep, tail_keep;
+  gvi head_keep, tail_keep;
 } edges_t;
 
 typedef struct {
@@ -72,19 +69,19 @@ typedef struct {
 
 /* a[r][t] += W[r][k:k+VW] . S[t][k:k+VW], lanes outside `keep` zeroed in
  * both operands when MASKED (so 0 * inf never appears). */
-static inline __attribute__((always_inline)) void
+INLINE void
 step(const int RW, const int RS, const int MASKED, const float *w, long w_j,
-     const float *s, long s_i, long k, vi keep, vf a[TILE_W][TILE_S]) {
-  vf wv[TILE_W];
+     const float *s, long s_i, long k, gvi keep, gvf a[TILE_W][TILE_S]) {
+  gvf wv[TILE_W];
 #pragma GCC unroll 8
   for (int r = 0; r < RW; r++) {
     wv[r] = load(w + r * w_j + k);
-    if (MASKED) wv[r] = (vf)((vi)wv[r] & keep);
+    if (MASKED) wv[r] = (gvf)((gvi)wv[r] & keep);
   }
 #pragma GCC unroll 8
   for (int t = 0; t < RS; t++) {
-    vf x = load(s + t * s_i + k);
-    if (MASKED) x = (vf)((vi)x & keep);
+    gvf x = load(s + t * s_i + k);
+    if (MASKED) x = (gvf)((gvi)x & keep);
 #pragma GCC unroll 8
     for (int r = 0; r < RW; r++) a[r][t] += wv[r] * x;
   }
@@ -94,11 +91,11 @@ step(const int RW, const int RS, const int MASKED, const float *w, long w_j,
  * acc[r * m + t] for RW weight rows and RS activation rows; RW and RS are
  * constants at every call site, so the loops unroll and the sums live in
  * registers. The next weight rows are prefetched into L2 on the way. */
-static inline __attribute__((always_inline)) void
+INLINE void
 tile(const int RW, const int RS, const float *w, long w_j, const float *s,
-     long s_i, long k0, long k1, const edges_t *e, vf *acc, long m) {
+     long s_i, long k0, long k1, const edges_t *e, gvf *acc, long m) {
   const float *ahead = w + TILE_W * w_j;
-  vf a[TILE_W][TILE_S];
+  gvf a[TILE_W][TILE_S];
 #pragma GCC unroll 8
   for (int r = 0; r < RW; r++)
 #pragma GCC unroll 8
@@ -120,7 +117,7 @@ tile(const int RW, const int RS, const float *w, long w_j, const float *s,
   case RS: tile(RW, RS, w, w_j, s, s_i, k0, k1, e, acc, m); break;
 
 static void tile_any(int rw, int rs, const float *w, long w_j, const float *s,
-                     long s_i, long k0, long k1, const edges_t *e, vf *acc,
+                     long s_i, long k0, long k1, const edges_t *e, gvf *acc,
                      long m) {
   if (rw == TILE_W) {
     switch (rs) {
@@ -147,28 +144,28 @@ static void tile_any(int rw, int rs, const float *w, long w_j, const float *s,
 /* Lane l of the result is the sum of the lanes of v[bit_reverse(l)]:
  * log2(VW) levels of FOLD, two shuffles per sum in all instead of the
  * log2(VW) that reducing each vector on its own costs. */
-static inline vf reduce_many(vf v[VW]) {
+static inline gvf reduce_many(gvf v[VW]) {
 #if VW == 16
-  FOLD(8, ((vi){0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23}),
-       ((vi){8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31}));
-  FOLD(4, ((vi){0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27}),
-       ((vi){4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31}));
-  FOLD(2, ((vi){0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29}),
-       ((vi){2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31}));
-  FOLD(1, ((vi){0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30}),
-       ((vi){1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31}));
+  FOLD(8, ((gvi){0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23}),
+       ((gvi){8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31}));
+  FOLD(4, ((gvi){0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27}),
+       ((gvi){4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31}));
+  FOLD(2, ((gvi){0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29}),
+       ((gvi){2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31}));
+  FOLD(1, ((gvi){0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30}),
+       ((gvi){1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31}));
 #elif VW == 8
-  FOLD(4, ((vi){0, 1, 2, 3, 8, 9, 10, 11}),
-       ((vi){4, 5, 6, 7, 12, 13, 14, 15}));
-  FOLD(2, ((vi){0, 1, 8, 9, 4, 5, 12, 13}),
-       ((vi){2, 3, 10, 11, 6, 7, 14, 15}));
-  FOLD(1, ((vi){0, 8, 2, 10, 4, 12, 6, 14}),
-       ((vi){1, 9, 3, 11, 5, 13, 7, 15}));
+  FOLD(4, ((gvi){0, 1, 2, 3, 8, 9, 10, 11}),
+       ((gvi){4, 5, 6, 7, 12, 13, 14, 15}));
+  FOLD(2, ((gvi){0, 1, 8, 9, 4, 5, 12, 13}),
+       ((gvi){2, 3, 10, 11, 6, 7, 14, 15}));
+  FOLD(1, ((gvi){0, 8, 2, 10, 4, 12, 6, 14}),
+       ((gvi){1, 9, 3, 11, 5, 13, 7, 15}));
 #elif VW == 4
-  FOLD(2, ((vi){0, 1, 4, 5}),
-       ((vi){2, 3, 6, 7}));
-  FOLD(1, ((vi){0, 4, 2, 6}),
-       ((vi){1, 5, 3, 7}));
+  FOLD(2, ((gvi){0, 1, 4, 5}),
+       ((gvi){2, 3, 6, 7}));
+  FOLD(1, ((gvi){0, 4, 2, 6}),
+       ((gvi){1, 5, 3, 7}));
 #endif
   return v[0];
 }
@@ -181,17 +178,17 @@ static int bit_reverse(int x) {
 
 /* Writes the rw x m results, acc[r * m + i] for C[i][j + r], VW at a time;
  * rows shorter than a vector are summed here. */
-static void store(const job_t *job, const float *w, long j, int rw, vf *acc) {
+static void store(const job_t *job, const float *w, long j, int rw, gvf *acc) {
   const skinny_args *p = job->p;
   long total = rw * p->m, r = 0, i = 0;
   long scalar_from = p->k < VW ? 0 : p->k;
   for (long base = 0; base < total; base += VW) {
-    vf v[VW];
+    gvf v[VW];
     for (int l = 0; l < VW; l++) {
       long at = base + bit_reverse(l);
-      v[l] = at < total ? acc[at] : (vf){0};
+      v[l] = at < total ? acc[at] : (gvf){0};
     }
-    vf sums = reduce_many(v);
+    gvf sums = reduce_many(v);
     for (int l = 0; l < VW && base + l < total; l++) {
       float sum = sums[l];
       for (long k = scalar_from; k < p->k; k++)
@@ -204,7 +201,7 @@ static void store(const job_t *job, const float *w, long j, int rw, vf *acc) {
 }
 
 /* All activation rows times weight rows [j, j + rw). */
-static void rows(const job_t *job, long j, int rw, vf *acc) {
+static void rows(const job_t *job, long j, int rw, gvf *acc) {
   const skinny_args *p = job->p;
   const float *w = p->w + j * p->w_j;
   memset(acc, 0, sizeof(*acc) * rw * p->m);
@@ -232,10 +229,15 @@ static void run_task(void *ctx, long task) {
   long n = job->p->n;
   long first = task * job->rows_per_task;
   long last = first + job->rows_per_task < n ? first + job->rows_per_task : n;
-  vf acc[TILE_W * MAX_S];
+  gvf acc[TILE_W * MAX_S];
   long j = first;
   for (; j + TILE_W <= last; j += TILE_W) rows(job, j, TILE_W, acc);
   for (; j < last; j++) rows(job, j, 1, acc);
+}
+
+/* Tasks [first, end): the pool's chunks are one task each. */
+static void run_tasks(void *ctx, long first, long end) {
+  for (long task = first; task < end; task++) run_task(ctx, task);
 }
 
 #define ALIGN_BYTES (VW * 4)
@@ -252,7 +254,7 @@ static void plan_alignment(job_t *job) {
   job->alike = (uintptr_t)p->w % 4 == 0 && p->w_j % VW == 0 && p->k >= VW;
   job->head = job->alike ? (VW - misalign(p->w)) % VW : 0;
   job->body_end = p->k < VW ? 0 : job->head + (p->k - job->head) / VW * VW;
-  vi lane;
+  gvi lane;
   for (int e = 0; e < VW; e++) lane[e] = e;
   job->edges.head = job->head > 0;
   job->edges.head_keep = lane < (int)job->head;
@@ -298,13 +300,13 @@ int skinny_nt(const skinny_args *p) {
   long kb = L1_FLOATS / p->m / VW * VW;
   job.k_block = kb < K_BLOCK_MIN ? K_BLOCK_MIN : kb > K_BLOCK_MAX ? K_BLOCK_MAX : kb;
   long rows = CHUNK_FLOATS / p->k;
-  long threads = (double)p->m * p->n * p->k < SERIAL_FMAS ? 1 : pool_threads();
+  long threads = (double)p->m * p->n * p->k < SERIAL_FMAS ? 1 : mlxcel_pool_threads();
   long balanced = (p->n + 4 * threads - 1) / (4 * threads); /* >= 4 tasks each */
   if (rows > balanced) rows = balanced;
   if (rows < 1) rows = 1;
   rows = (rows + TILE_W - 1) / TILE_W * TILE_W;
   if (threads == 1) rows = p->n;
   job.rows_per_task = rows;
-  pool_run(run_task, &job, (p->n + rows - 1) / rows);
+  mlxcel_pool_for(run_tasks, &job, (p->n + rows - 1) / rows, 1, MLXCEL_POOL_WAKE);
   return 1;
 }

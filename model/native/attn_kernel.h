@@ -25,8 +25,8 @@
  *
  * Results equal MLX's within float32 rounding (blockwise "online" softmax:
  * the sums are taken in another order). Work is split over blocks of query
- * rows on the quantized matmul's thread pool (qmm_kernel.h); calls must not
- * overlap.
+ * rows on the process's one thread pool (pool.h); calls from several threads
+ * at once each get the right answer (one on the pool, the others alone).
  */
 #ifndef MLXCEL_ATTN_KERNEL_H
 #define MLXCEL_ATTN_KERNEL_H

@@ -1,17 +1,14 @@
-"""Build ``model/qmm_kernel.c`` for one instruction set and call it through ctypes.
+"""The quantized matmul kernel (``qmm_kernel.c``) as a plain library called through ctypes.
 
-Shared by the kernel's tests and ``bench/qmm.py``. The kernel is plain C with
-no Python binding of its own (the MLX extension links it), so this harness
-compiles it with the system compiler into a caller-chosen directory and wraps
-the three exported functions.
+For the kernel's own tests and ``bench/qmm.py``: no MLX in the loop, so a test can reach
+each of its paths with the compile-time knobs (``build.build_qmm_library`` builds it,
+through the same code path as the extension) and time the kernel alone. The extension
+(``kernels.py``) is what serving uses.
 """
 
 from __future__ import annotations
 
 import ctypes
-import os
-import shutil
-import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,67 +16,14 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
-SOURCE = Path(__file__).resolve().parents[1] / "model" / "qmm_kernel.c"
-
-#: Compiler flags per build; the kernel picks its code path from them.
-ISA_FLAGS: dict[str, tuple[str, ...]] = {
-    "avx512": (
-        "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vbmi", "-mbmi2", "-mfma",
-    ),
-    "avx512-pdep": ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mbmi2", "-mfma"),
-    "avx2": ("-mavx2", "-mfma", "-mbmi2", "-mf16c"),
-    "generic": (),
-}  # fmt: skip
-
-#: CPU feature flags (as /proc/cpuinfo spells them) each build needs.
-ISA_CPU_FLAGS: dict[str, tuple[str, ...]] = {
-    "avx512": ("avx512f", "avx512bw", "avx512vl", "avx512vbmi", "bmi2", "fma"),
-    "avx512-pdep": ("avx512f", "avx512bw", "avx512vl", "bmi2", "fma"),
-    "avx2": ("avx2", "fma", "bmi2", "f16c"),
-    "generic": (),
-}
-
 F32 = npt.NDArray[np.float32]
+U32 = npt.NDArray[np.uint32]
 _FLOATS = ctypes.POINTER(ctypes.c_float)
-
-
-def cpu_flags() -> set[str]:
-    """The CPU's feature flags (Linux), empty when they cannot be read."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return set()
-    for line in text.splitlines():
-        if line.startswith("flags"):
-            return set(line.split(":", 1)[1].split())
-    return set()
-
-
-def cpu_supports(isa: str) -> bool:
-    """Whether this CPU can run the build ``isa``."""
-    return set(ISA_CPU_FLAGS[isa]) <= cpu_flags()
-
-
-def cpu_has_amx() -> bool:
-    """Whether the CPU has the tile unit the AVX-512 build uses when it can."""
-    return {"amx_tile", "amx_bf16", "avx512vbmi"} <= cpu_flags()
-
-
-def build(isa: str, out_dir: Path, defines: dict[str, int] | None = None) -> Path:
-    """Compile the kernel for ``isa`` (plus ``-D`` knobs) into ``out_dir``."""
-    compiler = os.environ.get("CC") or shutil.which("cc") or "gcc"
-    tag = isa + "".join(f"-{k}{v}" for k, v in sorted((defines or {}).items()))
-    target = out_dir / f"qmm-{tag}.so"
-    cmd = [compiler, "-std=c11", "-O2", "-Wall", "-Wextra", "-Werror", "-fPIC", "-shared"]
-    cmd += [*ISA_FLAGS[isa], *(f"-D{k}={v}" for k, v in (defines or {}).items())]
-    cmd += ["-o", str(target), str(SOURCE), "-lpthread"]
-    subprocess.run(cmd, check=True, capture_output=True, text=True)
-    return target
 
 
 @dataclass
 class Kernel:
-    """A loaded kernel build."""
+    """A loaded build of the kernel library."""
 
     lib: ctypes.CDLL
 
@@ -92,7 +36,7 @@ class Kernel:
             _FLOATS, ctypes.c_long, ctypes.c_int, ctypes.c_int, _FLOATS,
         ]  # fmt: skip
         lib.mlxcel_qmm_isa.restype = ctypes.c_char_p
-        lib.mlxcel_qmm_set_threads.argtypes = [ctypes.c_int]
+        lib.mlxcel_pool_set_threads.argtypes = [ctypes.c_int]
         return cls(lib)
 
     def last_path(self) -> str:
@@ -105,12 +49,23 @@ class Kernel:
         return bytes(self.lib.mlxcel_qmm_isa()).decode()
 
     def set_threads(self, n: int) -> None:
-        self.lib.mlxcel_qmm_set_threads(n)
+        """Restart the process's pool with ``n`` threads (0: the default again)."""
+        self.lib.mlxcel_pool_set_threads(n)
+
+    @property
+    def threads(self) -> int:
+        """Threads the kernel splits a call over (the pool's, the caller included)."""
+        return int(self.lib.mlxcel_pool_threads())
+
+    @property
+    def pool_shared(self) -> bool:
+        """Whether this library runs on the BLAS shim's pool (the process loaded the shim)."""
+        return bool(self.lib.mlxcel_pool_shared())
 
     def qmm_into(
         self,
         x: F32,
-        w: npt.NDArray[np.uint32],
+        w: U32,
         scales: F32,
         biases: F32,
         bits: int,
@@ -134,7 +89,7 @@ class Kernel:
     def prepare(
         self,
         x: F32,
-        w: npt.NDArray[np.uint32],
+        w: U32,
         scales: F32,
         biases: F32,
         bits: int,
@@ -155,7 +110,7 @@ class Kernel:
     def qmm(
         self,
         x: F32,
-        w: npt.NDArray[np.uint32],
+        w: U32,
         scales: F32,
         biases: F32,
         bits: int,

@@ -5,7 +5,7 @@ longer at 4 bits than the float32 product through OpenBLAS, so a quantized model
 be slower than the float32 one it is four times smaller than. ``qmm_kernel.c`` reads
 each weight block once for all rows of the input, dequantizes it with AVX-512 or AVX2
 and multiplies, on every core; ``qmm_ext.cpp`` makes it an MLX primitive so a forward
-stays one lazy graph. The kernel is one of the CPU kernels ``cpu_ext.py`` loads.
+stays one lazy graph. The kernel is one of the CPU kernels ``kernels.py`` loads.
 
 :func:`install_quantized_forms` switches a loaded model's ``QuantizedLinear`` and
 ``QuantizedEmbedding`` modules to subclasses whose products go to the kernel, when MLX
@@ -22,8 +22,8 @@ from typing import Any
 import mlx.core as mx
 from mlx.nn.layers.quantized import QuantizedEmbedding, QuantizedLinear
 
-from mlxcel.model.cpu_ext import current_module, load_cpu_ext
-from mlxcel.model.cpu_forms import on_cpu
+from mlxcel.model.native.cpu_forms import on_cpu
+from mlxcel.model.native.kernels import current_module, load_kernels
 
 
 def _product(x: mx.array, layer: Any) -> mx.array | None:
@@ -80,7 +80,7 @@ def install_quantized_forms(model: Any) -> int:
     Only on the CPU device and only when the kernel is available; a module already
     switched, or of a class that only derives from MLX's, is left as it is.
     """
-    if not on_cpu() or not load_cpu_ext().available:
+    if not on_cpu() or not load_kernels().available:
         return 0
     switched = 0
     for _, module in model.named_modules():

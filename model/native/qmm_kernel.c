@@ -7,8 +7,10 @@
  * for every row and runs far below the memory bandwidth. Here each block of
  * weights is unpacked and dequantized ONCE and then used for all M rows.
  *
- * Build: one source, the instruction set is chosen when compiling:
- *   AVX-512  -mavx512f -mavx512bw -mavx512vl -mfma -mbmi2 [-mavx512vbmi]
+ * Build: one source, the instruction set chosen when compiling (build.py's
+ * table; the vector operations are simd.h's):
+ *   AVX-512  -mavx512f -mavx512bw -mavx512vl -mavx512dq -mfma -mbmi2 -mf16c
+ *            [-mavx512vbmi]
  *   AVX2     -mavx2 -mfma -mbmi2 -mf16c
  *   generic  neither (portable C, for tests and other CPUs)
  * The loader checks that the CPU supports the build it loads. The AVX-512
@@ -31,39 +33,27 @@
  *           only when a cblas_sgemm is bound in the process (weak symbol or
  *           global lookup); the program is expected to have bound a fast one
  *           (OpenBLAS) before calling.
- * Threads split N in every path (a persistent pool; see below).
+ * Threads split N in every path, on the process's one pool (pool.c).
  * Compile-time knobs (tests use them to reach every path): QMM_BLAS_MIN_M,
  * QMM_AMX_MIN_M, QMM_NO_AMX, QMM_NO_VBMI, QMM_KB (K block of the float
- * paths), QMM_SPIN_US (how long idle workers spin before they sleep), and
- * QMM_TESTING (exports mlxcel_qmm_last_path for the tests).
+ * paths), and QMM_TESTING (exports mlxcel_qmm_last_path for the tests).
  */
 #define _GNU_SOURCE
 #include "qmm_kernel.h"
 
 #include <dlfcn.h>
 #include <pthread.h>
-#include <sched.h>
-#include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__FMA__)
-#define QMM_ISA_AVX512 1
-#elif defined(__AVX2__) && defined(__FMA__)
-#define QMM_ISA_AVX2 1
-#else
-#define QMM_ISA_GENERIC 1
-#endif
+#include "pool.h"
+#include "simd.h"
 
-#if !defined(QMM_ISA_GENERIC)
-#include <immintrin.h>
-#endif
-#if defined(QMM_ISA_AVX512) && defined(__AVX512VBMI__) && !defined(QMM_NO_VBMI)
+#if defined(MLXCEL_SIMD_AVX512) && defined(__AVX512VBMI__) && !defined(QMM_NO_VBMI)
 #define QMM_VBMI 1
 #endif
-#if !defined(QMM_ISA_GENERIC) && defined(__BMI2__)
+#if !defined(MLXCEL_SIMD_GENERIC) && defined(__BMI2__)
 #define QMM_PDEP 1
 #endif
 
@@ -73,145 +63,24 @@
 #ifndef QMM_KB
 #define QMM_KB 1024 /* K block of the float panel: QMM_NT * QMM_KB * 4 bytes in L1 */
 #endif
-#ifndef QMM_SPIN_US
-#define QMM_SPIN_US 100
-#endif
 #ifndef QMM_WAKE_WORK
 #define QMM_WAKE_WORK (1 << 18) /* n * k * m from which sleeping workers are woken */
 #endif
-#define QMM_MAX_THREADS 64
-#define INLINE static inline __attribute__((always_inline))
-#if defined(__x86_64__) || defined(__i386__)
-/* An asm statement: GCC 12 drops loops of __builtin_prefetch as dead code. */
-#define PREFETCH(p) __asm__ volatile("prefetcht0 %0" ::"m"(*(const char *)(p)))
-#else
-#define PREFETCH(p) __builtin_prefetch((p), 0, 3)
-#endif
 
-/* ------------------------------------------------------------------------
- * Vectors: VL float lanes.
- * ------------------------------------------------------------------------ */
-#if defined(QMM_ISA_AVX512)
-#define VL 16
-#define QMM_MT 6 /* panel register tile: QMM_MT rows of x by QMM_NT rows of w */
+/* Register tiles per instruction set (simd.h gives VL lanes): the panel path's
+ * QMM_MT rows of x by QMM_NT rows of w, the direct path up to QMM_DMT rows of x. */
+#if defined(MLXCEL_SIMD_AVX512)
+#define QMM_MT 6
 #define QMM_NT 4
-#define QMM_DMT 4 /* direct path up to this many rows of x */
-typedef __m512 vf;
-INLINE vf v_zero(void) { return _mm512_setzero_ps(); }
-INLINE vf v_load(const float *p) { return _mm512_loadu_ps(p); }
-INLINE void v_store(float *p, vf v) { _mm512_storeu_ps(p, v); }
-INLINE vf v_set1(float f) { return _mm512_set1_ps(f); }
-INLINE vf v_fma(vf a, vf b, vf c) { return _mm512_fmadd_ps(a, b, c); }
-INLINE vf v_u8(const uint8_t *p) {
-  return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p)));
-}
-INLINE float v_hsum(vf v) { return _mm512_reduce_add_ps(v); }
-/* y[0..3] (+)= the sums of a, b, c and d, in one transposing reduction. */
-INLINE void v_sum4(vf a, vf b, vf c, vf d, float *y, int add) {
-  const __m512 ab = _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b));
-  const __m512 cd = _mm512_add_ps(_mm512_unpacklo_ps(c, d), _mm512_unpackhi_ps(c, d));
-  const __m512 t = _mm512_add_ps(
-      _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(ab), _mm512_castps_pd(cd))),
-      _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(ab), _mm512_castps_pd(cd))));
-  const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(t), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(t), 1)));
-  __m128 r = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
-  if (add) r = _mm_add_ps(r, _mm_loadu_ps(y));
-  _mm_storeu_ps(y, r);
-}
-#elif defined(QMM_ISA_AVX2)
-#define VL 8
+#define QMM_DMT 4
+#elif defined(MLXCEL_SIMD_AVX2)
 #define QMM_MT 3
 #define QMM_NT 4
 #define QMM_DMT 2
-typedef __m256 vf;
-INLINE vf v_zero(void) { return _mm256_setzero_ps(); }
-INLINE vf v_load(const float *p) { return _mm256_loadu_ps(p); }
-INLINE void v_store(float *p, vf v) { _mm256_storeu_ps(p, v); }
-INLINE vf v_set1(float f) { return _mm256_set1_ps(f); }
-INLINE vf v_fma(vf a, vf b, vf c) { return _mm256_fmadd_ps(a, b, c); }
-INLINE vf v_u8(const uint8_t *p) {
-  return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p)));
-}
-INLINE float v_hsum(vf v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
-INLINE void v_sum4(vf a, vf b, vf c, vf d, float *y, int add) {
-  const __m256 ab = _mm256_add_ps(_mm256_unpacklo_ps(a, b), _mm256_unpackhi_ps(a, b));
-  const __m256 cd = _mm256_add_ps(_mm256_unpacklo_ps(c, d), _mm256_unpackhi_ps(c, d));
-  const __m256 t = _mm256_add_ps(
-      _mm256_castpd_ps(_mm256_unpacklo_pd(_mm256_castps_pd(ab), _mm256_castps_pd(cd))),
-      _mm256_castpd_ps(_mm256_unpackhi_pd(_mm256_castps_pd(ab), _mm256_castps_pd(cd))));
-  __m128 r = _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
-  if (add) r = _mm_add_ps(r, _mm_loadu_ps(y));
-  _mm_storeu_ps(y, r);
-}
 #else
-#define VL 4 /* a 16-byte vector: native on SSE2 and NEON */
 #define QMM_MT 4
 #define QMM_NT 2
 #define QMM_DMT 4
-#if defined(__GNUC__)
-/* GCC/Clang vector extensions: SIMD on whatever the target has (SSE2, NEON). */
-typedef float vf __attribute__((vector_size(4 * VL)));
-typedef uint8_t vu8 __attribute__((vector_size(VL)));
-INLINE vf v_zero(void) { return (vf){0}; }
-INLINE vf v_load(const float *p) {
-  vf r;
-  memcpy(&r, p, sizeof r);
-  return r;
-}
-INLINE void v_store(float *p, vf v) { memcpy(p, &v, sizeof v); }
-INLINE vf v_set1(float f) { return (vf){0} + f; }
-INLINE vf v_fma(vf a, vf b, vf c) { return a * b + c; }
-INLINE vf v_u8(const uint8_t *p) {
-  vu8 q;
-  memcpy(&q, p, sizeof q);
-  return __builtin_convertvector(q, vf);
-}
-#define VF_AT(v, i) ((v)[i])
-#else
-typedef struct {
-  float f[VL];
-} vf;
-INLINE vf v_zero(void) {
-  vf r;
-  for (int i = 0; i < VL; i++) r.f[i] = 0.0f;
-  return r;
-}
-INLINE vf v_load(const float *p) {
-  vf r;
-  memcpy(r.f, p, sizeof r.f);
-  return r;
-}
-INLINE void v_store(float *p, vf v) { memcpy(p, v.f, sizeof v.f); }
-INLINE vf v_set1(float f) {
-  vf r;
-  for (int i = 0; i < VL; i++) r.f[i] = f;
-  return r;
-}
-INLINE vf v_fma(vf a, vf b, vf c) {
-  for (int i = 0; i < VL; i++) c.f[i] += a.f[i] * b.f[i];
-  return c;
-}
-INLINE vf v_u8(const uint8_t *p) {
-  vf r;
-  for (int i = 0; i < VL; i++) r.f[i] = (float)p[i];
-  return r;
-}
-#define VF_AT(v, i) ((v).f[i])
-#endif
-INLINE float v_hsum(vf v) {
-  float s = 0.0f;
-  for (int i = 0; i < VL; i++) s += VF_AT(v, i);
-  return s;
-}
-INLINE void v_sum4(vf a, vf b, vf c, vf d, float *y, int add) {
-  const float r[4] = {v_hsum(a), v_hsum(b), v_hsum(c), v_hsum(d)};
-  for (int j = 0; j < 4; j++) y[j] = add ? y[j] + r[j] : r[j];
-}
 #endif
 
 /* ------------------------------------------------------------------------
@@ -323,8 +192,6 @@ typedef struct {
   const float *xg;    /* amx path: x summed per group */
   long mtiles;
   int wake; /* worth waking sleeping workers (else only spinning ones help) */
-  mlxcel_range_fn gfn; /* mlxcel_pool_for: the caller's function and its context */
-  void *gctx;
 } job_t;
 
 #if defined(QMM_VBMI) && !defined(QMM_NO_AMX) && (defined(__clang__) || __GNUC__ >= 11)
@@ -641,19 +508,25 @@ static void blas_rows(const job_t *J, long n0, long n1, scratch_t *S) {
 #define QMM_AMX_MIN_M 5
 #endif
 
-static int amx_state; /* 0: not yet checked, 1: usable, -1: not */
+static int amx_state; /* 1: usable, -1: not; settled by the first call */
+static void amx_tables(void);
 
-/* CPU support, the OS's permission (Linux >= 5.16), and MLXCEL_QMM_AMX=0 unset. */
+static void amx_check(void) {
+  const char *env = getenv("MLXCEL_QMM_AMX");
+  unsigned a, b, c, d;
+  int ok = !(env && env[0] == '0') && __get_cpuid_count(7, 0, &a, &b, &c, &d) &&
+           (d >> 24 & 1) && (d >> 22 & 1);
+  /* ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA: once for the whole process */
+  ok = ok && syscall(SYS_arch_prctl, 0x1023, 18) == 0;
+  if (ok) amx_tables();
+  amx_state = ok ? 1 : -1;
+}
+
+/* CPU support, the OS's permission (Linux >= 5.16), and MLXCEL_QMM_AMX=0 unset;
+ * checked once, whichever thread calls first. */
 static int amx_usable(void) {
-  if (amx_state == 0) {
-    const char *env = getenv("MLXCEL_QMM_AMX");
-    unsigned a, b, c, d;
-    int ok = !(env && env[0] == '0') && __get_cpuid_count(7, 0, &a, &b, &c, &d) &&
-             (d >> 24 & 1) && (d >> 22 & 1);
-    /* ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA: once for the whole process */
-    ok = ok && syscall(SYS_arch_prctl, 0x1023, 18) == 0;
-    amx_state = ok ? 1 : -1;
-  }
+  static pthread_once_t once = PTHREAD_ONCE_INIT;
+  pthread_once(&once, amx_check);
   return amx_state > 0;
 }
 
@@ -888,149 +761,35 @@ AMX_TARGET static void amx_rows(const job_t *J, long n0, long n1, scratch_t *S) 
 #endif
 
 /* ------------------------------------------------------------------------
- * Thread pool: persistent workers, spin then sleep. One 64-bit ticket holds
- * generation (16 bits), chunk count (24) and next chunk (24), so claiming a
- * chunk is one CAS and a late worker can never claim a chunk of a job that
- * is no longer (or not yet) current. The caller works too and returns once
- * every chunk is done, so it never depends on a worker waking up.
+ * Threads: every path splits rows of y into chunks over the one pool of the
+ * process (pool.c); each chunk gets the scratch of the thread it runs on.
  * ------------------------------------------------------------------------ */
 typedef void (*chunk_fn)(const job_t *, long, long, scratch_t *);
 
-#define T_GEN(t) ((t) >> 48)
-#define T_COUNT(t) (((t) >> 24) & 0xFFFFFF)
-#define T_NEXT(t) ((t)&0xFFFFFF)
-#define T_MAXCHUNKS 0xFFFFFFL
-
-static struct {
-  int want; /* threads requested (0: default) */
-  int started;
-  int nthreads; /* including the caller */
-  pthread_t tid[QMM_MAX_THREADS];
-  scratch_t *scratch[QMM_MAX_THREADS];
-  _Atomic uint64_t ticket;
-  _Atomic long done;
-  _Atomic int sleepers, stop, park;
-  const job_t *job;
+typedef struct {
+  const job_t *J;
   chunk_fn fn;
-  pthread_mutex_t mu;
-  pthread_cond_t cv;
-  float *wbuf;
-  size_t wbuf_floats;
-  char *xbuf;
-  size_t xbuf_bytes;
-} P = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+  int failed; /* a thread had no memory for its scratch */
+} run_t;
 
-static double now_us(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (double)t.tv_sec * 1e6 + (double)t.tv_nsec * 1e-3;
-}
-
-static inline void cpu_relax(void) {
-#if !defined(QMM_ISA_GENERIC)
-  _mm_pause();
-#endif
-}
-
-static void run_chunk(const job_t *J, chunk_fn fn, long c, scratch_t *S) {
-  const long n0 = J->r_begin + c * J->rows_per_chunk;
-  const long n1 = n0 + J->rows_per_chunk < J->r_end ? n0 + J->rows_per_chunk : J->r_end;
-  fn(J, n0, n1, S);
-}
-
-/* Claim and run chunks of generation `gen` until none is left. */
-static void run_chunks(uint64_t gen, scratch_t *S) {
-  for (;;) {
-    uint64_t t = atomic_load_explicit(&P.ticket, memory_order_acquire);
-    if (T_GEN(t) != gen || T_NEXT(t) >= T_COUNT(t)) return;
-    if (!atomic_compare_exchange_weak_explicit(&P.ticket, &t, t + 1, memory_order_acq_rel,
-                                               memory_order_relaxed))
-      continue;
-    run_chunk(P.job, P.fn, (long)T_NEXT(t), S);
-    atomic_fetch_add_explicit(&P.done, 1, memory_order_release);
-  }
-}
-
-static void *worker_main(void *arg) {
-  const int id = (int)(intptr_t)arg;
-  uint64_t seen = T_GEN(atomic_load(&P.ticket));
-  for (;;) {
-    double t0 = atomic_load_explicit(&P.park, memory_order_relaxed) ? -1e18 : now_us();
-    for (int spins = 0; T_GEN(atomic_load_explicit(&P.ticket, memory_order_acquire)) == seen;
-         spins++) {
-      if (atomic_load_explicit(&P.stop, memory_order_relaxed)) return NULL;
-      cpu_relax();
-      if ((spins & 15) == 15 && now_us() - t0 > QMM_SPIN_US) {
-        atomic_fetch_add(&P.sleepers, 1);
-        pthread_mutex_lock(&P.mu);
-        while (T_GEN(atomic_load(&P.ticket)) == seen && !atomic_load(&P.stop))
-          pthread_cond_wait(&P.cv, &P.mu);
-        pthread_mutex_unlock(&P.mu);
-        atomic_fetch_sub(&P.sleepers, 1);
-      }
-    }
-    seen = T_GEN(atomic_load_explicit(&P.ticket, memory_order_acquire));
-    run_chunks(seen, P.scratch[id]);
-  }
-}
-
-static int default_threads(void) {
-  cpu_set_t set;
-  int n = 1;
-  if (sched_getaffinity(0, sizeof set, &set) == 0) n = CPU_COUNT(&set);
-  return n < 1 ? 1 : n > QMM_MAX_THREADS ? QMM_MAX_THREADS : n;
-}
-
-static void pool_stop(void) {
-  if (!P.started) return;
-  atomic_store(&P.stop, 1);
-  pthread_mutex_lock(&P.mu);
-  pthread_cond_broadcast(&P.cv);
-  pthread_mutex_unlock(&P.mu);
-  for (int i = 1; i < P.nthreads; i++) pthread_join(P.tid[i], NULL);
-  atomic_store(&P.stop, 0);
-  P.started = 0;
-}
-
-static scratch_t *scratch_for(int i) {
-  if (!P.scratch[i]) P.scratch[i] = aligned_alloc(64, sizeof(scratch_t));
-  return P.scratch[i];
-}
-
-/* Start the workers if needed; returns the number of threads available. */
-static int pool_start(void) {
-  if (P.started) return P.nthreads;
-  int n = P.want > 0 ? P.want : default_threads();
-  P.nthreads = 1;
-  if (!scratch_for(0)) return 0;
-  for (int i = 1; i < n; i++) {
-    if (!scratch_for(i)) break;
-    if (pthread_create(&P.tid[i], NULL, worker_main, (void *)(intptr_t)i) != 0) break;
-    P.nthreads = i + 1;
-  }
-  P.started = 1;
-  return P.nthreads;
-}
-
-/* Run fn over `nchunks` chunks of the job on the pool (caller included). */
-static void pool_run(const job_t *J, chunk_fn fn, long nchunks, int park_after) {
-  if (P.nthreads <= 1 || nchunks <= 1 || nchunks > T_MAXCHUNKS) {
-    for (long c = 0; c < nchunks; c++) run_chunk(J, fn, c, P.scratch[0]);
+static void run_range(void *ctx, long begin, long end) {
+  run_t *r = ctx;
+  scratch_t *S = mlxcel_thread_buffer(MLXCEL_BUF_QMM, sizeof(scratch_t));
+  if (!S) {
+    __atomic_store_n(&r->failed, 1, __ATOMIC_RELAXED);
     return;
   }
-  P.job = J;
-  P.fn = fn;
-  atomic_store_explicit(&P.done, 0, memory_order_relaxed);
-  atomic_store_explicit(&P.park, park_after, memory_order_relaxed);
-  const uint64_t gen = (T_GEN(atomic_load(&P.ticket)) + 1) & 0xFFFF;
-  atomic_store(&P.ticket, gen << 48 | (uint64_t)nchunks << 24);
-  if (J->wake && atomic_load(&P.sleepers) > 0) {
-    pthread_mutex_lock(&P.mu);
-    pthread_cond_broadcast(&P.cv);
-    pthread_mutex_unlock(&P.mu);
-  }
-  run_chunks(gen, P.scratch[0]);
-  while (atomic_load_explicit(&P.done, memory_order_acquire) < nchunks) cpu_relax();
+  r->fn(r->J, r->J->r_begin + begin, r->J->r_begin + end, S);
+}
+
+/* Rows [r_begin, r_end) of the job in chunks of rows_per_chunk on the pool (the
+ * caller included); 0 once done, nonzero when a thread had no scratch. `park`:
+ * the workers sleep afterwards (OpenBLAS's threads run next). */
+static int pool_run(const job_t *J, chunk_fn fn, int park) {
+  run_t r = {.J = J, .fn = fn};
+  const int flags = (J->wake ? MLXCEL_POOL_WAKE : 0) | (park ? MLXCEL_POOL_PARK : 0);
+  mlxcel_pool_for(run_range, &r, J->r_end - J->r_begin, J->rows_per_chunk, flags);
+  return __atomic_load_n(&r.failed, __ATOMIC_RELAXED);
 }
 
 /* ------------------------------------------------------------------------
@@ -1054,59 +813,50 @@ static sgemm_fn find_sgemm(void) {
 
 /* Chunks of at least `min_rows` rows (a multiple of `align`), about eight
  * per thread so a busy core does not hold the call up. */
-static long split(job_t *J, long min_rows, long align) {
-  const long rows = J->r_end - J->r_begin, want = (long)P.nthreads * 8;
+static void split(job_t *J, long min_rows, long align) {
+  const long rows = J->r_end - J->r_begin, want = (long)mlxcel_pool_threads() * 8;
   long per = (rows + want - 1) / want;
   if (per < min_rows) per = min_rows;
-  per = (per + align - 1) / align * align;
-  if (per * T_MAXCHUNKS < rows) per = (rows + T_MAXCHUNKS - 1) / T_MAXCHUNKS;
-  J->rows_per_chunk = per;
-  return (rows + per - 1) / per;
+  J->rows_per_chunk = (per + align - 1) / align * align;
 }
 
+/* 1 done, 0 not taken (no memory for the float tile), -1 failed part way. */
 static int blas_path(job_t *J, sgemm_fn gemm) {
   long tile = (1L << 18) / J->k; /* about 1 MiB of float weights per tile */
   tile = tile < 64 ? 64 : tile / 16 * 16;
   if (tile > J->n) tile = J->n;
-  const size_t need = (size_t)tile * (size_t)J->k;
-  if (P.wbuf_floats < need) {
-    free(P.wbuf);
-    P.wbuf = aligned_alloc(64, (need * sizeof(float) + 63) / 64 * 64);
-    P.wbuf_floats = P.wbuf ? need : 0;
-    if (!P.wbuf) return 0;
-  }
-  J->wbuf = P.wbuf;
+  float *wbuf = mlxcel_thread_buffer(MLXCEL_BUF_QMM_WEIGHTS, (size_t)tile * (size_t)J->k * 4);
+  if (!wbuf) return 0;
+  J->wbuf = wbuf;
   for (long base = 0; base < J->n; base += tile) {
     J->r_begin = base;
     J->r_end = base + tile < J->n ? base + tile : J->n;
-    pool_run(J, blas_rows, split(J, QMM_NT, QMM_NT), 1);
+    split(J, QMM_NT, QMM_NT);
+    if (pool_run(J, blas_rows, 1)) return -1;
     /* CblasRowMajor, CblasNoTrans, CblasTrans: y[:, tile] = x . wbuf^T */
     gemm(101, 111, 112, (int)J->m, (int)(J->r_end - base), (int)J->k, 1.0f, J->x, (int)J->k,
-         P.wbuf, (int)J->k, 0.0f, J->y + base, (int)J->n);
+         wbuf, (int)J->k, 0.0f, J->y + base, (int)J->n);
   }
   return 1;
 }
 
 #if defined(QMM_AMX)
+/* As blas_path: 1 done, 0 not taken, -1 failed part way. */
 static int amx_path(job_t *J) {
   const long mtiles = (J->m + 15) / 16, ks = J->k / 32;
   const size_t xt_bytes = (size_t)(mtiles * ks * 3 * 1024), xg_bytes = (size_t)(mtiles * J->gpr * 64);
-  if (P.xbuf_bytes < xt_bytes + xg_bytes) {
-    free(P.xbuf);
-    P.xbuf = aligned_alloc(64, xt_bytes + xg_bytes);
-    P.xbuf_bytes = P.xbuf ? xt_bytes + xg_bytes : 0;
-    if (!P.xbuf) return 0;
-  }
-  J->xt = (const uint16_t *)P.xbuf;
-  J->xg = (const float *)(P.xbuf + xt_bytes);
+  char *xbuf = mlxcel_thread_buffer(MLXCEL_BUF_QMM_X, xt_bytes + xg_bytes);
+  if (!xbuf) return 0;
+  J->xt = (const uint16_t *)xbuf;
+  J->xg = (const float *)(xbuf + xt_bytes);
   J->mtiles = mtiles;
   J->r_begin = 0;
   J->r_end = mtiles;
   J->rows_per_chunk = 1;
-  pool_run(J, amx_prep_x, mtiles, 0);
+  if (pool_run(J, amx_prep_x, 0)) return -1;
   J->r_end = J->n;
-  pool_run(J, amx_rows, split(J, (32768 + J->k - 1) / J->k, 16), 0);
-  return 1;
+  split(J, (32768 + J->k - 1) / J->k, 16);
+  return pool_run(J, amx_rows, 0) ? -1 : 1;
 }
 #endif
 
@@ -1125,9 +875,9 @@ int mlxcel_qmm(const float *x, long m, long k, const uint32_t *w, const float *s
   if (m < 1 || n < 1 || k < group || k % group != 0 || m > 0x7FFFFFFF || n > 0x7FFFFFFF ||
       k > 0x7FFFFFFF)
     return 2;
-  if (pool_start() < 1) return 3;
 #if defined(QMM_VBMI)
-  if (VBMI_SHIFT[2][1] == 0) vbmi_tables();
+  static pthread_once_t vbmi_once = PTHREAD_ONCE_INIT;
+  pthread_once(&vbmi_once, vbmi_tables);
 #endif
   job_t J = {.x = x, .s = scales, .b = biases, .w = (const uint8_t *)w, .y = y, .m = m, .k = k,
              .n = n, .wrow = k * bits / 8, .wbytes = n * (k * bits / 8), .gpr = k / group,
@@ -1136,59 +886,22 @@ int mlxcel_qmm(const float *x, long m, long k, const uint32_t *w, const float *s
              .wake = (double)n * (double)k * (double)m >= QMM_WAKE_WORK};
 #if defined(QMM_AMX)
   if (m >= QMM_AMX_MIN_M && amx_usable()) {
-    if (AMX_WSHIFT[3][1] == 0) amx_tables();
     last_path = 4;
-    if (amx_path(&J)) return 0;
+    const int done = amx_path(&J);
+    if (done) return done > 0 ? 0 : 3;
   }
 #endif
   sgemm_fn gemm = m >= QMM_BLAS_MIN_M ? find_sgemm() : NULL;
   last_path = 3;
-  if (gemm && blas_path(&J, gemm)) return 0;
+  const int done = gemm ? blas_path(&J, gemm) : 0;
+  if (done) return done > 0 ? 0 : 3;
   J.wbuf = NULL;
   J.r_begin = 0;
   J.r_end = n;
   /* Below ~32K weights a second thread costs more than it saves. */
-  const long min_rows = (32768 + k - 1) / k;
+  split(&J, (32768 + k - 1) / k, QMM_NT);
   last_path = m <= QMM_DMT ? 1 : 2;
-  pool_run(&J, m <= QMM_DMT ? direct_rows : panel_rows, split(&J, min_rows, QMM_NT), 0);
-  return 0;
+  return pool_run(&J, m <= QMM_DMT ? direct_rows : panel_rows, 0) ? 3 : 0;
 }
 
-/* The pool for other kernels (attention, SwiGLU): fn(ctx, begin, end) over
- * [0, n) in chunks of per_chunk, on every thread; one call at a time, like
- * mlxcel_qmm, and never at the same time as it. */
-static void range_rows(const job_t *J, long n0, long n1, scratch_t *S) {
-  (void)S;
-  J->gfn(J->gctx, n0, n1);
-}
-
-void mlxcel_pool_for(mlxcel_range_fn fn, void *ctx, long n, long per_chunk, int wake) {
-  if (n <= 0) return;
-  if (per_chunk < 1) per_chunk = 1;
-  if (pool_start() < 1) {
-    fn(ctx, 0, n);
-    return;
-  }
-  if (per_chunk * T_MAXCHUNKS < n) per_chunk = (n + T_MAXCHUNKS - 1) / T_MAXCHUNKS;
-  job_t J = {.r_begin = 0, .r_end = n, .rows_per_chunk = per_chunk, .wake = wake, .gfn = fn,
-             .gctx = ctx};
-  pool_run(&J, range_rows, (n + per_chunk - 1) / per_chunk, 0);
-}
-
-int mlxcel_pool_threads(void) { return pool_start(); }
-
-const char *mlxcel_qmm_isa(void) {
-#if defined(QMM_ISA_AVX512)
-  return "avx512";
-#elif defined(QMM_ISA_AVX2)
-  return "avx2";
-#else
-  return "generic";
-#endif
-}
-
-void mlxcel_qmm_set_threads(int n) {
-  if (n > QMM_MAX_THREADS) n = QMM_MAX_THREADS;
-  pool_stop();
-  P.want = n > 0 ? n : 0;
-}
+const char *mlxcel_qmm_isa(void) { return MLXCEL_SIMD_ISA; }

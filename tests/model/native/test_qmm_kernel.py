@@ -1,7 +1,8 @@
-"""The C quantized matmul kernel (model/qmm_kernel.c) against MLX's dequantize + matmul.
+"""The C quantized matmul kernel (model/native/qmm_kernel.c) against MLX's dequantize + matmul.
 
 Every build this CPU can run (AVX-512 with and without its AMX path, AVX2, portable C) is
-compiled with the system compiler and called through ctypes. Each result must equal
+compiled through the native build (``build_qmm_library``) and called through ctypes
+(``qmm_lib``). Each result must equal
 x . dequantize(w)^T, computed in float64 from `mx.dequantize`, within float32 rounding:
 1e-5 of the product of the row norms. Compile-time knobs steer calls onto each path
 (direct, panel, BLAS, AMX); test builds report which one a call took.
@@ -17,9 +18,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from qmm_harness import Kernel, build, cpu_has_amx, cpu_supports
 
-from mlxcel.model.blas import load_fast_blas
+from mlxcel.model.native.blas import load_fast_blas
+from mlxcel.model.native.build import build_qmm_library, probe
+from mlxcel.model.native.qmm_lib import Kernel
 
 pytestmark = pytest.mark.mlx
 
@@ -27,14 +29,15 @@ load_fast_blas()  # before mlx.core is imported below: the BLAS path needs cblas
 
 import mlx.core as mx  # noqa: E402
 
-ISAS = [isa for isa in ("avx512", "avx2", "generic") if cpu_supports(isa)]
+ISAS = [isa for isa in ("avx512", "avx2", "generic") if probe().runs(isa)]
 NO_AMX = {"QMM_NO_AMX": 1}
+NO_VBMI = {"QMM_NO_VBMI": 1}
 #: (build, compile-time knobs): every build the CPU runs; AVX-512 also without AMX, and
-#: without VBMI (the pdep unpacking older AVX-512 CPUs get).
+#: without VBMI (the pdep unpacking older AVX-512 CPUs get; no AMX path either).
 BUILDS = [(isa, {}) for isa in ISAS] + (
-    [("avx512", NO_AMX), ("avx512-pdep", {})] if "avx512" in ISAS else []
+    [("avx512", NO_AMX), ("avx512", NO_VBMI)] if "avx512" in ISAS else []
 )
-BUILD_IDS = [isa + ("-noamx" if d else "") for isa, d in BUILDS]
+BUILD_IDS = [isa + "".join(f"-{k[4:].lower()}" for k in d) for isa, d in BUILDS]
 BITS = (2, 3, 4, 5, 6, 8)
 GROUPS = (32, 64, 128)
 MS = (1, 2, 3, 7, 16, 33, 64, 600)
@@ -54,7 +57,7 @@ def kernel(tmp_path_factory: pytest.TempPathFactory) -> KernelFactory:
     def get(isa: str, defines: dict[str, int] | None = None) -> Kernel:
         key = (isa, repr(sorted((defines or {}).items())))
         if key not in cache:
-            cache[key] = Kernel.load(build(isa, out, defines))
+            cache[key] = Kernel.load(build_qmm_library(isa, out, defines))
         return cache[key]
 
     return get
@@ -130,7 +133,7 @@ def test_panel_path_serves_prompt_sized_m_without_blas(kernel: KernelFactory, is
 def expected_path(isa: str, defines: dict[str, int], m: int) -> str:
     """Where a call of M rows should go: AMX from 5 rows on when the CPU has it, else
     the register kernels (direct for few rows) up to the BLAS threshold."""
-    if isa == "avx512" and "QMM_NO_AMX" not in defines and cpu_has_amx() and m >= 5:
+    if isa == "avx512" and "QMM_NO_AMX" not in defines and probe().amx and m >= 5:
         return "amx"
     if m >= defines.get("QMM_BLAS_MIN_M", 96):
         return "blas"

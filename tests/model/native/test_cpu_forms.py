@@ -1,7 +1,7 @@
 """The CPU forms against MLX's and mlx-lm's own ops: same numbers, same greedy tokens.
 
 SwiGLU and attention are checked both ways they can run: through the compiled kernels
-(``cpu_ext``) and as composed MLX ops (the fallback without them).
+(``kernels``) and as composed MLX ops (the fallback without them).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any, cast
 
 import pytest
 
-from mlxcel.model.blas import load_fast_blas
+from mlxcel.model.native.blas import load_fast_blas
 from mlxcel.model.provision.fetch import default_model_dir, is_ready
 
 from tiny_model import ensure_tiny_model
@@ -27,8 +27,8 @@ import mlx.core as mx  # noqa: E402
 from mlx_lm.models import qwen2  # noqa: E402
 from mlx_lm.models.base import create_causal_mask  # noqa: E402
 
-from mlxcel.model import cpu_ext, cpu_forms  # noqa: E402
-from mlxcel.model.cpu_forms import (  # noqa: E402
+from mlxcel.model.native import cpu_forms, kernels  # noqa: E402
+from mlxcel.model.native.cpu_forms import (  # noqa: E402
     REFERENCE_SDPA,
     REFERENCE_SWIGLU,
     composed_forms,
@@ -53,7 +53,7 @@ def clean_install() -> Iterator[None]:
 def forms(request: pytest.FixtureRequest) -> Iterator[str]:
     """Runs a test with the compiled kernels loaded, then with the composed MLX forms."""
     if request.param == "kernel":
-        assert cpu_ext.load_cpu_ext().available
+        assert kernels.load_kernels().available
         yield request.param
     else:
         with composed_forms():
@@ -164,7 +164,7 @@ def test_sdpa_with_extreme_scores_stays_finite_and_equal() -> None:
 
 def recording_kernels(calls: list[str]) -> Any:
     """The loaded kernels, with each call of attention or SwiGLU noted in `calls`."""
-    real = cpu_ext.load_cpu_ext().module
+    real = kernels.load_kernels().module
     assert real is not None
 
     def note(name: str) -> Any:
@@ -181,8 +181,8 @@ def test_the_forms_use_the_kernels_when_loaded_and_fall_back_without(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     calls: list[str] = []
-    status = cpu_ext.CpuExtStatus(recording_kernels(calls), "avx512", "recording")
-    monkeypatch.setattr(cpu_ext, "_status", status)
+    status = kernels.KernelsStatus(recording_kernels(calls), "avx512", "recording")
+    monkeypatch.setattr(kernels, "_status", status)
     gate, up = mx.random.normal((2, 50)), mx.random.normal((2, 50))
     mask = create_causal_mask(5, offset=20, left_padding=mx.array([0, 4]))
     for kernel in (True, False):  # loaded, then unavailable
@@ -193,8 +193,8 @@ def test_the_forms_use_the_kernels_when_loaded_and_fall_back_without(
         assert_close(fast_swiglu(gate, up), REFERENCE_SWIGLU(gate, up), atol=1e-6)
         assert calls == (["attention", "attention", "swiglu"] if kernel else [])
         calls.clear()
-        monkeypatch.setattr(cpu_ext, "_status", cpu_ext.CpuExtStatus(None, None, "off"))
-    monkeypatch.setattr(cpu_ext, "_status", status)
+        monkeypatch.setattr(kernels, "_status", kernels.KernelsStatus(None, None, "off"))
+    monkeypatch.setattr(kernels, "_status", status)
     with composed_forms():
         sdpa_pair(1, 4, 2, 3, 7, None)
         fast_swiglu(gate, up)
@@ -372,7 +372,7 @@ def test_greedy_tokens_after_a_long_prompt_are_identical_with_the_kernels() -> N
     from mlx_lm.generate import generate_step
     from mlx_lm.utils import load
 
-    from mlxcel.model.qmm import install_quantized_forms
+    from mlxcel.model.native.qmm import install_quantized_forms
 
     path = default_model_dir()
     assert is_ready(path), "the default model is missing: run `mlxcel fetch-model` first"
@@ -382,7 +382,7 @@ def test_greedy_tokens_after_a_long_prompt_are_identical_with_the_kernels() -> N
     assert len(shorter) < len(prompt)
     assert install_quantized_forms(model) > 0  # as the engine: the products on the CPU kernel
     assert install_cpu_forms(model)
-    assert cpu_ext.load_cpu_ext().available
+    assert kernels.load_kernels().available
     runs = []
     kinds: tuple[AbstractContextManager[None], ...] = (nullcontext(), reference_forms())
     for forms in kinds:

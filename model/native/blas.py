@@ -10,7 +10,7 @@ symbol lookup. PyPI's ``scipy-openblas32`` prefixes every symbol with
 the user cache and forwards the standard names. The shim also sends the
 skinny float32 products of decoding (a few activation rows times a weight
 matrix) to its own kernel, which streams the weights once for all rows;
-``blas_build.py`` compiles it for the CPU's widest vector instructions.
+``build.py`` compiles it for the CPU's widest vector instructions.
 
 Call :func:`load_fast_blas` first thing in every entry point. It never
 raises: when nothing fast can be loaded it reports the reference BLAS and the
@@ -23,18 +23,20 @@ Environment:
     that library (one exporting ``cblas_sgemm`` is loaded as is, one
     exporting ``scipy_cblas_sgemm`` gets the shim).
 ``MLXCEL_CACHE_DIR``
-    Overrides the per-user cache directory (shim builds and models).
-``MLXCEL_BLAS_ISA``
-    ``avx512``, ``avx2`` or ``generic``: the shim kernel's build (default:
-    detected).
-``MLXCEL_BLAS_THREADS``
-    Threads of the shim's kernel (default: ``OPENBLAS_NUM_THREADS``, which
-    this module sets to the usable CPUs unless already set).
+    Overrides the per-user cache directory (``mlxcel.config.cache_dir``); the
+    shim is kept in its ``native`` folder.
+``MLXCEL_CPU_ISA`` (older names ``MLXCEL_BLAS_ISA``, ``MLXCEL_QMM_ISA``)
+    ``avx512``, ``avx2`` or ``generic``: the shim kernel's build, as the CPU
+    kernels' (default: the CPU's widest; see ``build.py``).
+``MLXCEL_CPU_THREADS`` (older name ``MLXCEL_BLAS_THREADS``)
+    Threads of the shim's kernel, which runs on the pool the CPU kernels share
+    (``pool.h``; default: ``OPENBLAS_NUM_THREADS``, which this module sets to the
+    usable CPUs unless already set).
 ``MLXCEL_BLAS_SKINNY_MAX``
     Most activation rows the kernel takes before OpenBLAS's sgemm does
     (0 turns the kernel off; one row always goes to sgemv).
 ``CC``
-    C compiler used for the shim (default ``cc``).
+    C compiler used for the shim (default ``cc``; see ``build.py``).
 """
 
 from __future__ import annotations
@@ -51,9 +53,12 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
-from mlxcel.model import blas_build
+import mlxcel.model.native.build as build
 
 log = logging.getLogger(__name__)
+
+#: The loader accepts only a shim reporting this version (see blas_shim.c).
+SHIM_VERSION = 3
 
 #: GFLOP/s above which a measured float32 GEMM counts as "fast". The
 #: reference BLAS manages ~6 on a modern x86 core, OpenBLAS well over 100.
@@ -81,16 +86,6 @@ _lock = threading.Lock()
 _result: BlasInfo | None = None
 # ctypes handles must stay referenced or the libraries could be unloaded.
 _handles: list[ctypes.CDLL] = []
-
-
-def cache_dir() -> Path:
-    """Per-user cache directory shared by shim builds and converted models."""
-    override = os.environ.get("MLXCEL_CACHE_DIR")
-    if override:
-        return Path(override).expanduser()
-    from platformdirs import user_cache_dir
-
-    return Path(user_cache_dir("mlxcel"))
 
 
 def load_fast_blas() -> BlasInfo:
@@ -192,8 +187,8 @@ def _load_library(path: Path, *, origin: str) -> BlasInfo:
     shim_path = build_shim(path)
     shim = ctypes.CDLL(str(shim_path), mode=ctypes.RTLD_GLOBAL)
     _handles.append(shim)
-    if shim_version(shim) != blas_build.SHIM_VERSION:
-        raise BlasLoadError(f"{shim_path} is not version {blas_build.SHIM_VERSION} of the shim")
+    if shim_version(shim) != SHIM_VERSION:
+        raise BlasLoadError(f"{shim_path} is not version {SHIM_VERSION} of the shim")
     _check_global_binding(shim)
     kernel = f"{shim_isa(shim)} kernel on {shim_threads(shim)} threads"
     return BlasInfo(f"openblas ({origin} via shim, {kernel})", str(path), True)
@@ -261,14 +256,11 @@ def _dist_version(dist: str) -> str:
 
 
 def build_shim(openblas: Path) -> Path:
-    """The shim for ``openblas`` and this CPU, compiled into the cache once.
-
-    See :mod:`mlxcel.model.blas_build` for the instruction-set choice and
-    the cache naming.
-    """
+    """The shim for ``openblas`` and this CPU, compiled into the cache once (see
+    :mod:`mlxcel.model.native.build` for the instruction set and the cache naming)."""
     try:
-        return blas_build.build_best(openblas, cache_dir() / "blas")
-    except blas_build.ShimBuildError as exc:
+        return build.build_shim(openblas)
+    except build.NativeBuildError as exc:
         raise BlasLoadError(str(exc)) from exc
 
 

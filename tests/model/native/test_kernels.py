@@ -3,7 +3,6 @@ self-check against MLX's own ops."""
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType, SimpleNamespace
@@ -11,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from mlxcel.model.blas import load_fast_blas
+from mlxcel.model.native.blas import load_fast_blas
 
 pytestmark = pytest.mark.mlx
 
@@ -19,23 +18,22 @@ load_fast_blas()  # before mlx.core is imported below
 
 import mlx.core as mx  # noqa: E402
 
-from mlxcel.model import cpu_ext  # noqa: E402
-from mlxcel.model.cpu_ext_build import CpuExtBuild  # noqa: E402
+from mlxcel.model.native import kernels  # noqa: E402
 
 
 @pytest.fixture
 def fresh_status() -> Iterator[None]:
-    saved = cpu_ext._status
-    cpu_ext._status = None
+    saved = kernels._status
+    kernels._status = None
     yield
-    cpu_ext._status = saved
+    kernels._status = saved
 
 
 def loading(monkeypatch: pytest.MonkeyPatch, module: Any) -> None:
     """Make the loader find `module` as the built extension."""
     monkeypatch.setenv("MLXCEL_CPU_ISA", "generic")
-    monkeypatch.setattr(cpu_ext, "build", lambda isa: CpuExtBuild(Path("x.so"), isa))
-    monkeypatch.setattr(cpu_ext, "import_extension", lambda path: module)
+    monkeypatch.setattr(kernels, "build_kernels", lambda isa: Path(f"{isa}.so"))
+    monkeypatch.setattr(kernels, "import_extension", lambda path: module)
 
 
 def broken(real: ModuleType, name: str) -> SimpleNamespace:
@@ -51,32 +49,30 @@ def broken(real: ModuleType, name: str) -> SimpleNamespace:
 def test_a_kernel_that_computes_wrong_is_never_used(
     name: str,
     monkeypatch: pytest.MonkeyPatch,
-    caplog: pytest.LogCaptureFixture,
-    cpu_ext_for: Callable[[str], ModuleType],
+    kernels_for: Callable[[str], ModuleType],
 ) -> None:
-    loading(monkeypatch, broken(cpu_ext_for("generic"), name))
-    with caplog.at_level(logging.WARNING, logger="mlxcel.model.cpu_ext"):
-        status = cpu_ext.load_cpu_ext()
+    loading(monkeypatch, broken(kernels_for("generic"), name))
+    status = kernels.load_kernels()
     assert not status.available
     assert "self-check" in status.note
-    assert "CPU kernels: MLX's own operations" in caplog.text
-    assert cpu_ext.current_module() is None
+    assert status.describe().startswith("MLX's own operations (the generic kernels could not")
+    assert kernels.current_module() is None
 
 
 @pytest.mark.usefixtures("fresh_status")
 def test_the_kernels_load_once_per_process(
-    monkeypatch: pytest.MonkeyPatch, cpu_ext_for: Callable[[str], ModuleType]
+    monkeypatch: pytest.MonkeyPatch, kernels_for: Callable[[str], ModuleType]
 ) -> None:
-    real = cpu_ext_for("generic")
+    real = kernels_for("generic")
     imports: list[Any] = []
     loading(monkeypatch, real)
-    monkeypatch.setattr(cpu_ext, "import_extension", lambda path: imports.append(path) or real)
-    assert cpu_ext.current_module() is None  # never loads by itself
-    first = cpu_ext.load_cpu_ext()
+    monkeypatch.setattr(kernels, "import_extension", lambda path: imports.append(path) or real)
+    assert kernels.current_module() is None  # never loads by itself
+    first = kernels.load_kernels()
     assert first.available
     assert first.isa == "generic"
-    assert cpu_ext.load_cpu_ext() is first
-    module = cpu_ext.current_module()
+    assert kernels.load_kernels() is first
+    module = kernels.current_module()
     assert module is real
     assert len(imports) == 1
     q = mx.ones((1, 2, 3, 8))

@@ -15,8 +15,8 @@
  * the weights stream from memory, and one row only streams at full speed
  * through sgemv. So a product whose output has one row (or column) goes to
  * sgemv, and up to SKINNY_MAX_ROWS rows go to skinny_nt (blas_skinny.c), which
- * reads the weights once for all rows on a small pool of threads
- * (blas_pool.c). Everything else, and every layout the kernel does not take,
+ * reads the weights once for all rows on the process's thread pool (pool.c,
+ * compiled into this library, which owns it). Everything else, and every layout the kernel does not take,
  * goes to OpenBLAS unchanged.
  *
  * Integers are 32-bit (LP64 interface), matching both the reference BLAS
@@ -164,11 +164,13 @@ SHIM_EXPORT void cblas_cgemm(int order, int trans_a, int trans_b, int m, int n,
 }
 
 /* Which kernel this build compiled in: "avx512", "avx2" or "generic". */
-SHIM_EXPORT const char *mlxcel_blas_shim_isa(void) { return SKINNY_ISA; }
+SHIM_EXPORT const char *mlxcel_blas_shim_isa(void) { return MLXCEL_SIMD_ISA; }
 
-/* Threads the skinny kernel runs on (the caller included). */
-SHIM_EXPORT int mlxcel_blas_shim_threads(void) { return pool_threads(); }
+/* Threads the skinny kernel runs on (the caller included): the process's one
+ * pool (pool.c), which this library owns and offers to the kernels. */
+SHIM_EXPORT int mlxcel_blas_shim_threads(void) { return mlxcel_pool_threads(); }
 
 /* Lets the loader confirm it found this shim and not some other library;
- * 2 adds the skinny kernel and the two functions above. */
-SHIM_EXPORT int mlxcel_blas_shim_version(void) { return 2; }
+ * 2 added the skinny kernel and the two functions above, 3 the pool shared
+ * with the kernels (mlxcel_shared_pool). */
+SHIM_EXPORT int mlxcel_blas_shim_version(void) { return 3; }

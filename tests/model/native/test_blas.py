@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from mlxcel.model.blas import build_shim
+from mlxcel.model.native.blas import build_shim
 
 pytestmark = pytest.mark.skipif(
     not sys.platform.startswith("linux"), reason="BLAS rerouting is Linux-only"
@@ -24,7 +24,7 @@ pytestmark = pytest.mark.skipif(
 
 PROBE = """
 import json, sys
-from mlxcel.model.blas import load_fast_blas
+from mlxcel.model.native.blas import load_fast_blas
 if "late" in sys.argv:
     import mlx.core
 info = load_fast_blas()
@@ -81,7 +81,7 @@ def test_openblas_makes_mlx_matmul_fast(tmp_path: Path) -> None:
     assert fast["sgemm_from"] is not None
     assert "mlxcel-blas-shim" in fast["sgemm_from"], fast
     assert reference["sgemm_from"] is None
-    assert list((tmp_path / "blas").glob("mlxcel-blas-shim-*.so"))
+    assert list((tmp_path / "native").glob("mlxcel-blas-shim-*.so"))
 
 
 def test_late_call_is_reported() -> None:

@@ -1,5 +1,5 @@
 // MLX primitives for mlxcel's CPU attention and SwiGLU (attn_kernel.c); registered on the
-// CPU kernels' extension module by cpu_ext.cpp.
+// CPU kernels' extension module by kernels.cpp.
 //
 // `attention(q, k, v, scale, causal=False, mask=None)` computes what
 // `mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=...)` computes for float32

@@ -2,7 +2,7 @@
 
 Attention and SwiGLU go to mlxcel's compiled CPU kernels (``attn_kernel.c``: blockwise
 attention with an online softmax and a vectorised exp, on every core; loaded by
-``cpu_ext.py``) when they are available; the composed MLX forms below are the fallback.
+``kernels.py``) when they are available; the composed MLX forms below are the fallback.
 
 MLX's CPU backend evaluates ``exp`` and ``sigmoid`` with scalar code (about 22 and
 29 ns an element on this kind of machine) while ``power(2, x)`` is vectorised (about
@@ -41,7 +41,7 @@ import mlx.core as mx
 from mlx_lm.models import activations as _activations
 from mlx_lm.models import base as _base
 
-from mlxcel.model.cpu_ext import current_module, load_cpu_ext
+from mlxcel.model.native.kernels import current_module, load_kernels
 
 LOG2E = math.log2(math.e)
 """``exp(x) == 2 ** (x * LOG2E)``."""
@@ -311,7 +311,7 @@ def install_cpu_forms(model: Any) -> bool:
     """
     if not on_cpu():
         return False
-    load_cpu_ext()  # the compiled kernels, when this machine can have them
+    load_kernels()  # the compiled kernels, when this machine can have them
     with _install_lock:
         for module_name in _model_modules(model):
             if _rebind(module_name, "fast") or module_name in _installed:

@@ -3,34 +3,37 @@
 MLX's CPU backend (the PyPI build on x86) is scalar code: its quantized matmul
 re-dequantizes the weights for every row, and every element-wise op runs on one thread,
 ``exp`` at ~13 ns an element. The kernels (``qmm_kernel.c``, ``attn_kernel.c``) are
-vectorised (AVX-512 or AVX2) and use every core; built by ``cpu_ext_build`` into one
+vectorised (AVX-512 or AVX2) and use every core; built by ``build.py`` into one
 extension of MLX primitives, they stay nodes of MLX's lazy graph, so a forward is still
 one evaluation.
 
-:func:`load_cpu_ext` builds (once per machine), imports and checks the extension; the
+:func:`load_kernels` builds (once per machine), imports and checks the extension; the
 users (``qmm.py`` for quantized models, ``cpu_forms.py`` for attention and SwiGLU) go to
-MLX's own operations when it says the kernels are unavailable.
+MLX's own operations when it says the kernels are unavailable. It logs nothing itself:
+``accelerate()`` (the package's front door) reports it in its one line.
 """
 
 from __future__ import annotations
 
 import importlib.util
-import logging
 import threading
 from dataclasses import dataclass
+from pathlib import Path
 from types import ModuleType
-from typing import Any
 
 import mlx.core as mx
 
-from mlxcel.model.blas_build import ShimBuildError
-from mlxcel.model.cpu_ext_build import MODULE, CpuExtBuildError, build, choose_isa
-
-log = logging.getLogger(__name__)
+from mlxcel.model.native.build import (
+    KERNELS_MODULE,
+    NativeBuildError,
+    build_kernels,
+    forced_isa,
+    kernels_isa,
+)
 
 
 @dataclass(frozen=True)
-class CpuExtStatus:
+class KernelsStatus:
     """Whether the kernels are available, and why not when they are not."""
 
     module: ModuleType | None
@@ -41,26 +44,36 @@ class CpuExtStatus:
     def available(self) -> bool:
         return self.module is not None
 
+    @property
+    def turned_off(self) -> bool:
+        """Unavailable because ``MLXCEL_CPU_ISA=off`` asked for MLX's own operations."""
+        return self.module is None and self.note == OFF
 
+    def describe(self) -> str:
+        """For the log: which kernels run, and on which pool; or why MLX's own do."""
+        if self.module is None:
+            return f"MLX's own operations ({self.note})"
+        pool = "the BLAS shim's pool" if self.module.pool_shared() else "their own pool"
+        return f"mlxcel's own ({self.isa}, on {pool} of {self.module.pool_threads()} threads)"
+
+
+OFF = "MLXCEL_CPU_ISA=off"
+"""The note of kernels turned off."""
 _lock = threading.Lock()
-_status: CpuExtStatus | None = None
+_status: KernelsStatus | None = None
 
 
-def load_cpu_ext() -> CpuExtStatus:
+def load_kernels() -> KernelsStatus:
     """Build (once per machine) and import the extension; never raises.
 
     When it cannot be had (a CPU with neither AVX-512 nor AVX2, no compiler, a failed
-    build or self-check, ``MLXCEL_CPU_ISA=off``), the status says why, it is logged once,
-    and models keep MLX's own operations.
+    build or self-check, ``MLXCEL_CPU_ISA=off``), the status says why and models keep
+    MLX's own operations.
     """
     global _status
     with _lock:
         if _status is None:
             _status = _load()
-            if _status.available:
-                log.info("CPU kernels: mlxcel's own (%s)", _status.isa)
-            else:
-                log.warning("CPU kernels: MLX's own operations (%s)", _status.note)
         return _status
 
 
@@ -73,27 +86,22 @@ def current_module() -> ModuleType | None:
     return status.module if status is not None else None
 
 
-def _load() -> CpuExtStatus:
-    try:
-        isa = choose_isa()
-    except CpuExtBuildError as exc:
-        return CpuExtStatus(None, None, str(exc))
+def _load() -> KernelsStatus:
+    isa = kernels_isa()
     if isa is None:
-        return CpuExtStatus(
-            None, None, "the CPU has neither AVX-512 nor AVX2, or MLXCEL_CPU_ISA=off"
-        )
+        why = OFF if forced_isa() == "off" else "no AVX-512 or AVX2 on this CPU"
+        return KernelsStatus(None, None, why)
     try:
-        built = build(isa)
-        module = import_extension(built.path)
+        module = import_extension(build_kernels(isa))
         self_check(module)
-    except (CpuExtBuildError, ShimBuildError, ImportError, OSError, TypeError, ValueError) as exc:
-        return CpuExtStatus(None, None, f"the {isa} kernels could not be built or loaded: {exc}")
-    return CpuExtStatus(module, isa, f"{isa} kernels")
+    except (NativeBuildError, ImportError, OSError, TypeError, ValueError) as exc:
+        return KernelsStatus(None, None, f"the {isa} kernels could not be built or loaded: {exc}")
+    return KernelsStatus(module, isa, f"{isa} kernels")
 
 
-def import_extension(path: Any) -> ModuleType:
+def import_extension(path: Path) -> ModuleType:
     """Import the built extension from ``path`` (a file outside any package)."""
-    spec = importlib.util.spec_from_file_location(MODULE, path)
+    spec = importlib.util.spec_from_file_location(KERNELS_MODULE, path)
     if spec is None or spec.loader is None:
         raise ImportError(f"cannot import {path}")
     module = importlib.util.module_from_spec(spec)
