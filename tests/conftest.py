@@ -70,6 +70,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if _is_slow(item):
             item.add_marker(pytest.mark.slow)
+        if item.path.resolve().relative_to(TESTS).parts[0] == "e2e":
+            # One test process runs every real-model test, so the session's real servers
+            # start once and two of them never share the cores with each other.
+            item.add_marker(pytest.mark.xdist_group("real-model"))
 
 
 @pytest.fixture

@@ -3,6 +3,7 @@ the first time a test needs it (skipped when that exact version is already there
 
 from __future__ import annotations
 
+import fcntl
 import json
 import subprocess
 from dataclasses import dataclass
@@ -32,13 +33,18 @@ class NpmPackage:
     def executable(self, command: str) -> Path:
         """The launcher `command` of the pinned version, installed first if it is
         missing or another version."""
-        if self.installed_version() != self.version:
-            npm = ["npm", "install", "--no-audit", "--no-fund", "--prefix", str(self.prefix)]
-            subprocess.run(
-                [*npm, f"{self.name}@{self.version}"],
-                check=True,
-                capture_output=True,
-                timeout=900,
-            )
+        self.prefix.mkdir(exist_ok=True)
+        # Test processes running side by side install one at a time; the second finds
+        # the version the first installed.
+        with (self.prefix / ".install.lock").open("a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if self.installed_version() != self.version:
+                npm = ["npm", "install", "--no-audit", "--no-fund", "--prefix", str(self.prefix)]
+                subprocess.run(
+                    [*npm, f"{self.name}@{self.version}"],
+                    check=True,
+                    capture_output=True,
+                    timeout=900,
+                )
         assert self.installed_version() == self.version
         return self.prefix / "node_modules" / ".bin" / command

@@ -191,11 +191,15 @@ def test_main_prints_the_folder_and_reports_errors(
             raise ModelFetchError("no network")
         return tmp_path / spec.folder
 
+    builds: list[None] = []
     monkeypatch.setattr(fetch, "ensure_model", fake_ensure)
+    # The kernels' build itself is the native tests' subject; here, that a fetch asks for it.
+    monkeypatch.setattr(fetch, "_build_cpu_kernels", lambda: builds.append(None))
     assert fetch.main(["--quiet"]) == 0
     assert capsys.readouterr().out.strip() == str(tmp_path / "qwen2.5-coder-0.5b-instruct-q4km")
     assert fetch.main(["--quiet", "--precision", "float32"]) == 0
     assert capsys.readouterr().out.strip() == str(tmp_path / "qwen2.5-coder-0.5b-instruct-f32")
+    assert len(builds) == 2
     with pytest.raises(SystemExit):
         fetch.main(["--precision", "float16"])
     assert "invalid choice" in capsys.readouterr().err
@@ -203,6 +207,7 @@ def test_main_prints_the_folder_and_reports_errors(
     captured = capsys.readouterr()
     assert captured.out == ""
     assert "no network" in captured.err
+    assert len(builds) == 2  # a failed fetch builds nothing
 
 
 @pytest.mark.mlx

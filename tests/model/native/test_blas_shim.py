@@ -67,8 +67,12 @@ def libs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
     lib.mlxcel_blas_shim_isa.restype = ctypes.c_char_p
     assert lib.mlxcel_blas_shim_isa() == request.param.encode()
     assert lib.mlxcel_blas_shim_version() == SHIM_VERSION
-    ref = _sgemm(ctypes.CDLL(str(openblas_path())).scipy_cblas_sgemm)
-    return Libs(_sgemm(lib.cblas_sgemm), ref, path)
+    openblas = ctypes.CDLL(str(openblas_path()))
+    # The reference runs on one thread. Its workers spin after each call, as the shim's
+    # pool does: on two cores the two pools take turns waiting out each other's spin,
+    # and a parameter's 1,704 calls took half a minute instead of a few seconds.
+    openblas.scipy_openblas_set_num_threads(1)
+    return Libs(_sgemm(lib.cblas_sgemm), _sgemm(openblas.scipy_cblas_sgemm), path)
 
 
 @dataclass
