@@ -247,7 +247,8 @@ class RequestEcho:
     """The request fields a response object echoes back (OpenAI's defaults when unsent).
 
     Client-shaped values this server only echoes (tools, text, reasoning, metadata,
-    tool_choice) are kept as the JSON the client sent.
+    tool_choice) are kept as the JSON the client sent. What steers the response's path
+    (`store`, `background`) is the record's own, not part of the echo.
     """
 
     model: str
@@ -256,8 +257,6 @@ class RequestEcho:
     temperature: float = 1.0
     top_p: float = 1.0
     top_logprobs: int = 0
-    store: bool = True
-    background: bool = False
     metadata: dict[str, str] = field(default_factory=dict)
     previous_response_id: str | None = None
     tool_choice: JsonValue = "auto"
@@ -294,6 +293,13 @@ class ResponseRecord:
     tenant: str = ""
     """Who created it (the name of the API key it came with; "" with no keys): no other
     tenant can read, continue, cancel or delete it."""
+    store: bool = True
+    """Which table keeps it: the stored responses (retrieved, continued), or, false,
+    none, except a background one's final object, kept ephemeral for a short TTL like its
+    event log. The object shows it as `store`."""
+    background: bool = False
+    """Whether it runs as a job (queued, polled, cancelled, its events resumable) rather
+    than within its request. The object shows `background: true` only then."""
 
     @property
     def output_text(self) -> str:

@@ -269,7 +269,7 @@ class ResponsePath:
         with trio.move_on_after(STORE_DEADLINE_SECS) as scope:
             scope.shield = True  # a cancel must not interrupt storing its result
             try:
-                if record.echo.store and not record.echo.background:  # jobs store their own
+                if record.store and not record.background:  # jobs store their own
                     await self._store.put(record)
                 conversation = record.echo.conversation_id
                 if conversation is not None and record.status in ("completed", "incomplete"):

@@ -170,7 +170,7 @@ def response_json(record: ResponseRecord) -> dict[str, Any]:
         "reasoning": echo.reasoning
         if echo.reasoning is not None
         else {"effort": None, "summary": None},
-        "store": echo.store,
+        "store": record.store,
         "temperature": echo.temperature,
         "text": echo.text,
         "tool_choice": echo.tool_choice,
@@ -190,7 +190,7 @@ def response_json(record: ResponseRecord) -> dict[str, Any]:
     }
     if echo.conversation_id is not None:
         body["conversation"] = {"id": echo.conversation_id}
-    if echo.background:
+    if record.background:
         body["background"] = True
     return body
 

@@ -59,7 +59,7 @@ async def _answered(body: CreateResponseBody, lease: ModelLease) -> Response:
     h = handles()
     generation = await _prepared(body, lease.served())
     truncated = {TRUNCATED_HEADER: str(generation.truncated_items)} if body.truncation else {}
-    if generation.record.echo.background:
+    if generation.record.background:
         record = await h.jobs.submit(generation, lease)
         note_record(record)
         return _with_headers(json_response(response_json(record)), truncated)

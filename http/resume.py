@@ -45,7 +45,7 @@ def wants_stream() -> bool:
 
 async def resume(h: Handles, record: ResponseRecord) -> Response:
     """The event stream of `record` (its tenant already checked) after `starting_after`."""
-    if not record.echo.background:
+    if not record.background:
         raise _invalid(
             "stream",
             f"Response '{record.id}' was not created with 'background': true; only a "

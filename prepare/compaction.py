@@ -237,8 +237,9 @@ class Compactor:
             id=new_id("resp"),
             created_at=int(time.time()),
             status="in_progress",
-            echo=RequestEcho(model=self.model.names.alias, store=False, temperature=0.0),
+            echo=RequestEcho(model=self.model.names.alias, temperature=0.0),
             tenant=self.tenant,
+            store=False,
         )
         sampling = Sampling(temperature=0.0, max_tokens=max_tokens)
         request = GenerationRequest(record=record, prompt=tuple(prompt), sampling=sampling)

@@ -208,6 +208,8 @@ def build_request(
         echo=echo,
         input_items=items,
         tenant=params.tenant,
+        store=True if params.store is None else params.store,
+        background=bool(params.background),
     )
     sampling = Sampling(
         temperature=echo.temperature,
@@ -299,7 +301,6 @@ def _request_echo(params: ResponseParams) -> RequestEcho:
         temperature=1.0 if params.temperature is None else params.temperature,
         top_p=1.0 if params.top_p is None else params.top_p,
         top_logprobs=params.top_logprobs or 0,
-        store=True if params.store is None else params.store,
         metadata=dict(params.metadata or {}),
         previous_response_id=params.previous_response_id,
         tool_choice=params.tool_choice if params.tool_choice is not None else "auto",
@@ -311,7 +312,6 @@ def _request_echo(params: ResponseParams) -> RequestEcho:
         reasoning=params.reasoning,
         user=params.user,
         conversation_id=conversation_id(params.conversation),
-        background=bool(params.background),
         truncation=params.truncation or "disabled",
         max_tool_calls=params.max_tool_calls,
         safety_identifier=params.safety_identifier,

@@ -228,7 +228,7 @@ def window(now: float, window_secs: int) -> tuple[int, float]:
 def final_table(record: ResponseRecord) -> Table:
     """Where a job's final object goes: stored responses, or ephemeral results for
     `store: false`."""
-    return Table.RESPONSES if record.echo.store else Table.EPHEMERAL
+    return Table.RESPONSES if record.store else Table.EPHEMERAL
 
 
 def reaped(record: ResponseRecord, cancel_requested: bool) -> ResponseRecord:

@@ -3,7 +3,8 @@
 A stored value (`ResponseRecord`, `Conversation`) and every dataclass inside it (items,
 content parts, usage, the request echo) is an object tagged with its class name under
 `"$"`; fields equal to their default are left out. The outermost object also carries the
-encoding's version under `"v"`, so a later release can read what an earlier one wrote.
+encoding's version under `"v"`, so a later release can read what an earlier one wrote:
+`decode` takes an earlier version's tree to this one's shape first (`_UPGRADES`).
 Decoding follows the dataclasses' annotations: a tuple field comes back a tuple, a
 client's JSON (`JsonValue`, such as tool schemas) comes back exactly as it was, whatever
 keys it uses. The byte budgets charge the encoded length.
@@ -23,8 +24,9 @@ from mlxcel import items
 from mlxcel.items import Conversation, ResponseRecord
 from mlxcel.store.tables import Stored
 
-VERSION = 1
-"""Bump it (and teach `decode` the older form) when a stored class changes shape."""
+VERSION = 2
+"""Bump it (and teach `decode` the older form, `_UPGRADES`) when a stored class changes
+shape. Version 2 moved `store` and `background` from a record's echo onto the record."""
 
 
 _TAG = "$"
@@ -39,6 +41,28 @@ _KINDS = frozenset(_CLASSES.values())
 
 class CodecError(ValueError):
     """Stored bytes this release cannot read (another version, or damaged)."""
+
+
+_FLAGS = ("store", "background")
+"""What version 1 kept in a record's echo and version 2 keeps on the record."""
+
+
+def _from_version_1(tree: dict[str, Any]) -> None:
+    """A version 1 record's flags moved from its echo onto it (absent ones stay absent:
+    their defaults did not change); a conversation is unchanged."""
+    echo = tree.get("echo")
+    if tree.get(_TAG) != "ResponseRecord" or not isinstance(echo, dict):
+        return  # a conversation, or damage the decoding below names
+    for name in _FLAGS:
+        if name in tree:
+            raise CodecError(f"a version 1 ResponseRecord has no field {name!r}")
+        if name in echo:
+            tree[name] = echo.pop(name)
+
+
+_UPGRADES: dict[int, Callable[[dict[str, Any]], None]] = {1: _from_version_1}
+"""What takes the tree of version n to version n + 1, in place, before it is decoded."""
+_READS = ", ".join(str(v) for v in (*sorted(_UPGRADES), VERSION))
 
 
 def encode(value: Stored) -> bytes:
@@ -58,11 +82,13 @@ def decode(data: bytes | str) -> Stored:
         tree = json.loads(data)
     except (ValueError, RecursionError) as exc:
         raise CodecError(f"not JSON: {exc}") from None
-    if not isinstance(tree, dict) or type(tree.get("v")) is not int or tree["v"] != VERSION:
-        version = tree.get("v") if isinstance(tree, dict) else None
+    version = tree.get("v") if isinstance(tree, dict) else None
+    if type(version) is not int or not (version == VERSION or version in _UPGRADES):
         raise CodecError(
-            f"unknown store encoding version {version!r} (this release reads {VERSION})"
+            f"unknown store encoding version {version!r} (this release reads {_READS})"
         )
+    for older in range(version, VERSION):
+        _UPGRADES[older](tree)  # each in turn: the tree of version n + 1
     value = _decode_tagged(tree)
     if not isinstance(value, (ResponseRecord, Conversation)):
         raise CodecError(

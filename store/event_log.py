@@ -50,7 +50,7 @@ class EventLimits:
 
     def ttl_for(self, record: ResponseRecord) -> float:
         """How long the log of `record` is kept once it ends: as long as the record."""
-        return self.ttl_secs if record.echo.store else self.ephemeral_ttl_secs
+        return self.ttl_secs if record.store else self.ephemeral_ttl_secs
 
 
 @dataclass(frozen=True, slots=True)

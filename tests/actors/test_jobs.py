@@ -92,7 +92,9 @@ def job(text: str, *, store: bool = True, max_tokens: int = 50) -> GenerationReq
         id=new_id("resp"),
         created_at=0,
         status="in_progress",
-        echo=RequestEcho(model="m", store=store, background=True),
+        echo=RequestEcho(model="m"),
+        store=store,
+        background=True,
     )
     prompt = FakeCodec().render([{"role": "user", "content": text}], None)
     return GenerationRequest(record, tuple(prompt), Sampling(max_tokens=max_tokens))

@@ -63,7 +63,8 @@ def request(
         id=new_id("resp"),
         created_at=0,
         status="in_progress",
-        echo=RequestEcho(model="m", store=store, conversation_id=conversation),
+        echo=RequestEcho(model="m", conversation_id=conversation),
+        store=store,
     )
     prompt = FakeCodec().render([{"role": "user", "content": text}], None)
     return GenerationRequest(record, tuple(prompt), Sampling(max_tokens=max_tokens))

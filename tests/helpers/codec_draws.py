@@ -118,8 +118,6 @@ request_echoes = st.builds(
     temperature=st.floats(0, 2) | st.just(1.0),
     top_p=st.floats(0, 1) | st.just(1.0),
     top_logprobs=st.integers(0, 20),
-    store=st.booleans(),
-    background=st.booleans(),
     metadata=metadata,
     previous_response_id=st.none() | texts,
     tool_choice=client_json | st.just("auto"),
@@ -149,6 +147,8 @@ response_records = st.builds(
     completed_at=st.none() | counts,
     input_items=item_tuples,
     tenant=st.sampled_from(["", "key-a"]) | texts,
+    store=st.booleans(),
+    background=st.booleans(),
 )
 conversations = st.builds(
     Conversation,

@@ -61,10 +61,12 @@ def response(
         id=key,
         created_at=0,
         status=status,
-        echo=RequestEcho("m", previous_response_id=prev, store=store, background=True),
+        echo=RequestEcho("m", previous_response_id=prev),
         output=output,
         input_items=(Message("user", (InputText("q" * (pad // 2)),)),),
         tenant=tenant,
+        store=store,
+        background=True,
     )
 
 

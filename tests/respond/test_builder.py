@@ -183,7 +183,7 @@ def test_plain_text_streams_one_message_part_by_part() -> None:
 
 
 def test_the_in_progress_event_carries_the_record_as_created() -> None:
-    record = ResponseRecord(new_id("resp"), 42, "queued", RequestEcho(model="m", store=False))
+    record = ResponseRecord(new_id("resp"), 42, "queued", RequestEcho(model="m"), store=False)
     [event] = ResponseBuilder(record, 1).start()
     assert event == ResponseInProgress(dataclasses.replace(record, status="in_progress"))
 

@@ -291,7 +291,7 @@ class BackendsMachine(BackendsInvariants):
             pad,
             running.echo.previous_response_id,
             ("msg_b",),
-            store=running.echo.store,
+            store=running.store,
             status="in_progress",
         )
         updated = self.both(lambda b: b.update_job(progressed, owner))
@@ -302,7 +302,7 @@ class BackendsMachine(BackendsInvariants):
         key = self.job_key(pick)
         owner = self.writer(key, writer)
         running = self.both(lambda b: b.get((Table.ACTIVE,), key))
-        store = running.echo.store if isinstance(running, ResponseRecord) else True
+        store = running.store if isinstance(running, ResponseRecord) else True
         prev = running.echo.previous_response_id if isinstance(running, ResponseRecord) else None
         final = response(key, pad, prev, ("msg_a", "fc_c"), store=store)
         stored = self.both(lambda b: b.finish_job(final, owner))

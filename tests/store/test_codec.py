@@ -37,6 +37,7 @@ from mlxcel.store.codec import VERSION, CodecError, decode, encode, encoded_size
 from mlxcel.store.tables import Stored
 
 from codec_draws import STRATEGIES, conversations, json_values, response_records, tagged_lookalikes
+from store_versions import as_version_1
 
 NOT_STORED = {ItemReference: "a request's input entry, resolved before anything is stored"}
 
@@ -212,6 +213,14 @@ _DROP = object()
     [
         pytest.param(_with(v=VERSION + 1), id="newer-version"),
         pytest.param(_with(v=0), id="version-0"),
+        pytest.param(_with(v=1, store=False), id="version-1-with-a-flag-outside-its-echo"),
+        pytest.param(
+            _with(v=1, echo={"$": "RequestEcho", "model": "m", "background": "yes"}),
+            id="version-1-flag-not-a-boolean",
+        ),
+        pytest.param(
+            _with(echo={"$": "RequestEcho", "model": "m", "store": False}), id="flag-in-echo"
+        ),
         pytest.param(_with(v=str(VERSION)), id="version-as-text"),
         pytest.param(_with(v=None), id="version-null"),
         pytest.param(_with(v=_DROP), id="no-version"),
@@ -284,3 +293,66 @@ def test_a_record_without_a_tenant_encodes_as_before_and_one_with_a_tenant_keeps
     owned = dataclasses.replace(record, tenant="key-a")
     assert decode(encode(owned)) == owned
     assert decode(encode(record)) == record
+
+
+# --- what earlier releases wrote -----------------------------------------------------
+
+VERSION_1 = (
+    b'{"$":"ResponseRecord","id":"resp_old","created_at":1700000000,"status":"completed",'
+    b'"echo":{"$":"RequestEcho","model":"fake-model","store":false,"background":true,'
+    b'"metadata":{"k":"v"},"previous_response_id":"resp_prev"},"output":[{"$":"Message",'
+    b'"role":"assistant","content":[{"$":"OutputText","text":"hello"}],"id":"msg_old"}],'
+    b'"usage":{"$":"Usage","input_tokens":3,"output_tokens":1},"completed_at":1700000001,'
+    b'"tenant":"key-a","v":1}'
+)
+"""A background `store: false` response as the previous release encoded it: the flags in
+its echo."""
+
+
+def test_a_version_1_record_reads_with_its_flags_on_the_record() -> None:
+    record = decode(VERSION_1)
+    assert isinstance(record, ResponseRecord)
+    assert (record.store, record.background) == (False, True)
+    assert record.echo == RequestEcho(
+        "fake-model", metadata={"k": "v"}, previous_response_id="resp_prev"
+    )
+    assert (record.output_text, record.tenant, record.completed_at) == (
+        "hello",
+        "key-a",
+        1700000001,
+    )
+    # Written again, it is this version's shape, the same length (budgets stay right).
+    tree = json.loads(encode(record))
+    assert tree["v"] == VERSION == 2
+    assert (tree["store"], tree["background"]) == (False, True)
+    assert "store" not in tree["echo"]
+    assert "background" not in tree["echo"]
+    assert encoded_size(record) == len(VERSION_1)
+    assert decode(encode(record)) == record
+
+
+def test_a_version_1_record_without_flags_has_the_defaults() -> None:
+    plain = b'{"$":"ResponseRecord","id":"r","created_at":0,"status":"queued",'
+    plain += b'"echo":{"$":"RequestEcho","model":"m"},"v":1}'
+    record = decode(plain)
+    assert isinstance(record, ResponseRecord)
+    assert (record.store, record.background) == (True, False)
+    conversation = b'{"$":"Conversation","id":"c","created_at":0,"metadata":{"store":"x"},"v":1}'
+    assert decode(conversation) == Conversation("c", 0, metadata={"store": "x"})
+
+
+@settings(max_examples=200, deadline=None)
+@given(response_records)
+def test_any_record_as_version_1_wrote_it_reads_the_same(record: ResponseRecord) -> None:
+    """The previous release's encoding, made by hand from this one's: the flags (left out
+    at their defaults) inside the echo, version 1."""
+    old = as_version_1(encode(record))
+    assert json.loads(old)["v"] == 1
+    assert_same(decode(old), record)
+    assert len(old) == encoded_size(record)  # what the byte budgets counted stays right
+
+
+@pytest.mark.parametrize("version", [0, 3, -1, 2**70])
+def test_an_unknown_version_is_a_codec_error_naming_what_is_read(version: int) -> None:
+    with pytest.raises(CodecError, match=rf"version {version} \(this release reads 1, 2\)"):
+        decode(_with(v=version))

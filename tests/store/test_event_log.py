@@ -108,7 +108,7 @@ async def test_an_ended_log_is_kept_as_long_as_its_response() -> None:
     )
     assert events.limits.ttl_for(stored) == 5
     ephemeral = ResponseRecord(
-        id="resp_e", created_at=0, status="completed", echo=RequestEcho(model="m", store=False)
+        id="resp_e", created_at=0, status="completed", echo=RequestEcho(model="m"), store=False
     )
     assert events.limits.ttl_for(ephemeral) == 1
     assert await events.append("resp_s", 0, (frame(0),), end_ttl=5)
@@ -166,8 +166,15 @@ async def test_a_deleted_response_takes_its_log_and_a_late_end_brings_none_back(
     events = store.events
     assert events is not None
     for response_id, keep in (("resp_gone", True), ("resp_kept", True), ("resp_eph", False)):
-        echo = RequestEcho(model="m", store=keep, background=True)
-        record = ResponseRecord(id=response_id, created_at=0, status="completed", echo=echo)
+        echo = RequestEcho(model="m")
+        record = ResponseRecord(
+            id=response_id,
+            created_at=0,
+            status="completed",
+            echo=echo,
+            store=keep,
+            background=True,
+        )
         table = Table.RESPONSES if keep else Table.EPHEMERAL
         assert await store.put(record, table)
         assert await events.append(response_id, 0, (frame(0), frame(1)), end_ttl=None)

@@ -52,9 +52,10 @@ def record(
         id=rid,
         created_at=0,
         status=status,
-        echo=RequestEcho("m", previous_response_id=prev, background=True),
+        echo=RequestEcho("m", previous_response_id=prev),
         output=output,
         input_items=(Message("user", (InputText("q"),)),),
+        background=True,
     )
 
 

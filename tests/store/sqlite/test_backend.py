@@ -36,8 +36,10 @@ def record(
         id=rid,
         created_at=0,
         status=status,  # type: ignore[arg-type]
-        echo=RequestEcho(model="m", previous_response_id=prev, store=store, background=True),
+        echo=RequestEcho(model="m", previous_response_id=prev),
         output=(Message("assistant", (InputText(f"said {rid}"),), id=f"msg_{rid}"),),
+        store=store,
+        background=True,
     )
 
 
