@@ -29,7 +29,13 @@ from mlxcel.http.access_log import ExchangeNote, exchange_note, note_record
 from mlxcel.http.exchange import exchange_nursery
 from mlxcel.http.handles import Handles
 from mlxcel.http.sse import KEEPALIVE_FRAME, SseEncoder
-from mlxcel.respond.events import KeepAlive, ResponseCreated, ResponseEvent, ResponseFinished
+from mlxcel.respond.events import (
+    KeepAlive,
+    PromptRead,
+    ResponseCreated,
+    ResponseEvent,
+    ResponseFinished,
+)
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +72,8 @@ class EventStreamBody:
         while True:
             with trio.move_on_after(self._keepalive):
                 next_event = await self._events.__anext__()
+                if isinstance(next_event, PromptRead):
+                    continue  # no Responses frame shows it (its usage does, at the end)
                 _note_end(self._note, next_event)
                 return self._encode(next_event)
             position = await self._events.queue_position()
