@@ -153,6 +153,8 @@ class DataStreamBody:
         self._translate = translate
         self._keepalive = keepalive_secs
         self._done = False
+        self._opened = False
+        """A frame was sent: the framing's own keep-alive may follow."""
 
     def __aiter__(self) -> DataStreamBody:
         return self
@@ -170,9 +172,12 @@ class DataStreamBody:
                         self._frames.append(self._framing.end)
                     continue
             if quiet.cancelled_caught or isinstance(event, KeepAlive):
-                return self._framing.keepalive
+                # Before the first event an SSE comment: a stream's event flow opens with
+                # its first event (Anthropic's `message_start`), never a `ping`.
+                return self._framing.keepalive if self._opened else KEEPALIVE_FRAME
             _note_end(self._note, event)
             self._frames.extend(self._encode(event))
+        self._opened = True
         return self._frames.popleft()
 
     def _encode(self, event: ResponseEvent) -> list[bytes]:
