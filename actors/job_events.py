@@ -26,6 +26,7 @@ from mlxcel.errors import StoreUnavailable
 from mlxcel.items import ResponseRecord
 from mlxcel.respond.events import (
     KeepAlive,
+    PromptRead,
     ResponseCreated,
     ResponseEvent,
     ResponseFinished,
@@ -64,9 +65,10 @@ class EventRecorder:
         await self._append(frames, None)
 
     async def record(self, event: ResponseEvent) -> None:
-        """Queue the frame of `event`; keep-alives and the scheduler's end are not kept
-        (`finish` appends the end as stored)."""
-        if not isinstance(event, KeepAlive | ResponseFinished):
+        """Queue the frame of `event`; keep-alives, the prompt's read (no Responses frame
+        shows it) and the scheduler's end are not kept (`finish` appends the end as
+        stored)."""
+        if not isinstance(event, KeepAlive | PromptRead | ResponseFinished):
             await self._send.send(self._frame(event))
 
     async def run(self) -> None:

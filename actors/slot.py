@@ -19,7 +19,7 @@ import trio
 
 from mlxcel.actors.messages import Generate, answer
 from mlxcel.errors import InvalidRequest, StoreUnavailable
-from mlxcel.generation import GenerationRequest, PrefillProgress, SequenceFailed
+from mlxcel.generation import GenerationRequest, PrefillProgress, SequenceFailed, TokenStep
 from mlxcel.items import Message, Reasoning, ResponseError, ResponseRecord, Usage, failed
 from mlxcel.metrics import Metrics, TokenTimer
 from mlxcel.model.actor import ModelHandle
@@ -27,6 +27,7 @@ from mlxcel.respond.builder import ResponseBuilder
 from mlxcel.respond.events import (
     CompactionStarted,
     KeepAlive,
+    PromptRead,
     ResponseEvent,
     ResponseFinished,
     ResponseInProgress,
@@ -227,6 +228,8 @@ class ResponsePath:
                     timer.tick(trio.current_time())
                 quiet.read = quiet.total
                 events = builder.feed(step)
+                if builder.generated == 1:  # the first step tells what the prompt cache did
+                    events = [_prompt_read(request, step), *events]
                 if forward and events:
                     await self._send(reply, events)
                     quiet.sent()
@@ -351,3 +354,9 @@ def _failed(
     """Failed before any token was counted: its prompt is its only usage."""
     usage = Usage(input_tokens=len(request.prompt))
     return failed(request.record, ResponseError(code, message), usage=usage)
+
+
+def _prompt_read(request: GenerationRequest, first: TokenStep) -> PromptRead:
+    """How much of `request`'s prompt the cache served and kept, told by its first step."""
+    prompt = len(request.prompt)
+    return PromptRead(request.record.id, prompt, first.cached_tokens, first.cache_write_tokens)

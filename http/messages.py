@@ -21,6 +21,7 @@ from typing import cast
 
 from quart import Blueprint, Response, request
 
+from mlxcel.errors import InvalidRequest
 from mlxcel.fleet import ModelLease
 from mlxcel.generation import GenerationRequest, ServedModel
 from mlxcel.http.access_log import note_record
@@ -83,15 +84,14 @@ async def create_message() -> Response:
 async def _message(body: MessagesBody, lease: ModelLease) -> Response:
     generation = await _prepare(body, lease.served())
     thinking = Thinking(_signer(generation), shown=_shown(body))
+    marked = body.marks_cache()
     h = handles()
     if not body.stream:
         record = finished(await lease.generate(generation))
         note_record(record)
-        return json_response(message_json(record, thinking))
-    events = MessageEvents(generation.record, len(generation.prompt), thinking)
-    return await translated_response(
-        h, lease, generation, [events.first()], events.translate, MESSAGE_FRAMES
-    )
+        return json_response(message_json(record, thinking, marked=marked))
+    events = MessageEvents(generation.record, thinking, marked)
+    return await translated_response(h, lease, generation, [], events.translate, MESSAGE_FRAMES)
 
 
 @messages.post("/messages/count_tokens")
@@ -114,7 +114,14 @@ async def _prepare(body: MessagesBody, model: ServedModel) -> GenerationRequest:
     check_item_count(body.messages, model.info.context_length)
     params = await off_loop(message_params, body)
     params = dataclasses.replace(params, tenant=current_tenant())
-    prepared = await prepare_chat(params, model, policy=h.policy, echo=h.echo)
+    try:
+        prepared = await prepare_chat(params, model, policy=h.policy, echo=h.echo)
+    except InvalidRequest as exc:  # named as this wire format names the field
+        found = body.output_schema()
+        if found is not None and exc.param is not None and exc.param.startswith("text.format"):
+            exc.param = found[0] + exc.param.removeprefix("text.format")
+            exc.message = f"Invalid '{exc.param}': {exc.message}"  # Anthropic's body has no param
+        raise
     return await metered(dataclasses.replace(prepared, signs_reasoning=True))
 
 

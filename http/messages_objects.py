@@ -4,9 +4,11 @@
 A response's output items map onto content blocks in order: reasoning is a `thinking`
 block (with its signature), a message's text a `text` block, a function call a
 `tool_use` block whose `input` is the parsed arguments. Usage splits the prompt as
-Anthropic does: `input_tokens` are those read afresh and not kept,
-`cache_read_input_tokens` those the prompt cache served, `cache_creation_input_tokens`
-those read and kept by it for the next request; the three add up to the prompt.
+Anthropic does: `cache_read_input_tokens` are those the prompt cache served, and
+`input_tokens` the rest, read afresh. `cache_creation_input_tokens` is 0 unless the
+request marks something with `cache_control` (Anthropic writes to its cache only then):
+then it is the tokens read afresh that the prompt cache kept for the next request, and
+`input_tokens` only those it did not keep. The three always add up to the prompt.
 """
 
 from __future__ import annotations
@@ -40,12 +42,15 @@ def message_id(record: ResponseRecord) -> str:
     return f"msg_{record.id.removeprefix('resp_')}"
 
 
-def usage_json(usage: Usage | None) -> dict[str, int]:
+def usage_json(usage: Usage | None, *, marked: bool = False) -> dict[str, int]:
+    """`usage` as Anthropic's; `marked`: the request set `cache_control` somewhere, so
+    the tokens the prompt cache kept are reported as written to it."""
     usage = usage or Usage()
-    fresh = max(0, usage.input_tokens - usage.cached_tokens - usage.cache_write_tokens)
+    written = usage.cache_write_tokens if marked else 0
+    fresh = max(0, usage.input_tokens - usage.cached_tokens - written)
     return {
         "input_tokens": fresh,
-        "cache_creation_input_tokens": usage.cache_write_tokens,
+        "cache_creation_input_tokens": written,
         "cache_read_input_tokens": usage.cached_tokens,
         "output_tokens": usage.output_tokens,
     }
@@ -84,8 +89,10 @@ def content_blocks(output: tuple[Item, ...], thinking: Thinking) -> list[dict[st
     return blocks
 
 
-def message_json(record: ResponseRecord, thinking: Thinking) -> dict[str, Any]:
-    """The `message` object of a finished response."""
+def message_json(
+    record: ResponseRecord, thinking: Thinking, *, marked: bool = False
+) -> dict[str, Any]:
+    """The `message` object of a finished response (`marked`: see `usage_json`)."""
     return {
         "id": message_id(record),
         "type": "message",
@@ -94,14 +101,13 @@ def message_json(record: ResponseRecord, thinking: Thinking) -> dict[str, Any]:
         "content": content_blocks(record.output, thinking),
         "stop_reason": stop_reason(record),
         "stop_sequence": record.stop_sequence,
-        "usage": usage_json(record.usage),
+        "usage": usage_json(record.usage, marked=marked),
     }
 
 
-def started_message(record: ResponseRecord, prompt_tokens: int) -> dict[str, Any]:
+def started_message(record: ResponseRecord, usage: dict[str, int]) -> dict[str, Any]:
     """The `message` of a stream's `message_start`: no content yet, and the prompt's
-    tokens (how many the cache serves is known once it is read: `message_delta`)."""
-    usage = usage_json(Usage(input_tokens=prompt_tokens))
+    `usage` as the finished message will show it."""
     return {
         "id": message_id(record),
         "type": "message",

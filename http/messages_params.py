@@ -93,7 +93,16 @@ def message_params(body: CountTokensBody) -> ResponseParams:
         top_k=body.top_k,
         user=body.metadata.user_id if body.metadata else None,
         stop=tuple(body.stop_sequences or ()),
+        text=_text(body),
     )
+
+
+def _text(body: MessagesBody) -> dict[str, JsonValue] | None:
+    """A structured output's schema as the Responses API's `text.format`."""
+    found = body.output_schema()
+    if found is None:
+        return None
+    return {"format": {"type": "json_schema", "name": "output", "schema": found[1]}}
 
 
 def _instructions(system: str | list[TextBlock] | None) -> str | None:

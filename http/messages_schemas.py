@@ -2,8 +2,7 @@
 `/v1/messages/count_tokens` bodies.
 
 Lenient where clients run ahead of any server: unknown fields are accepted and ignored
-at every level (`cache_control`, `citations`, `context_management`, `output_config`,
-`service_tier`, `container`, `mcp_servers` and whatever comes next), and a `thinking`
+at every level (`citations`, `context_management`, `service_tier`, `container`, `mcp_servers` and whatever comes next), and a `thinking`
 type this server has not heard of counts as thinking on. Strict where a bad value must
 be a 400: the known fields' types and ranges, the roles, and the content block types
 (a block this server cannot read is refused, not dropped). Their conversion into
@@ -22,7 +21,15 @@ MAX_STOP_SEQUENCES = 64
 """Each stop sequence is looked for in every piece of the reply as it streams."""
 
 
-class TextBlock(_Model):
+class _Cacheable(_Model):
+    """A part a client may mark for the prompt cache (`cache_control`): the marks change
+    nothing here (every prompt is cached), but usage reports cache writes only when a
+    request has one, as Anthropic does (`http/messages_objects.py`)."""
+
+    cache_control: dict[str, JsonValue] | None = None
+
+
+class TextBlock(_Cacheable):
     type: Literal["text"]
     text: str
 
@@ -52,7 +59,7 @@ class PlainTextSource(_Model):
 ImageSource = Annotated[Base64Source | UrlSource | FileSource, Field(discriminator="type")]
 
 
-class ImageBlock(_Model):
+class ImageBlock(_Cacheable):
     """An image, kept as sent (base64 as a data URL); a model without vision reads a
     placeholder, or the request is a 400 under `--images reject`."""
 
@@ -60,7 +67,7 @@ class ImageBlock(_Model):
     source: ImageSource
 
 
-class DocumentBlock(_Model):
+class DocumentBlock(_Cacheable):
     """A document; only plain text ones are read (as text)."""
 
     type: Literal["document"]
@@ -70,7 +77,7 @@ class DocumentBlock(_Model):
     title: str | None = None
 
 
-class ThinkingBlock(_Model):
+class ThinkingBlock(_Cacheable):
     """A reasoning trace sent back; its `signature` finds the trace as it was generated."""
 
     type: Literal["thinking"]
@@ -83,7 +90,7 @@ class RedactedThinkingBlock(_Model):
     data: str = ""
 
 
-class ToolUseBlock(_Model):
+class ToolUseBlock(_Cacheable):
     type: Literal["tool_use"]
     id: str = Field(min_length=1)
     name: str = Field(min_length=1)
@@ -93,7 +100,7 @@ class ToolUseBlock(_Model):
 ResultPart = Annotated[TextBlock | ImageBlock | DocumentBlock, Field(discriminator="type")]
 
 
-class ToolResultBlock(_Model):
+class ToolResultBlock(_Cacheable):
     type: Literal["tool_result"]
     tool_use_id: str = Field(min_length=1)
     content: str | list[ResultPart] | None = None
@@ -128,7 +135,7 @@ class SystemMessage(_Model):
 MessageIn = Annotated[UserMessage | AssistantMessage | SystemMessage, Field(discriminator="role")]
 
 
-class CustomTool(_Model):
+class CustomTool(_Cacheable):
     """A client tool: the model sees it as a function whose parameters are `input_schema`."""
 
     type: Literal["custom"] | None = None
@@ -137,7 +144,7 @@ class CustomTool(_Model):
     input_schema: dict[str, JsonValue]
 
 
-class TypedTool(_Model):
+class TypedTool(_Cacheable):
     """A tool Anthropic defines by its type (`web_search_…`, `bash_…`, `text_editor_…`):
     this server runs none, so it follows `--hosted-tools` (a 400, or left out)."""
 
@@ -217,8 +224,29 @@ class CountTokensBody(_Model):
         return data
 
 
+class JsonOutputFormat(_Model):
+    """Structured output: the reply is JSON valid against `schema`."""
+
+    type: Literal["json_schema"]
+    schema_: dict[str, JsonValue] = Field(alias="schema")
+
+
+class OutputConfig(_Model):
+    """`output_config`: its `format` is enforced (the grammar chat's `response_format`
+    uses); its other settings (`effort`, …) change nothing here."""
+
+    format: JsonOutputFormat | None = None
+
+
 class MessagesBody(CountTokensBody):
     """`POST /v1/messages`."""
+
+    output_config: OutputConfig | None = None
+    output_format: JsonOutputFormat | None = None
+    """The structured-outputs beta's name of `output_config.format`."""
+
+    cache_control: dict[str, JsonValue] | None = None
+    """Anthropic's automatic caching: marks the request's last cacheable part."""
 
     max_tokens: int = Field(ge=1)
     stream: bool | None = None
@@ -227,3 +255,27 @@ class MessagesBody(CountTokensBody):
     top_k: int | None = Field(default=None, ge=0)
     stop_sequences: Annotated[list[str], Field(max_length=MAX_STOP_SEQUENCES)] | None = None
     metadata: Metadata | None = None
+
+    def output_schema(self) -> tuple[str, dict[str, JsonValue]] | None:
+        """The schema the reply must follow and the field that named it, if any."""
+        if self.output_config is not None and self.output_config.format is not None:
+            return "output_config.format", self.output_config.format.schema_
+        if self.output_format is not None:
+            return "output_format", self.output_format.schema_
+        return None
+
+    def marks_cache(self) -> bool:
+        """Whether `cache_control` is set on the request or any of its parts."""
+        parts: list[Any] = [self, *(self.tools or ())]
+        if not isinstance(self.system, str | None):
+            parts += self.system
+        for message in self.messages:
+            if isinstance(message.content, list):
+                parts += message.content
+                parts += [
+                    inner
+                    for block in message.content
+                    if isinstance(block, ToolResultBlock) and isinstance(block.content, list)
+                    for inner in block.content
+                ]
+        return any(getattr(part, "cache_control", None) is not None for part in parts)

@@ -1,4 +1,5 @@
-"""A response's stream events as Anthropic's: `message_start`, then per content block
+"""A response's stream events as Anthropic's: `message_start` once the prompt is read
+(its usage then known: how much the prompt cache served), then per content block
 `content_block_start`, its deltas and `content_block_stop`, then `message_delta` (the
 stop reason and usage) and `message_stop`; `ping` while nothing else is sent.
 
@@ -26,12 +27,13 @@ from mlxcel.http.messages_objects import (
     usage_json,
 )
 from mlxcel.http.streaming import Framing
-from mlxcel.items import FunctionCall, Message, Reasoning, ResponseRecord
+from mlxcel.items import FunctionCall, Message, Reasoning, ResponseRecord, Usage
 from mlxcel.respond.events import (
     FunctionCallArgumentsDelta,
     OutputItemAdded,
     OutputItemDone,
     OutputTextDelta,
+    PromptRead,
     ReasoningTextDelta,
     ResponseEvent,
     ResponseFinished,
@@ -58,22 +60,30 @@ class MessageEvents:
     """One response's events as Anthropic's stream events."""
 
     record: ResponseRecord
-    prompt_tokens: int
     thinking: Thinking
+    marked: bool = False
+    """The request set `cache_control` (`usage_json`)."""
     _blocks: dict[str, int] = field(default_factory=dict)
     """The open block of each output item (by item id), as its index."""
     _unsent: dict[str, list[str]] = field(default_factory=dict)
     """Text of messages whose block waits for text that is not whitespace."""
     _started: int = 0
+    _opened: bool = False
+    """`message_start` was sent."""
 
-    def first(self) -> dict[str, Any]:
-        return {
-            "type": "message_start",
-            "message": started_message(self.record, self.prompt_tokens),
-        }
+    def _open(self, usage: Usage) -> list[dict[str, Any]]:
+        """`message_start`, once: sent when the prompt is read, so its usage is the one
+        `message_delta` and the message object repeat (the output tokens aside)."""
+        if self._opened:
+            return []
+        self._opened = True
+        shown = usage_json(usage, marked=self.marked) | {"output_tokens": 0}
+        return [{"type": "message_start", "message": started_message(self.record, shown)}]
 
     def translate(self, event: ResponseEvent) -> list[dict[str, Any]]:
         match event:
+            case PromptRead(prompt_tokens=prompt, cached_tokens=cached, cache_write_tokens=kept):
+                return self._open(Usage(prompt, cached_tokens=cached, cache_write_tokens=kept))
             case OutputItemAdded(item=Message(id=str(item_id))):
                 self._unsent[item_id] = []
             case OutputItemAdded(item=Reasoning(id=str(item_id))):
@@ -100,7 +110,8 @@ class MessageEvents:
             case StreamError(message=message):
                 return [error_event(anthropic_type(500), message)]
             case ResponseFinished(record=record) if record.status in ("completed", "incomplete"):
-                return [self._delta_of_message(record), {"type": "message_stop"}]
+                opened = self._open(record.usage or Usage())
+                return [*opened, self._delta_of_message(record), {"type": "message_stop"}]
         return []
 
     def _text(self, item_id: str, delta: str) -> list[dict[str, Any]]:
@@ -130,4 +141,5 @@ class MessageEvents:
 
     def _delta_of_message(self, record: ResponseRecord) -> dict[str, Any]:
         delta = {"stop_reason": stop_reason(record), "stop_sequence": record.stop_sequence}
-        return {"type": "message_delta", "delta": delta, "usage": usage_json(record.usage)}
+        usage = usage_json(record.usage, marked=self.marked)
+        return {"type": "message_delta", "delta": delta, "usage": usage}

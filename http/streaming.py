@@ -29,7 +29,13 @@ from mlxcel.http.access_log import ExchangeNote, exchange_note, note_record
 from mlxcel.http.exchange import exchange_nursery
 from mlxcel.http.handles import Handles
 from mlxcel.http.sse import KEEPALIVE_FRAME, SseEncoder
-from mlxcel.respond.events import KeepAlive, ResponseCreated, ResponseEvent, ResponseFinished
+from mlxcel.respond.events import (
+    KeepAlive,
+    PromptRead,
+    ResponseCreated,
+    ResponseEvent,
+    ResponseFinished,
+)
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +72,8 @@ class EventStreamBody:
         while True:
             with trio.move_on_after(self._keepalive):
                 next_event = await self._events.__anext__()
+                if isinstance(next_event, PromptRead):
+                    continue  # no Responses frame shows it (its usage does, at the end)
                 _note_end(self._note, next_event)
                 return self._encode(next_event)
             position = await self._events.queue_position()
@@ -145,6 +153,8 @@ class DataStreamBody:
         self._translate = translate
         self._keepalive = keepalive_secs
         self._done = False
+        self._opened = False
+        """A frame was sent: the framing's own keep-alive may follow."""
 
     def __aiter__(self) -> DataStreamBody:
         return self
@@ -162,9 +172,12 @@ class DataStreamBody:
                         self._frames.append(self._framing.end)
                     continue
             if quiet.cancelled_caught or isinstance(event, KeepAlive):
-                return self._framing.keepalive
+                # Before the first event an SSE comment: a stream's event flow opens with
+                # its first event (Anthropic's `message_start`), never a `ping`.
+                return self._framing.keepalive if self._opened else KEEPALIVE_FRAME
             _note_end(self._note, event)
             self._frames.extend(self._encode(event))
+        self._opened = True
         return self._frames.popleft()
 
     def _encode(self, event: ResponseEvent) -> list[bytes]:

@@ -139,6 +139,8 @@ class FakeEngine:
     idled: int = 0
     prompts: deque[str] = field(default_factory=lambda: deque(maxlen=16))
     """The last prompts inserted, as text."""
+    samplings: deque[Sampling] = field(default_factory=lambda: deque(maxlen=16))
+    """How the last sequences inserted were to be sampled (their grammar too)."""
     phases: deque[tuple[str, tuple[int, ...]]] = field(default_factory=lambda: deque(maxlen=64))
     """The last phases run: ("decode" or "prefill", the sequences that got a token)."""
     gate: threading.Event = field(default_factory=_open_gate)
@@ -169,6 +171,7 @@ class FakeEngine:
 
     def insert(self, spec: SequenceSpec) -> None:
         self.prompts.append("".join(chr(t) for t in spec.prompt))
+        self.samplings.append(spec.sampling)
         words = scripted_reply(spec.prompt)
         if self.fail_insert_on is not None and any(self.fail_insert_on in w for w in words):
             raise RuntimeError(f"scripted admission failure on {self.fail_insert_on!r}")

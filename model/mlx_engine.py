@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mlxcel.generation import PrefillProgress, SequenceSpec, TokenStep
+from mlxcel.model.control_tokens import ControlMask
 from mlxcel.model.grammar.constrained import GrammarCompiler, GrammarMasks
 from mlxcel.model.step_plan import MAX_PREFILL_ROWS, Chunk, StepBudget, Waiting, plan_chunk
 
@@ -66,6 +67,8 @@ class MlxEngine:
     sampler: Sampler = field(default_factory=Sampler)
     flat: bool = False
     """Decode rows and the step's prompt chunk share one forward (`flat_forward`)."""
+    control: ControlMask = field(default_factory=lambda: ControlMask(()))
+    """The special tokens no row may sample (`model/control_tokens.py`)."""
     _waiting: deque[Row] = field(default_factory=deque)
     """Inserted, not yet admitted to reading (FIFO)."""
     _reading: dict[int, Row] = field(default_factory=dict)
@@ -329,6 +332,7 @@ class MlxEngine:
             if self.masks is None or self.masks.vocab_size != logits.shape[-1]:
                 self.masks = self.grammars.masks(logits.shape[-1])
             logits = self.masks.apply(logits, matchers)
+        logits = self.control.apply(logits)
         tokens, logprobs = self.sampler.sample(logits, [r.sampling for r in rows], rngs)
         for matcher, penalty, token in zip(matchers, penalties, tokens, strict=True):
             if matcher is not None:

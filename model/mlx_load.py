@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from mlxcel.generation import ModelInfo
+from mlxcel.model.control_tokens import ControlMask, control_token_ids
 from mlxcel.model.engine import LoadedModel
 from mlxcel.model.folder import context_length
 from mlxcel.model.grammar.constrained import GrammarCompiler
@@ -78,6 +79,7 @@ def load_mlx_model(
         PrefixCache(prompt_cache_bytes, disk=disk) if prompt_cache_bytes > 0 else None,
         Sampler(fast_log_softmax if fast else reference_log_softmax),
         flat_forward.supports(model),
+        ControlMask(control_token_ids(tokenizer._tokenizer, tokenizer.eos_token_ids)),
         _stop=frozenset(tokenizer.eos_token_ids),
     )
     version = getattr(mx, "__version__", "?")

@@ -115,6 +115,11 @@ class ResponseBuilder:
         return self._record
 
     @property
+    def generated(self) -> int:
+        """The tokens fed so far."""
+        return self._tokens
+
+    @property
     def stopped(self) -> bool:
         """The answer reached a stop string: the reply ends here (`finish("stop")`)."""
         return self._stops.found

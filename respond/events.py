@@ -196,9 +196,22 @@ class KeepAlive:
     prompt_tokens_total: int = 0
 
 
+@dataclass(frozen=True, slots=True)
+class PromptRead:
+    """The prompt is read and the first token drawn: how much of it the prompt cache
+    served and kept. Only for wire formats that show it before the end (Anthropic's
+    `message_start`); no Responses frame and no event log carry it."""
+
+    response_id: str
+    prompt_tokens: int
+    cached_tokens: int
+    cache_write_tokens: int
+
+
 ResponseEvent = (
     ResponseCreated
     | ResponseInProgress
+    | PromptRead
     | CompactionStarted
     | CompactionCompleted
     | OutputItemAdded

@@ -7,6 +7,7 @@ import secrets
 from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import pytest
 from anthropic import Anthropic
 
@@ -122,3 +123,45 @@ def test_the_billing_nonce_does_not_defeat_the_prompt_cache(
     again = turn(f"Hello.\n{billing_line()}\n{SYSTEM}")
     assert prompt_share_cached(control) < 0.5
     assert prompt_share_cached(again) < 0.5
+
+
+def split(usage: Any) -> tuple[int, int, int]:
+    return (usage.input_tokens, usage.cache_read_input_tokens, usage.cache_creation_input_tokens)
+
+
+def test_usage_splits_the_prompt_as_anthropic_does(
+    real_server: RealServer, client: Anthropic
+) -> None:
+    system = f"Case {secrets.token_hex(8)}. {SYSTEM}"  # a prefix no cache entry holds yet
+    asked: dict[str, Any] = {
+        "model": real_server.alias,
+        "system": system,
+        "messages": [{"role": "user", "content": "Say hi."}],
+    }
+    counted = client.messages.count_tokens(**asked).input_tokens
+    asked |= {"max_tokens": 4, "extra_body": GREEDY}
+    cold = client.messages.create(**asked).usage
+    assert cold.cache_creation_input_tokens == 0  # no `cache_control`: nothing written
+    assert cold.cache_read_input_tokens < counted // 2  # the template's opening at most
+    assert cold.input_tokens + cold.cache_read_input_tokens == counted
+    warm = client.messages.create(**asked).usage
+    assert warm.cache_read_input_tokens > counted // 2
+    assert warm.cache_creation_input_tokens == 0
+    assert warm.input_tokens + warm.cache_read_input_tokens == counted
+    with client.messages.stream(**asked) as stream:
+        events = list(stream)
+        final = stream.get_final_message()
+    [start] = [e.message.usage for e in events if e.type == "message_start"]
+    [delta] = [e.usage for e in events if e.type == "message_delta"]
+    assert split(start) == split(delta) == split(warm)
+    assert final.usage.model_dump() == warm.model_dump()
+    marked = [{"type": "text", "text": f"Case {secrets.token_hex(8)}. {SYSTEM}"}]
+    marked[0]["cache_control"] = {"type": "ephemeral"}  # type: ignore[assignment]
+    counted = client.messages.count_tokens(
+        model=real_server.alias, system=marked, messages=asked["messages"]
+    ).input_tokens
+    written = client.messages.create(**(asked | {"system": marked})).usage
+    assert written.cache_read_input_tokens < counted // 2
+    assert written.cache_creation_input_tokens > counted // 2
+    assert sum(split(written)) == counted
+    assert httpx.get(f"{real_server.url}/health", timeout=30).status_code == 200

@@ -47,3 +47,25 @@ def test_streamed_json_object_is_valid_json(real_server: RealServer) -> None:
         assert isinstance(json.loads(final.output_text), dict)
     else:  # stopped on length: still a JSON prefix, never text around it
         assert final.output_text.lstrip().startswith("{")
+
+
+def test_messages_parse_returns_a_parsed_object(real_server: RealServer) -> None:
+    from anthropic import Anthropic
+
+    with Anthropic(base_url=real_server.url, api_key="sk-no-auth", max_retries=0) as client:
+        message = client.messages.parse(
+            model=real_server.alias,
+            max_tokens=80,
+            messages=[
+                {
+                    "role": "user",
+                    "content": "Give the capital of France with its country and population.",
+                }
+            ],
+            output_format=City,
+            extra_body={"temperature": 0},
+        )
+    assert message.stop_reason == "end_turn"
+    parsed = message.parsed_output
+    assert isinstance(parsed, City)
+    assert parsed.name.strip()

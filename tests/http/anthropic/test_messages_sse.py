@@ -52,8 +52,8 @@ def check_stream(text: str) -> list[dict[str, Any]]:
         assert event == data["type"]
         if event not in ("ping", "error"):
             EVENTS.validate_python(data)  # as the SDK reads it
+    assert found[0][0] == "message_start"  # the first event, before any ping
     data = [d for _, d in found if d["type"] != "ping"]
-    assert data[0]["type"] == "message_start"
     assert [d["type"] for d in data[-2:]] == ["message_delta", "message_stop"]
     opened: int | None = None
     started = 0
@@ -127,11 +127,13 @@ async def test_a_thinking_block_ends_with_its_signature(start_fake_server: Start
 async def test_pings_while_the_prompt_is_read(start_fake_server: StartServer) -> None:
     engine = FakeEngine(step_delay=0.01, prefill_chunk=2)  # a long prefill
     server = await start_fake_server(engine, sse_keepalive_secs=0.05)
-    data = check_stream(await stream_text(server, body("echo: done " + "x" * 200)))
-    first_block = next(i for i, d in enumerate(data) if d["type"] == "content_block_start")
-    pings = [d for d in data[:first_block] if d["type"] == "ping"]
-    assert len(pings) >= 3
-    assert pings[0] == {"type": "ping"}
+    text = await stream_text(server, body("echo: done " + "x" * 200))
+    check_stream(text)
+    # `message_start` waits for the prompt (its usage says what the cache served): until
+    # then SSE comments keep the stream alive, since no event may come before it.
+    opening = text[: text.index("event: message_start")]
+    assert opening.count(": keep-alive\n\n") >= 3
+    assert opening.replace(": keep-alive\n\n", "") == ""
 
 
 async def test_pings_while_queued(start_fake_server: StartServer) -> None:
@@ -144,11 +146,17 @@ async def test_pings_while_queued(start_fake_server: StartServer) -> None:
             while engine.active != 1:  # noqa: ASYNC110 - the engine's state is another thread's
                 await trio.sleep(0.01)
             text = await read_releasing(
-                http, "/v1/messages", body("echo: next"), engine, lambda t: t.count("ping") >= 2
+                http,
+                "/v1/messages",
+                body("echo: next"),
+                engine,
+                lambda t: t.count(": keep-alive") >= 2,
             )
     data = check_stream(text)
-    assert data[0]["type"] == "message_start"  # at once, while queued
-    assert sum(d["type"] == "ping" for d in data) >= 2
+    # SSE comments while queued; `message_start` once the prompt is read (its usage known).
+    opening = text[: text.index("event: message_start")]
+    assert opening.count(": keep-alive\n\n") >= 2
+    assert opening.replace(": keep-alive\n\n", "") == ""
     assert data[-2]["delta"]["stop_reason"] == "end_turn"
 
 
