@@ -7,6 +7,7 @@ serving; in the SQLite file and in Redis (fake engine, separate processes)."""
 from __future__ import annotations
 
 import contextlib
+import json
 import sqlite3
 import time
 from dataclasses import dataclass
@@ -156,6 +157,49 @@ def test_an_unreadable_unfinished_job_never_stops_the_next_server(
     logged = second.log.read_text()
     warnings = [line for line in logged.splitlines() if unreadable.id in line and "WARNING" in line]
     assert len(warnings) == 1, logged  # once, however often the store is looked at
+    assert "cannot be read" in warnings[0], warnings[0]
+    assert SECRET not in logged
+    assert "Traceback" not in logged
+
+
+@pytest.mark.parametrize("body", sorted(UNREADABLE))
+def test_an_unreadable_response_never_stops_an_item_index_upgrade(
+    servers: ServerProcesses, redis_server: RedisServer, body: str
+) -> None:
+    """A Redis store an earlier release indexed (one list of item ids per response) is
+    indexed afresh at start: a response there this release cannot read is left out of the
+    index, warned about, and kept; the others are indexed."""
+    kept = RedisKeys(redis_server, key_prefix())
+    first = servers.start(*kept.flags())
+    client = first.client()
+    unreadable = client.responses.create(model=MODEL, input="echo: lost words")
+    readable = client.responses.create(model=MODEL, input="echo: found words")
+    first.kill()
+    base = "{" + kept.prefix + "}:"
+    for key in redis_server.call("KEYS", base + "ix:*") or []:  # back to the old layout
+        redis_server.call("DEL", key)
+    redis_server.call("DEL", base + "responses:itemkeys")
+    for response in (unreadable, readable):
+        ids = json.dumps([response.output[0].id])
+        redis_server.call("HSET", base + "responses:itemids", response.id, ids)
+    redis_server.call("HSET", base + "responses:body", unreadable.id, UNREADABLE[body])
+
+    second = servers.start(*kept.flags())
+    client = second.client()
+    with second.http() as http:
+        r = http.get(f"/v1/responses/{unreadable.id}")
+        assert r.status_code == 503, r.text
+        assert r.json()["error"]["code"] == "store_unavailable"
+        assert http.get("/health").status_code == 200
+    reference = {"type": "item_reference", "id": readable.output[0].id}
+    conv = client.conversations.create(items=[reference])  # type: ignore[list-item]
+    said = client.conversations.items.list(conv.id).data
+    assert [i.content[0].text for i in said] == ["found words"]  # type: ignore[union-attr]
+    assert client.responses.create(model=MODEL, input="echo: fine").output_text == "fine"
+
+    logged = second.log.read_text()
+    warnings = [line for line in logged.splitlines() if unreadable.id in line and "WARNING" in line]
+    assert len(warnings) == 1, logged
     assert "cannot be read" in warnings[0], warnings[0]
     assert SECRET not in logged
     assert "Traceback" not in logged
