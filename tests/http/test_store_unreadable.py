@@ -22,6 +22,8 @@ from mlxcel.store.backend import RESTART_MESSAGE
 from redis_server import RedisServer
 from server_process import MODEL, ServerProcesses
 from support import LONG, key_prefix
+from webhook_receiver import SECRET as WEBHOOK_SECRET
+from webhook_receiver import receiver, unwrap
 
 SECRET = "kept-words-no-log-shows"
 UNREADABLE = {
@@ -29,6 +31,13 @@ UNREADABLE = {
     "damaged": b'{"$":"ResponseRecord","v":2,' + SECRET.encode(),
 }
 """What an unfinished job's stored bytes are rewritten to: each carries `SECRET`."""
+UNREADABLE_DELIVERIES = {
+    "later_version": b'{"response_id":"r","event_id":"e","tenant":"","said":"'
+    + SECRET.encode()
+    + b'"}',
+    "damaged": b'{"response_id":"' + SECRET.encode(),
+}
+"""What a pending webhook delivery's stored bytes are rewritten to."""
 
 
 class Kept(Protocol):
@@ -37,6 +46,8 @@ class Kept(Protocol):
     def flags(self) -> tuple[str, ...]: ...
 
     def rewrite(self, job_id: str, body: bytes) -> None: ...
+
+    def rewrite_delivery(self, response_id: str, body: bytes) -> None: ...
 
     def wait_lapsed(self) -> None:
         """Until the killed server's jobs are another server's to end (at its start)."""
@@ -61,6 +72,14 @@ class SqliteFile:
             )
             assert done.rowcount == 1
 
+    def rewrite_delivery(self, response_id: str, body: bytes) -> None:
+        with contextlib.closing(sqlite3.connect(self.path)) as db, db:
+            done = db.execute(
+                "UPDATE webhook_deliveries SET body = ? WHERE response_id = ?",
+                (body.decode(), response_id),
+            )
+            assert done.rowcount == 1
+
     def wait_lapsed(self) -> None:
         pass  # one server per file: the next one ends what it finds, at its start
 
@@ -80,6 +99,10 @@ class RedisKeys:
     def rewrite(self, job_id: str, body: bytes) -> None:
         key = "{" + self.prefix + "}:active:body"
         assert self.redis.call("HSET", key, job_id, body) == 0  # replaced
+
+    def rewrite_delivery(self, response_id: str, body: bytes) -> None:
+        key = "{" + self.prefix + "}:webhooks:body"
+        assert self.redis.call("HSET", key, response_id, body) == 0  # replaced
 
     def _leases(self) -> list[bytes]:
         found = self.redis.call("KEYS", "{" + self.prefix + "}:lease:*")
@@ -196,6 +219,42 @@ def test_an_unreadable_response_never_stops_an_item_index_upgrade(
     said = client.conversations.items.list(conv.id).data
     assert [i.content[0].text for i in said] == ["found words"]  # type: ignore[union-attr]
     assert client.responses.create(model=MODEL, input="echo: fine").output_text == "fine"
+
+    logged = second.log.read_text()
+    warnings = [line for line in logged.splitlines() if unreadable.id in line and "WARNING" in line]
+    assert len(warnings) == 1, logged
+    assert "cannot be read" in warnings[0], warnings[0]
+    assert SECRET not in logged
+    assert "Traceback" not in logged
+
+
+@pytest.mark.parametrize("body", sorted(UNREADABLE_DELIVERIES))
+def test_an_unreadable_webhook_delivery_never_holds_back_the_others(
+    servers: ServerProcesses, kept: Kept, body: str
+) -> None:
+    """A pending delivery this release cannot read, found by the next server, is left as
+    stored and warned about; every other delivery is still sent."""
+    with receiver([500, 500]) as hook:
+        flags = (
+            *kept.flags(),
+            *("--webhook-url", hook.url, "--webhook-secret", WEBHOOK_SECRET),
+            *("--webhook-backoff-secs", "2", "--webhook-timeout-secs", "2"),
+        )
+        first = servers.start(*flags)
+        client = first.client()
+        unreadable = client.responses.create(model=MODEL, input="echo: one", background=True)
+        readable = client.responses.create(model=MODEL, input="echo: two", background=True)
+        hook.wait_for(2)  # each failed once: both pending, due again in 1 to 2 s
+        first.kill()
+        kept.rewrite_delivery(unreadable.id, UNREADABLE_DELIVERIES[body])
+
+        second = servers.start(*flags)
+        sent = unwrap(hook.wait_for(3)[2])
+        assert (sent.type, sent.data.id) == ("response.completed", readable.id)
+        with second.http() as http:
+            assert http.get("/health").status_code == 200
+        ordinary = second.client().responses.create(model=MODEL, input="echo: fine")
+        assert ordinary.output_text == "fine"
 
     logged = second.log.read_text()
     warnings = [line for line in logged.splitlines() if unreadable.id in line and "WARNING" in line]
