@@ -15,10 +15,12 @@ for every backend.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from mlxcel.items import (
     Conversation,
@@ -30,6 +32,7 @@ from mlxcel.items import (
     failed,
     is_minted_conversation_id,
 )
+from mlxcel.store.codec import CodecError, decode_record
 from mlxcel.store.deliveries import Deliveries
 from mlxcel.store.tables import (
     AddItems,
@@ -41,6 +44,10 @@ from mlxcel.store.tables import (
     StoreStatistics,
     Table,
 )
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 RESTART_MESSAGE = "The server running this response stopped before it finished."
 """The error of a background job whose process ended before the job did."""
@@ -154,7 +161,8 @@ class StoreBackend(Protocol):
         `failed` with a `server_error` (`RESTART_MESSAGE`), or `cancelled` when a cancel
         was asked, as `finish_job` would; how many. A store only this process uses holds
         no other live owner, so it ends them all; a shared one spares the owners whose
-        lease is live. Exactly once: a reaped job is no longer unfinished."""
+        lease is live. Exactly once: a reaped job is no longer unfinished. A job whose
+        stored bytes this release cannot read is left as it is (`UnreadableJobs`)."""
         ...
 
     async def remember(self, key: str, reasoning: str) -> None:
@@ -248,3 +256,37 @@ def too_large(final: ResponseRecord) -> ResponseRecord:
     )
     slim = dataclasses.replace(final, input_items=(), incomplete_reason=None)
     return failed(slim, error, usage=final.usage)
+
+
+class UnreadableJobs:
+    """What a backend's reaps find of the unfinished jobs stored in bytes this release
+    cannot read (a later release's encoding, or damage). Ending one would write over what
+    it holds with a record made up without it, so it is left as it is stored: its
+    retrieval answers as any unreadable stored value does, and a release that reads it
+    can end it. Each is warned about once, since a shared store reaps every third of a
+    lease; only those the last reap found are remembered, so never more than the store's
+    unfinished jobs."""
+
+    def __init__(self) -> None:
+        self._known: frozenset[str] = frozenset()
+
+    def readable(self, jobs: Iterable[tuple[str, bytes, T]]) -> list[tuple[str, ResponseRecord, T]]:
+        """Each of one reap's jobs (id, stored bytes, what the backend keeps beside) read
+        back; those that cannot be are left out, and warned about by id and why (never
+        their bytes)."""
+        found: list[tuple[str, ResponseRecord, T]] = []
+        unreadable: dict[str, str] = {}
+        for job_id, body, beside in jobs:
+            try:
+                found.append((job_id, decode_record(body), beside))
+            except CodecError as exc:
+                unreadable[job_id] = str(exc)
+        for job_id in sorted(unreadable.keys() - self._known):
+            log.warning(
+                "background response %s was unfinished when its server stopped, and its "
+                "stored record cannot be read (%s); it is left as stored",
+                job_id,
+                unreadable[job_id],
+            )
+        self._known = frozenset(unreadable)
+        return found

@@ -97,6 +97,15 @@ def decode(data: bytes | str) -> Stored:
     return value
 
 
+def decode_record(data: bytes | str) -> ResponseRecord:
+    """A stored response read back; CodecError when the bytes are not one (a conversation
+    where a response belongs is damage too)."""
+    value = decode(data)
+    if not isinstance(value, ResponseRecord):
+        raise CodecError(f"a response's entry holds a {type(value).__name__}")
+    return value
+
+
 def encoded_size(value: Stored) -> int:
     """The bytes the value takes in the store: what the byte budgets charge."""
     return len(encode(value))

@@ -16,12 +16,17 @@ from __future__ import annotations
 
 import enum
 import json
+import logging
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Protocol
 
 import trio
+
+from mlxcel.store.codec import CodecError
+
+log = logging.getLogger(__name__)
 
 MAX_PENDING = 10_000
 """Deliveries a store keeps at most; beyond it a new one is refused (and logged), so an
@@ -64,7 +69,51 @@ def encode_delivery(delivery: Delivery) -> str:
 
 
 def decode_delivery(body: str | bytes) -> Delivery:
-    return Delivery(**json.loads(body))
+    """A kept delivery read back; CodecError when the bytes are not one this release
+    writes (a later release's, or damaged): a backend answers it as any stored value it
+    cannot read."""
+    try:
+        delivery = Delivery(**json.loads(body))
+    except (ValueError, TypeError, RecursionError) as exc:
+        raise CodecError(f"not a delivery: {exc}") from None
+    texts = (delivery.response_id, delivery.event_id, delivery.tenant)
+    numbers = (delivery.created_at, delivery.attempts)
+    if not (
+        all(isinstance(t, str) for t in texts)
+        and isinstance(delivery.status, str | None)
+        and all(type(n) is int for n in numbers)
+    ):
+        raise CodecError("a delivery's fields are not of their types")
+    return delivery
+
+
+class UnreadableDeliveries:
+    """Reads a claim's deliveries back. One this release cannot read is left as stored
+    (a release that reads it may send it), claimed like the others, so it is due again
+    only after the lease and never in the way of the rest, and warned about once; the
+    ids remembered for that are at most `MAX_PENDING`, the most the store keeps."""
+
+    def __init__(self) -> None:
+        self._known: set[str] = set()
+
+    def readable(self, claimed: Iterable[tuple[str, str | bytes]]) -> tuple[Delivery, ...]:
+        """Each claimed (response id, stored bytes) read back, those unreadable left out."""
+        found: list[Delivery] = []
+        for response_id, body in claimed:
+            try:
+                found.append(decode_delivery(body))
+            except CodecError as exc:
+                if response_id not in self._known:
+                    if len(self._known) >= MAX_PENDING:
+                        self._known.clear()
+                    self._known.add(response_id)
+                    log.warning(
+                        "the pending webhook delivery of response %s cannot be read (%s); "
+                        "it is left as stored",
+                        response_id,
+                        exc,
+                    )
+        return tuple(found)
 
 
 def room_of(tenant: str, each: int | None, rooms: Mapping[str, int] | None) -> int | None:

@@ -35,6 +35,7 @@ from mlxcel.store.backend import (
     Chain,
     Charge,
     JobOwner,
+    UnreadableJobs,
     changed_conversation,
     final_table,
     reaped,
@@ -99,6 +100,7 @@ class RedisBackend:
         self._stack = contextlib.AsyncExitStack()
         self._closed = False
         self._scripts: dict[str, Script[bytes]] = {}
+        self._unreadable = UnreadableJobs()  # the dead jobs its reaps could not read
         self.deliveries = RedisDeliveries(self._run)  # pending webhook deliveries
 
     @classmethod
@@ -247,9 +249,9 @@ class RedisBackend:
         """End the unfinished jobs of every owner but `owner` whose lease is gone (a
         replica holding its lease is alive: its jobs are its own)."""
         flat = await self._run(job_lua.DEAD_JOBS, owner_arg(owner))
+        jobs = [(flat[n].decode(), flat[n + 2], flat[n + 1]) for n in range(0, len(flat), 3)]
         ended = 0
-        for n in range(0, len(flat), 3):
-            job_id, dead, record = flat[n].decode(), flat[n + 1], decode_response(flat[n + 2])
+        for job_id, record, dead in self._unreadable.readable(jobs):
             _, failed = self._final_spec(reaped(record, cancel_requested=False))
             _, cancelled = self._final_spec(reaped(record, cancel_requested=True))
             ended += await self._run(job_lua.REAP_JOB, job_id, dead, *failed, *cancelled)

@@ -10,7 +10,13 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-from mlxcel.store.deliveries import MAX_PENDING, Added, Delivery, decode_delivery, encode_delivery
+from mlxcel.store.deliveries import (
+    MAX_PENDING,
+    Added,
+    Delivery,
+    UnreadableDeliveries,
+    encode_delivery,
+)
 
 Run = Callable[..., Awaitable[Any]]
 """The backend's `_run`: one script, given the key base and the time before its args."""
@@ -73,7 +79,7 @@ CLAIM = (
     _PRELUDE
     + r"""
 -- ARGV[3]: most taken, ARGV[4]: lease, ARGV[5]: most of any one tenant ('' for no
--- bound), then pairs of a tenant and its own most. The bodies taken.
+-- bound), then pairs of a tenant and its own most. Each one taken: its id, then its body.
 local left, lease, each = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
 local rooms = {}
 for i = 6, #ARGV - 1, 2 do rooms[ARGV[i]] = tonumber(ARGV[i + 1]) end
@@ -88,6 +94,7 @@ for _, tenant in ipairs(redis.call('ZRANGEBYSCORE', firsts, '-inf', now)) do
       local body = redis.call('HGET', bodies, id)
       if body then
         redis.call('ZADD', due, now + lease, id)
+        out[#out + 1] = id
         out[#out + 1] = body
         left = left - 1
       else
@@ -143,6 +150,7 @@ class RedisDeliveries:
 
     def __init__(self, run: Run) -> None:
         self._run = run
+        self._unreadable = UnreadableDeliveries()
 
     async def add(
         self,
@@ -172,8 +180,9 @@ class RedisDeliveries:
     ) -> tuple[Delivery, ...]:
         pairs = [part for tenant, room in (rooms or {}).items() for part in (tenant, str(room))]
         args = (str(limit), repr(float(lease_secs)), "" if each is None else str(each))
-        bodies = await self._run(CLAIM, *args, *pairs)
-        return tuple(decode_delivery(body) for body in bodies)
+        flat = await self._run(CLAIM, *args, *pairs)
+        taken = [(flat[n].decode(), flat[n + 1]) for n in range(0, len(flat), 2)]
+        return self._unreadable.readable(taken)
 
     async def drop(self, response_id: str) -> bool:
         return bool(await self._run(DROP, response_id))

@@ -14,7 +14,7 @@ from coredis.exceptions import RedisError
 from mlxcel.errors import StoreUnavailable
 from mlxcel.items import Item, ResponseRecord
 from mlxcel.store.backend import JobOwner
-from mlxcel.store.codec import CodecError, decode
+from mlxcel.store.codec import CodecError, decode, decode_record
 from mlxcel.store.item_index import item_at
 from mlxcel.store.item_index import item_places as index_places
 from mlxcel.store.limits import StoreLimits
@@ -80,11 +80,12 @@ def decode_stored(body: bytes) -> Stored:
 
 
 def decode_response(body: bytes) -> ResponseRecord:
-    record = decode_stored(body)
-    if not isinstance(record, ResponseRecord):
-        log.error("the Redis store holds a %s where a response was", type(record).__name__)
-        raise unavailable("not a response")
-    return record
+    """A stored response read back; StoreUnavailable when it cannot be."""
+    try:
+        return decode_record(body)
+    except CodecError as exc:
+        log.error("the Redis store holds an unreadable entry: %s", exc)
+        raise unavailable(str(exc)) from exc
 
 
 def found_items(flat: list[bytes]) -> dict[str, Item]:

@@ -31,12 +31,13 @@ from mlxcel.store.backend import (
     Chain,
     Charge,
     JobOwner,
+    UnreadableJobs,
     changed_conversation,
     final_table,
     reaped,
     too_large,
 )
-from mlxcel.store.codec import CodecError, decode, encode
+from mlxcel.store.codec import CodecError, decode, decode_record, encode
 from mlxcel.store.item_index import item_at
 from mlxcel.store.limits import StoreLimits
 from mlxcel.store.sqlite.counters import charge
@@ -86,6 +87,7 @@ class SqliteBackend:
         self._closed = False
         self._rows = Rows(db)
         self._traces = Traces(db, echo_bytes)
+        self._unreadable = UnreadableJobs()
         self.deliveries = SqliteDeliveries(db, self._call)  # webhooks' (store/deliveries.py)
 
     @classmethod
@@ -267,7 +269,7 @@ class SqliteBackend:
             if rowid is None:
                 return Chain(tuple(records), key)
             self._rows.touch(Table(tbl), rowid)
-            records.append(_response(body))
+            records.append(decode_record(body))
         return Chain(tuple(records))
 
     def _find_items(self, now: float, ids: frozenset[str], tenant: str) -> dict[str, Item]:
@@ -353,13 +355,14 @@ class SqliteBackend:
 
     def _reap(self, now: float, owner: JobOwner) -> int:
         rows = self._db.execute(
-            "SELECT body, cancel_requested FROM entries WHERE tbl = 'active' "
+            "SELECT id, body, cancel_requested FROM entries WHERE tbl = 'active' "
             "AND NOT (owner IS :replica AND epoch IS :epoch) ORDER BY last_access",
             {"replica": owner.replica, "epoch": owner.epoch},
         ).fetchall()
-        for body, cancel_requested in rows:
-            self._finish(now, reaped(_response(body), bool(cancel_requested)))
-        return len(rows)
+        jobs = self._unreadable.readable(rows)
+        for _, record, cancel_requested in jobs:
+            self._finish(now, reaped(record, bool(cancel_requested)))
+        return len(jobs)
 
     def _charge(
         self, now: float, counter: str, amount: int, limit: int, window_secs: int
@@ -375,11 +378,3 @@ class SqliteBackend:
             self._put(now, table, final)
         self._rows.remove(Table.ACTIVE, "id = :id", id=final.id)
         return final
-
-
-def _response(body: bytes) -> ResponseRecord:
-    """A stored response's row read back; CodecError if it holds something else."""
-    record = decode(body)
-    if not isinstance(record, ResponseRecord):
-        raise CodecError(f"a response's row holds a {type(record).__name__}")
-    return record

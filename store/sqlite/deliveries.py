@@ -13,6 +13,7 @@ from mlxcel.store.deliveries import (
     MAX_PENDING,
     Added,
     Delivery,
+    UnreadableDeliveries,
     decode_delivery,
     encode_delivery,
     room_of,
@@ -46,6 +47,7 @@ class SqliteDeliveries:
         db.executescript(_INDEXES)
         self._db = db
         self._call = call
+        self._unreadable = UnreadableDeliveries()
 
     async def add(
         self,
@@ -143,7 +145,7 @@ class SqliteDeliveries:
             "UPDATE webhook_deliveries SET due = ? WHERE response_id = ?",
             [(now + lease_secs, response_id) for response_id, _ in taken],
         )
-        return tuple(decode_delivery(body) for _, body in taken)
+        return self._unreadable.readable(taken)
 
     def _drop(self, now: float, response_id: str) -> bool:
         cursor = self._db.execute(
@@ -176,5 +178,5 @@ def _tenant_of(body: str) -> str:
     it, as it would have before)."""
     try:
         return decode_delivery(body).tenant
-    except (ValueError, TypeError):
+    except ValueError:
         return ""
