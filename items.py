@@ -257,6 +257,8 @@ class RequestEcho:
     temperature: float = 1.0
     top_p: float = 1.0
     top_logprobs: int = 0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
     metadata: dict[str, str] = field(default_factory=dict)
     previous_response_id: str | None = None
     tool_choice: JsonValue = "auto"
@@ -299,7 +301,7 @@ class ResponseRecord:
     event log. The object shows it as `store`."""
     background: bool = False
     """Whether it runs as a job (queued, polled, cancelled, its events resumable) rather
-    than within its request. The object shows `background: true` only then."""
+    than within its request. The object shows it as `background`."""
 
     @property
     def output_text(self) -> str:

@@ -1,7 +1,8 @@
 """The sampling fields Chat Completions and Completions have and the Responses API has
-not: `frequency_penalty`, `presence_penalty`, `logit_bias` and `n`, checked at the edge.
+not, `logit_bias` and `n`, and the penalties all three take, `frequency_penalty` and
+`presence_penalty`, checked at the edge.
 
-Penalties are OpenAI's range, -2 to 2 (the body's schema holds it). A `logit_bias` maps
+Penalties are OpenAI's range, -2 to 2 (each body's schema holds it). A `logit_bias` maps
 token ids, written as JSON object keys, to values from -100 to 100, at most
 `MAX_LOGIT_BIAS` of them (the count is checked before the map is validated, so a huge
 map costs one `len`); ids past the model's vocabulary are refused once the model is

@@ -18,6 +18,7 @@ from mlxcel.items import (
     InputImage,
     InputText,
     Item,
+    JsonValue,
     Message,
     OutputText,
     Reasoning,
@@ -171,12 +172,15 @@ def response_json(record: ResponseRecord) -> dict[str, Any]:
         if echo.reasoning is not None
         else {"effort": None, "summary": None},
         "store": record.store,
+        "background": record.background,
         "temperature": echo.temperature,
         "text": echo.text,
         "tool_choice": echo.tool_choice,
-        "tools": list(echo.tools),
+        "tools": [tool_json(tool) for tool in echo.tools],
         "top_logprobs": echo.top_logprobs,
         "top_p": echo.top_p,
+        "presence_penalty": echo.presence_penalty,
+        "frequency_penalty": echo.frequency_penalty,
         "truncation": echo.truncation,
         "usage": None if usage is None else usage_json(usage),
         "user": echo.user,
@@ -190,9 +194,20 @@ def response_json(record: ResponseRecord) -> dict[str, Any]:
     }
     if echo.conversation_id is not None:
         body["conversation"] = {"id": echo.conversation_id}
-    if record.background:
-        body["background"] = True
     return body
+
+
+STRICT_DEFAULT = True
+"""A function tool's `strict` when the request leaves it out (or sends null): the API's
+documented default. It is echoed, not enforced: see README.md, "Function tools"."""
+
+
+def tool_json(tool: JsonValue) -> JsonValue:
+    """An echoed tool as the client sent it; a function tool always shows `strict`, which
+    the API's schema requires of it."""
+    if isinstance(tool, dict) and tool.get("type") == "function" and tool.get("strict") is None:
+        return {**tool, "strict": STRICT_DEFAULT}
+    return tool
 
 
 def usage_json(usage: Usage) -> dict[str, Any]:

@@ -22,6 +22,8 @@ def response_params(
         temperature=body.temperature,
         top_p=body.top_p,
         top_logprobs=body.top_logprobs,
+        presence_penalty=body.presence_penalty,
+        frequency_penalty=body.frequency_penalty,
         store=body.store,
         background=bool(body.background),
         metadata=dict(body.metadata or {}),

@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, JsonValue, model_validator
 
 from mlxcel.errors import InvalidRequest
+from mlxcel.http.chat_sampling import Penalty
 from mlxcel.http.item_schemas import ResponseInputItemIn, _Model, check_parts
 from mlxcel.items import Item
 
@@ -61,6 +62,8 @@ class CreateResponseBody(_BoundedInput):
     temperature: float | None = Field(default=None, ge=0, le=2)
     top_p: float | None = Field(default=None, ge=0, le=1)
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    presence_penalty: Penalty | None = None
+    frequency_penalty: Penalty | None = None
     store: bool | None = None
     stream: bool | None = None
     background: bool | None = None

@@ -8,9 +8,12 @@ response being compacted). The result is one `Compaction` item, which stands in 
 whole history when it is sent back.
 
 A cut is only ever made before a user turn or after a completed tool-call group, so a
-function call is never separated from its output. Compaction that cannot help (nothing
-to summarise, a transcript beyond the context window, a summary that does not shorten
-the prompt) is a 400 `context_length_exceeded` and changes nothing.
+function call is never separated from its output. Compaction that cannot help is
+refused (`ContextLengthExceeded`) and changes nothing: `context_management` has to
+shrink its prompt, so there it is a 400 (or a failed job). `/responses/compact` only
+asks for the history in its shortest form, so a history with nothing to summarise, or
+whose summary would not shorten it, is its own answer, as it is; only a transcript
+beyond the context window is a 400 there.
 """
 
 from __future__ import annotations
@@ -106,6 +109,19 @@ def _is_system(item: Item) -> bool:
     return isinstance(item, Message) and item.role in ("system", "developer")
 
 
+def _cuts(turns: Sequence[Item]) -> list[int]:
+    """The cut points of `turns` (no system messages) up to its last user message."""
+    users = [k for k, i in enumerate(turns) if isinstance(i, Message) and i.role == "user"]
+    return [p for p in cut_points(turns) if users and p <= users[-1]]
+
+
+def summarisable(items: Sequence[Item]) -> bool:
+    """Whether the history (compactions replayed) has a complete turn before its last
+    user message: the least a compaction can summarise."""
+    cuts = _cuts([i for i in replay(items) if not _is_system(i)])
+    return bool(cuts) and cuts[-1] > 0
+
+
 def split(
     items: Sequence[Item], keep_tokens: int, count: Callable[[Sequence[Item]], float]
 ) -> Split:
@@ -115,8 +131,7 @@ def split(
     are summed, so splitting costs one pass over the history."""
     kept = tuple(i for i in items if _is_system(i))
     turns = [i for i in items if not _is_system(i)]
-    users = [k for k, i in enumerate(turns) if isinstance(i, Message) and i.role == "user"]
-    points = [p for p in cut_points(turns) if users and p <= users[-1]]
+    points = _cuts(turns)
     if not points or points[-1] == 0:
         raise ContextLengthExceeded(
             "Nothing to compact: the history has no complete turn before its last user message."
@@ -292,7 +307,11 @@ class CompactionRequest:
 
     async def run(self, generate: GenerateText) -> tuple[tuple[Item, ...], Usage]:
         """The compacted history (kept system messages, preserved turns, the compaction
-        item) and the summary's usage; a 400 when it is not shorter."""
+        item) and the summary's usage. A history with nothing to summarise comes back as
+        it is, with no usage; one whose summary would not shorten it comes back as it is
+        too, with the usage of the summary it cost."""
+        if not await off_loop(summarisable, self.items):
+            return self.items, Usage()
         compacted = await Compactor(generate, self.model, self.tenant).compact(
             self.items,
             instructions=self.instructions,
@@ -301,5 +320,7 @@ class CompactionRequest:
         )
         output: tuple[Item, ...] = (*compacted.kept, *compacted.item.preserved, compacted.item)
         after = await off_loop(rendered_tokens, self.model.codec, output)
+        if after >= self.tokens_before:
+            return self.items, compacted.usage
         check_reduction(self.tokens_before, after, self.model.info.context_length)
         return output, compacted.usage

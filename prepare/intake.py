@@ -301,6 +301,8 @@ def _request_echo(params: ResponseParams) -> RequestEcho:
         temperature=1.0 if params.temperature is None else params.temperature,
         top_p=1.0 if params.top_p is None else params.top_p,
         top_logprobs=params.top_logprobs or 0,
+        presence_penalty=params.presence_penalty or 0.0,
+        frequency_penalty=params.frequency_penalty or 0.0,
         metadata=dict(params.metadata or {}),
         previous_response_id=params.previous_response_id,
         tool_choice=params.tool_choice if params.tool_choice is not None else "auto",

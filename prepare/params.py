@@ -61,7 +61,7 @@ class ResponseParams:
     presence_penalty: float | None = None
     logit_bias: tuple[tuple[int, float], ...] = ()
     """(token id, bias) pairs (Chat Completions and Completions; the Responses API has
-    none of these three)."""
+    none, but takes the two penalties)."""
     raw: bool = False
     """The input is one prompt text, tokenised as it stands: no chat template (legacy
     completions)."""

@@ -82,6 +82,10 @@ def _definition(tool: dict[str, JsonValue], where: str) -> dict[str, Any]:
             param=f"{where}.name",
             code="missing_required_parameter",
         )
+    if tool.get("strict") is not None and not isinstance(tool["strict"], bool):
+        raise InvalidRequest(
+            "Invalid 'strict': expected a boolean.", param=f"{where}.strict", code="invalid_type"
+        )
     function = {
         "name": tool["name"],
         "description": tool.get("description") or "",

@@ -9,7 +9,7 @@ import pytest
 
 from mlxcel.errors import ContextLengthExceeded
 from mlxcel.items import FunctionCall, FunctionCallOutput, InputText, Item, Message, OutputText
-from mlxcel.prepare.compaction import cut_points, split
+from mlxcel.prepare.compaction import cut_points, split, summarisable
 
 
 def user(text: str) -> Message:
@@ -89,3 +89,11 @@ def test_split_with_nothing_before_the_last_user_message_is_refused() -> None:
         split([user("only")], keep_tokens=10, count=chars)
     with pytest.raises(ContextLengthExceeded):
         split([assistant("no user at all")], keep_tokens=10, count=chars)
+
+
+def test_a_history_is_summarisable_with_a_complete_turn_before_its_last_user_message() -> None:
+    assert summarisable([user("a"), assistant("b"), user("c")])
+    assert summarisable([user("a"), call("1"), output("1"), user("c")])
+    assert not summarisable([user("only")])
+    assert not summarisable([assistant("no user at all")])
+    assert not summarisable([user("a"), call("1")])  # the call waits for its output

@@ -47,6 +47,19 @@ async def open_store(nursery: trio.Nursery) -> StoreHandle:
     return store
 
 
+async def test_a_responses_request_samples_with_the_penalties_it_echoes(
+    nursery: trio.Nursery,
+) -> None:
+    store, model = await open_store(nursery), served()
+    params = ResponseParams(
+        "fake-model", (user("hello"),), presence_penalty=0.5, frequency_penalty=-1.0
+    )
+    request = await prepare_response(params, model, policy=POLICY, store=store, echo=store.echo)
+    sampling, echo = request.sampling, request.record.echo
+    assert (sampling.presence_penalty, sampling.frequency_penalty) == (0.5, -1.0)
+    assert (echo.presence_penalty, echo.frequency_penalty) == (0.5, -1.0)
+
+
 async def test_a_response_is_rendered_from_its_input_for_its_tenant(
     nursery: trio.Nursery,
 ) -> None:

@@ -54,7 +54,7 @@ async def test_background_job_is_queued_then_polled_to_the_end(fake_server: Fake
     sync = await in_thread(
         client.responses.create, model="fake-model", input="echo: in the background"
     )
-    assert sync.background is None  # synchronous objects have no `background` key
+    assert sync.background is False  # every object says which it is
     assert final.usage == sync.usage
     assert final.output[0].content == sync.output[0].content  # type: ignore[union-attr]
 

@@ -14,9 +14,11 @@ import trio
 
 from mlxcel.model.fake import DEFAULT_REPLY, FakeEngine
 
+from object_fields import check_compaction
 from support import (
     FakeServer,
     StartServer,
+    an_ordinary_request_completes,
     count,
     in_thread,
     post,
@@ -139,11 +141,6 @@ async def test_compact_resolves_item_references(fake_server: FakeServer) -> None
         ({"keep_tokens": 0}, "keep_tokens", "invalid_value"),
         ({"max_output_tokens": 16385}, "max_output_tokens", "invalid_value"),
         ({"max_output_tokens": 0}, "max_output_tokens", "invalid_value"),
-        (
-            {"input": [{"role": "user", "content": "echo: only"}]},
-            "input",
-            "context_length_exceeded",
-        ),
     ],
 )
 async def test_compact_refusals_are_400(
@@ -156,16 +153,57 @@ async def test_compact_refusals_are_400(
     assert (r.json()["error"]["param"], r.json()["error"]["code"]) == (param, code)
 
 
-async def test_compact_without_reduction_is_400(fake_server: FakeServer) -> None:
-    # One tiny earlier turn: its summary (the default reply) is longer than the turn.
-    short = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]
-    r = await post(
-        fake_server,
-        "/responses/compact",
-        {"model": "fake-model", "input": [*short, {"role": "user", "content": "x"}]},
+SHORT = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]
+"""One tiny earlier turn: its summary (the fake engine's default reply) is longer."""
+
+
+@pytest.mark.parametrize(
+    ("sent", "summarised"),
+    [
+        pytest.param("echo: only", False, id="a string"),
+        pytest.param([{"role": "user", "content": "echo: only"}], False, id="one message"),
+        pytest.param(
+            [
+                {"role": "developer", "content": "Be brief."},
+                *SHORT,
+                {"role": "user", "content": "x"},
+            ],
+            True,
+            id="a summary longer than its turns",
+        ),
+    ],
+)
+async def test_a_short_history_is_answered_as_it_is(
+    fake_server: FakeServer, sent: str | list[dict[str, str]], summarised: bool
+) -> None:
+    client = fake_server.client()
+    answer = await in_thread(
+        client.responses.with_raw_response.compact, model="fake-model", input=sent
     )
+    body = answer.http_response.json()
+    check_compaction(body)
+    messages = [{"role": "user", "content": sent}] if isinstance(sent, str) else sent
+    assert [(i["type"], i["role"], i["content"][0]["text"]) for i in body["output"]] == [
+        ("message", m["role"], m["content"]) for m in messages
+    ]  # no compaction item: nothing was summarised
+    assert (body["usage"]["total_tokens"] > 0) is summarised  # a summary tried is counted
+    follow_up = [*body["output"], {"role": "user", "content": "echo: on"}]
+    resp = await in_thread(client.responses.create, model="fake-model", input=follow_up)
+    assert resp.output_text == "on"
+    await an_ordinary_request_completes(fake_server)
+
+
+async def test_a_history_beyond_the_context_window_is_still_400(
+    start_fake_server: StartServer,
+) -> None:
+    server = await start_fake_server(context_length=256)
+    r = await post(server, "/v1/responses/compact", {"model": "fake-model", "input": history()})
     assert r.status_code == 400, r.text
-    assert r.json()["error"]["code"] == "context_length_exceeded"
+    assert (r.json()["error"]["type"], r.json()["error"]["code"]) == (
+        "invalid_request_error",
+        "context_length_exceeded",
+    )
+    await an_ordinary_request_completes(server)
 
 
 @pytest.mark.parametrize("content", ["%%%", base64.urlsafe_b64encode(b'{"summary": 1}').decode()])

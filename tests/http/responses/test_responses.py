@@ -43,7 +43,7 @@ async def test_sync_create_returns_an_sdk_response(fake_server: FakeServer) -> N
     assert resp.parallel_tool_calls is True
     assert resp.temperature == 1.0
     assert resp.max_output_tokens == 64
-    assert resp.background is None
+    assert resp.background is False
 
 
 async def test_stream_helper_yields_final_response(fake_server: FakeServer) -> None:
