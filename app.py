@@ -168,6 +168,7 @@ async def _start_actors(
         ),
         keepalive_secs=settings.sse_keepalive_secs,
         progress_events=settings.progress_events,
+        websocket_idle_secs=settings.websocket_idle_secs,
         stopping=shutdown,
         metrics=metrics,
         metrics_public=settings.metrics_public,

@@ -86,6 +86,9 @@ class Settings:
     """The model's tool-call format; None picks it from the chat template. The name is
     checked where the parser is picked (`mlxcel.app`), so settings need no parser import."""
     sse_keepalive_secs: float = 10.0
+    websocket_idle_secs: float = 300.0
+    """A `/v1/responses` WebSocket with no response running that sends nothing for this
+    long is closed: an idle socket holds a connection of the cap."""
     progress_events: bool = True
     """A stream's keep-alives are `mlx.progress` data events (queue place, prompt read),
     which clients that give up on a silent stream count; off, they are SSE comments."""
@@ -163,6 +166,7 @@ class Settings:
             (self.prompt_cache_disk_bytes >= 0, "--prompt-cache-disk-bytes must be 0 or more"),
             (self.ctx_size is None or self.ctx_size >= 16, "--ctx-size must be at least 16"),
             (self.sse_keepalive_secs > 0, "--sse-keepalive-secs must be positive"),
+            (self.websocket_idle_secs > 0, "--websocket-idle-secs must be positive"),
             (self.responses.max_entries >= 0, "--responses-store-max-entries must be >= 0"),
             (self.responses.max_bytes >= 0, "--responses-store-max-bytes must be >= 0"),
             (self.responses.ttl_secs >= 0, "--responses-store-ttl-secs must be >= 0"),

@@ -39,7 +39,7 @@ disable_created_metrics()  # type: ignore[no-untyped-call]
 
 ROUTE_UNMATCHED = "unmatched"
 """The route label of a request no route matched (the raw path would be unbounded)."""
-METHODS = frozenset({"GET", "POST", "DELETE", "PUT", "PATCH", "HEAD", "OPTIONS"})
+METHODS = frozenset({"GET", "POST", "DELETE", "PUT", "PATCH", "HEAD", "OPTIONS", "WS"})
 TABLES = ("responses", "conversations", "ephemeral", "active")
 JOB_STATES = ("queued", "in_progress")
 JOB_ENDINGS = ("completed", "incomplete", "failed", "cancelled")

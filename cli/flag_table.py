@@ -88,6 +88,15 @@ FLAGS: tuple[Flag, ...] = (
         "idle seconds before a stream sends a keep-alive (an `mlx.progress` event)",
     ),
     Flag(
+        ("--websocket-idle-secs",),
+        "websocket_idle_secs",
+        float,
+        _DEFAULTS.websocket_idle_secs,
+        "MLXCEL_WEBSOCKET_IDLE_SECS",
+        "seconds a `/v1/responses` WebSocket may stay silent with no response running "
+        "before the server closes it",
+    ),
+    Flag(
         ("--no-progress-events",),
         "no_progress_events",
         switch,

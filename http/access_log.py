@@ -20,9 +20,8 @@ from typing import cast
 from urllib.parse import quote
 
 from hypercorn.typing import HTTPScope
-from quart import request
 
-from mlxcel.http.guards import TENANT_KEY
+from mlxcel.http.guards import TENANT_KEY, exchange_scope
 from mlxcel.items import ResponseRecord, Usage
 
 log = logging.getLogger("mlxcel.access")
@@ -63,7 +62,7 @@ class ExchangeNote:
 def exchange_note() -> ExchangeNote:
     """The note of the exchange being served (a fresh, unlogged one outside an exchange
     wrapped by `http/exchange.py`)."""
-    found = cast(dict[str, object], request.scope).get(NOTE_KEY)
+    found = exchange_scope().get(NOTE_KEY)
     return found if isinstance(found, ExchangeNote) else ExchangeNote()
 
 

@@ -46,6 +46,16 @@ async def read_model(model: type[M], *, empty: dict[str, Any] | None = None) -> 
     return body
 
 
+async def model_from(model: type[M], raw: Any) -> M:
+    """`raw`, a value already parsed from strict JSON (a WebSocket message's), validated
+    as `model` as a request body is: off the event loop, its PDFs read after."""
+    validated: tuple[M, list[FilePart]] = await off_loop(_checked, model, raw)
+    body, pdfs = validated
+    if pdfs:
+        await read_pdfs(body, pdfs)
+    return body
+
+
 async def receive_body() -> bytes:
     """The whole body, or a 413 (over the limit) or 408 (over the deadline)."""
     try:
@@ -66,6 +76,10 @@ def _validated(
 ) -> tuple[M, list[FilePart]]:
     """The body as `model`, and its file parts holding a PDF still to read."""
     raw = empty if empty is not None and not data.strip() else parse_json(data)
+    return _checked(model, raw)
+
+
+def _checked(model: type[M], raw: Any) -> tuple[M, list[FilePart]]:
     with collecting_pdfs() as pdfs:
         return model.model_validate(raw), pdfs
 

@@ -20,8 +20,9 @@ import ipaddress
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import cast
 
-from hypercorn.typing import HTTPScope
+from hypercorn.typing import HTTPScope, Scope
 
 Headers = list[tuple[bytes, bytes]]
 
@@ -100,6 +101,15 @@ class BrowserPolicy:
             return True
         host = _header(scope, b"host")
         return host is None or _host_name(host) in LOOPBACK_NAMES
+
+    def socket_allowed(self, scope: Scope) -> bool:
+        """Whether a WebSocket may open: its `Host` as a request's, and a browser's page
+        (it sends `Origin`, and a page may open a socket to any address without asking)
+        only from a listed origin."""
+        http_like = cast(HTTPScope, scope)
+        if not self.host_allowed(http_like):
+            return False
+        return _header(http_like, b"origin") is None or self._allowed_origin(http_like) is not None
 
     def is_preflight(self, scope: HTTPScope) -> bool:
         """A CORS preflight this server answers itself (only when CORS is on)."""

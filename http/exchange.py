@@ -74,6 +74,10 @@ class App(QuartTrio):
     async def asgi_app(
         self, scope: Scope, receive: ASGIReceiveCallable, send: ASGISendCallable
     ) -> None:
+        if scope["type"] == "websocket" and not self.browser.socket_allowed(scope):
+            await receive()  # its `websocket.connect`; the close before accepting is a 403
+            await send({"type": "websocket.close", "code": 1008, "reason": ""})
+            return
         if scope["type"] != "http":
             await super().asgi_app(scope, receive, send)
             return

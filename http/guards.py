@@ -9,7 +9,8 @@ from __future__ import annotations
 from typing import cast
 
 import trio
-from quart import request
+from quart import has_websocket_context, request, websocket
+from quart.wrappers import BaseRequestWebsocket
 
 from mlxcel.errors import ShuttingDown, Unauthenticated, UnsupportedMediaType
 from mlxcel.keys import ApiKey, Keyring, key_name
@@ -21,6 +22,7 @@ __all__ = [
     "check_not_stopping",
     "current_key",
     "current_tenant",
+    "exchange_scope",
     "key_name",
 ]
 
@@ -48,16 +50,17 @@ def check_api_key(keyring: Keyring, *, metrics_public: bool = False) -> ApiKey |
     is kept in the request's scope (`current_key`, `current_tenant`).
 
     The headers are Latin-1 text; their bytes are matched in constant time over all keys."""
-    if not keyring or request.path in _OPEN_PATHS:
+    current = _current()
+    if not keyring or current.path in _OPEN_PATHS:
         return None
-    if metrics_public and request.path in _METRICS_PATHS:
+    if metrics_public and current.path in _METRICS_PATHS:
         return None
-    scheme, _, given = request.headers.get("Authorization", "").strip().partition(" ")
+    scheme, _, given = current.headers.get("Authorization", "").strip().partition(" ")
     entry = _match(keyring, given) if scheme.lower() == "bearer" else None
-    if entry is None and "x-api-key" in request.headers:
-        entry = _match(keyring, request.headers["x-api-key"])
+    if entry is None and "x-api-key" in current.headers:
+        entry = _match(keyring, current.headers["x-api-key"])
     if entry is not None:
-        scope = cast(dict[str, object], request.scope)
+        scope = exchange_scope()
         scope[TENANT_KEY] = entry.name
         scope[API_KEY_KEY] = entry
         return entry
@@ -66,6 +69,18 @@ def check_api_key(keyring: Keyring, *, metrics_public: bool = False) -> ApiKey |
         "or 'x-api-key: <key>'.",
         code="invalid_api_key",
     )
+
+
+def _current() -> BaseRequestWebsocket:
+    """The HTTP request or the WebSocket being served."""
+    return websocket if has_websocket_context() else request
+
+
+def exchange_scope() -> dict[str, object]:
+    """The ASGI scope of the exchange being served: an HTTP request's, or a WebSocket's
+    (its responses run one at a time, each keeping its key, admission and access-log
+    note there as a request does)."""
+    return cast(dict[str, object], _current().scope)
 
 
 def _match(keyring: Keyring, given: str) -> ApiKey | None:
@@ -78,14 +93,14 @@ def _match(keyring: Keyring, given: str) -> ApiKey | None:
 def current_key() -> ApiKey | None:
     """The entry of the key the request being served carried (its name and its own
     limits), or None when the server takes no keys or the path is open."""
-    found = cast(dict[str, object], request.scope).get(API_KEY_KEY)
+    found = exchange_scope().get(API_KEY_KEY)
     return found if isinstance(found, ApiKey) else None
 
 
 def current_tenant() -> str:
     """The tenant of the request being served: its API key's name, or "" when the
     server takes no keys (one tenant)."""
-    return cast(str, cast(dict[str, object], request.scope).get(TENANT_KEY, ""))
+    return cast(str, exchange_scope().get(TENANT_KEY, ""))
 
 
 def check_json_body() -> None:

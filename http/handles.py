@@ -47,6 +47,8 @@ class Handles:
     """A stream that sent nothing for this long sends a keep-alive (or `mlx.progress`)."""
     progress_events: bool = True
     """Keep-alives are `mlx.progress` data events rather than SSE comments."""
+    websocket_idle_secs: float = 300.0
+    """A WebSocket with no response running that sends nothing for this long is closed."""
     stopping: trio.Event = dataclasses.field(default_factory=trio.Event)
     """Set on shutdown: no new generation starts."""
     started: int = dataclasses.field(default_factory=lambda: int(time.time()))

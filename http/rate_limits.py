@@ -18,13 +18,13 @@ import dataclasses
 import functools
 import math
 from collections.abc import Awaitable, Callable
-from typing import ParamSpec, cast
+from typing import ParamSpec
 
-from quart import Response, request
+from quart import Response
 
 from mlxcel.errors import LimitReached, QuotaExceeded, RequestRateLimited, TokenRateLimited
 from mlxcel.generation import GenerateText, GenerationRequest
-from mlxcel.http.guards import current_tenant
+from mlxcel.http.guards import current_tenant, exchange_scope
 from mlxcel.http.handles import handles
 from mlxcel.items import ResponseRecord
 from mlxcel.quotas import Admission, Meter
@@ -145,7 +145,7 @@ def _meter(meter: Meter | None) -> Meter:
 
 
 def _scope() -> dict[str, object]:
-    return cast(dict[str, object], request.scope)
+    return exchange_scope()
 
 
 def _admission() -> Admission | None:

@@ -7,8 +7,8 @@ response stream to SSE frames; background ones answer their `queued` record at o
 from __future__ import annotations
 
 import functools
-from collections.abc import AsyncGenerator, AsyncIterable
-from contextlib import aclosing
+from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator
+from contextlib import aclosing, asynccontextmanager
 
 from quart import Blueprint, Response
 
@@ -23,14 +23,15 @@ from mlxcel.http.handles import Handles, handles, json_response
 from mlxcel.http.loading import loading_body
 from mlxcel.http.objects import response_json
 from mlxcel.http.params import response_params
-from mlxcel.http.rate_limits import metered, rate_limited
+from mlxcel.http.rate_limits import admit, metered, rate_limited
 from mlxcel.http.schemas import CreateResponseBody, InputTokensBody
 from mlxcel.http.sse import SseEncoder
-from mlxcel.http.streaming import EventStreamBody, submitted_stream
+from mlxcel.http.streaming import EventStreamBody, submit_stream, submitted_stream
 from mlxcel.prepare.front import input_token_count, prepare_response
 from mlxcel.prepare.limits import check_item_count
 from mlxcel.prepare.offload import off_loop
 from mlxcel.respond.events import ResponseCreated
+from mlxcel.store import StoreHandle
 
 responses = Blueprint("responses", __name__)
 
@@ -70,16 +71,49 @@ async def _answered(body: CreateResponseBody, lease: ModelLease) -> Response:
     return _with_headers(_event_stream(await _streamed_body(lease, generation)), truncated)
 
 
-async def _prepared(body: CreateResponseBody, model: ServedModel) -> GenerationRequest:
-    """`body` prepared for `model`, its tokens reserved on the request's key."""
+async def _prepared(
+    body: CreateResponseBody, model: ServedModel, store: StoreHandle | None = None
+) -> GenerationRequest:
+    """`body` prepared for `model`, its tokens reserved on the request's key; `store`:
+    where its history is read (the server's store unless given)."""
     h = handles()
     if body.truncation != "auto":  # else the oldest turns are dropped to fit
         check_item_count(body.input, model.info.context_length)  # before any work on it
     if body.background:
         _check_background(h, body)
     params = await off_loop(response_params, body, tenant=current_tenant())
-    prepared = await prepare_response(params, model, policy=h.policy, store=h.store, echo=h.echo)
+    store = store or h.store
+    prepared = await prepare_response(params, model, policy=h.policy, store=store, echo=h.echo)
     return await metered(prepared)
+
+
+@asynccontextmanager
+async def opened_stream(
+    body: CreateResponseBody, encoder: SseEncoder, store: StoreHandle
+) -> AsyncIterator[EventStreamBody]:
+    """`body` served as `POST /responses` serves a stream, for a transport of its own (a
+    WebSocket): admitted under the key's limits, its model leased, prepared (history
+    read from `store`), metered and submitted; its events encoded by `encoder`. The
+    response is cancelled and its lease given back when the block exits."""
+    await admit()
+    h = handles()
+    h.fleet.find(body.model)  # a 404 before any other answer
+    check_file_urls(body.input, h.policy.image_placeholders)
+    async with h.fleet.open_model(body.model) as lease:
+        generation = await _prepared(body, lease.served(), store)
+        stream = lease.stream(generation)
+        try:
+            await submit_stream(stream, generation)
+            yield EventStreamBody(
+                ResponseCreated(generation.record),
+                stream,
+                keepalive_secs=h.keepalive_secs,
+                progress=h.progress_events,
+                note=exchange_note(),
+                encoder=encoder,
+            )
+        finally:
+            await stream.aclose()  # shielded inside; idempotent
 
 
 async def _streamed(

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import cast
 
-from quart import Blueprint, Response, request
+from quart import Blueprint, Response, has_websocket_context, request
 from quart_trio import QuartTrio
 
 from mlxcel.http.body import MAX_BODY_BYTES
@@ -27,6 +27,7 @@ from mlxcel.http.messages import add_request_id, messages, request_id, speaks_an
 from mlxcel.http.prometheus import prometheus
 from mlxcel.http.rate_limits import add_rate_limit_headers
 from mlxcel.http.responses import responses
+from mlxcel.http.responses_socket import responses_socket
 from mlxcel.http.service import health_routes, service
 from mlxcel.http.stored import stored
 
@@ -34,6 +35,7 @@ __all__ = ["Handles", "create_app"]
 
 API: tuple[Blueprint, ...] = (
     responses,
+    responses_socket,
     chat,
     messages,
     compact,
@@ -77,6 +79,9 @@ def create_app(
 
 
 async def _answer_error(exc: Exception) -> Response:
+    if has_websocket_context():  # a WebSocket refused before it opened (404): no dialect
+        status, body = map_error(exc)
+        return json_response(body, status)
     if speaks_anthropic():
         status, body = anthropic_error(exc)
         body["request_id"] = request_id()

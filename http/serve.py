@@ -27,6 +27,8 @@ from hypercorn.typing import LifespanState
 from hypercorn.utils import repr_socket_addr, wrap_app
 from quart_trio import QuartTrio
 
+from mlxcel.http.body import MAX_BODY_BYTES
+
 log = logging.getLogger(__name__)
 
 # Agents and benchmarks open hundreds of connections at once; a short listen backlog
@@ -65,6 +67,8 @@ async def serve_http(
     # Hypercorn's idle timer runs from the connection's start (or its last response)
     # until a request's headers are complete: it is the header timeout.
     config.keep_alive_timeout = header_timeout
+    # A WebSocket message is a request body: the same limit (beyond it, close 1009).
+    config.websocket_max_message_size = MAX_BODY_BYTES
     asgi = wrap_app(app, config.wsgi_max_body_size, "asgi")
     state: LifespanState = {}
     lifespan = Lifespan(asgi, config, state)

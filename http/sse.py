@@ -13,6 +13,7 @@ import json
 from typing import Any
 
 from mlxcel.http.objects import item_json, logprob_json, part_json, response_json
+from mlxcel.items import ResponseRecord
 from mlxcel.respond.events import (
     CompactionCompleted,
     CompactionStarted,
@@ -136,7 +137,31 @@ class SseEncoder:
         body = event_json(event, encrypted=self._encrypted)
         body["sequence_number"] = self._sequence
         self._sequence += 1
+        return self.frame(body)
+
+    def frame(self, body: dict[str, Any]) -> bytes:
         return sse_frame(body)
+
+
+class SocketEncoder(SseEncoder):
+    """Numbers and encodes one response's events as WebSocket messages: each the JSON
+    its SSE frame's `data:` carries. Without progress events a keep-alive is nothing
+    (`b""`, not sent): the socket's own pings keep it open. The response's final record
+    is kept (`finished`), so the connection can remember a `store: false` one."""
+
+    def __init__(self, *, progress: bool = True) -> None:
+        super().__init__(progress=progress)
+        self.finished: ResponseRecord | None = None
+
+    def encode(self, event: ResponseEvent) -> bytes:
+        if isinstance(event, ResponseFinished):
+            self.finished = event.record
+        if isinstance(event, KeepAlive) and not self._progress:
+            return b""
+        return super().encode(event)
+
+    def frame(self, body: dict[str, Any]) -> bytes:
+        return json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
 
 
 def numbered_frame(event: ResponseEvent | ResponseQueued, sequence_number: int) -> bytes:

@@ -217,11 +217,17 @@ async def submitted_stream(lease: ModelLease, generation: GenerationRequest) -> 
     """`generation`'s stream on the model `lease` holds, submitted (503 when the line is
     full) and closed when the HTTP exchange ends (it holds the lease until then); its
     usage reaches the access log when it ends."""
-    note_record(generation.record)
     stream = lease.stream(generation)
     bind_to_exchange(stream)
-    await stream.submit()
+    await submit_stream(stream, generation)
     return stream
+
+
+async def submit_stream(stream: ResponseStream, generation: GenerationRequest) -> None:
+    """Submit `generation` on its `stream` (503 when the line is full), noted for the
+    access log. The caller closes the stream (a WebSocket owns its own, per response)."""
+    note_record(generation.record)
+    await stream.submit()
 
 
 def data_stream_response(

@@ -12,11 +12,12 @@ On a shared store the actor also keeps this replica's lease (`store/replica.py`)
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import logging
 import os
 import socket
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 
 import trio
 
@@ -28,7 +29,7 @@ from mlxcel.items import (
     conversation_key,
     is_minted_conversation_id,
 )
-from mlxcel.store.backend import Chain, Charge, JobOwner, StoreBackend
+from mlxcel.store.backend import Chain, Charge, JobOwner, StoreBackend, local_chain
 from mlxcel.store.deliveries import Deliveries
 from mlxcel.store.echo import EchoHandle
 from mlxcel.store.event_log import EventLimits, EventLog
@@ -70,6 +71,7 @@ class StoreHandle:
         """This replica's lease in a shared store; None when no other process shares it."""
         self.responses_limits = responses
         self.conversations_limits = conversations
+        self._local: Mapping[str, ResponseRecord] = {}
 
     @property
     def deliveries(self) -> Deliveries:
@@ -100,9 +102,21 @@ class StoreHandle:
             return None
         return value if tenant is None or value.tenant == tenant else None
 
+    def with_local(self, local: Mapping[str, ResponseRecord]) -> StoreHandle:
+        """This handle, whose chains also walk `local`: responses one connection keeps
+        for itself (a WebSocket's `store: false` ones), found by it alone."""
+        handle = copy.copy(self)
+        handle._local = local
+        return handle
+
     async def get_chain(self, response_id: str, *, tenant: str = "") -> Chain:
-        """A `previous_response_id` walk from `response_id`, newest first, in one call; a
-        record of another tenant ends it as missing (as one that expired)."""
+        """A `previous_response_id` walk from `response_id`, newest first, through this
+        handle's local records and the backend's (one call per stored stretch)."""
+        return await local_chain(self._local, response_id, tenant, self._stored_chain)
+
+    async def _stored_chain(self, response_id: str, tenant: str) -> Chain:
+        """The backend's walk; a record of another tenant ends it as missing (as one
+        that expired)."""
         chain = await self._backend.get_chain(response_id)
         for place, record in enumerate(chain.records):
             if record.tenant != tenant:

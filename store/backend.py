@@ -18,7 +18,7 @@ import dataclasses
 import logging
 import math
 import time
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
@@ -73,6 +73,32 @@ class Chain:
 
     records: tuple[ResponseRecord, ...]
     missing: str | None = None
+
+
+async def local_chain(
+    local: Mapping[str, ResponseRecord],
+    response_id: str,
+    tenant: str,
+    stored: Callable[[str, str], Awaitable[Chain]],
+) -> Chain:
+    """The chain from `response_id` through `local` (a connection's own records, the
+    tenant's only) and `stored` (the backend's walk, from an id `local` lacks), newest
+    first: each stretch of stored records is one call, and a stored record may continue
+    a local one."""
+    records: list[ResponseRecord] = []
+    next_id: str | None = response_id
+    while next_id is not None and len(records) < MAX_CHAIN_HOPS:
+        found = local.get(next_id)
+        if found is not None and found.tenant == tenant:
+            records.append(found)
+            next_id = found.echo.previous_response_id
+            continue
+        chain = await stored(next_id, tenant)
+        records.extend(chain.records)
+        if chain.missing is None or chain.missing not in local:
+            return Chain(tuple(records), chain.missing)
+        next_id = chain.missing
+    return Chain(tuple(records))
 
 
 @dataclass(frozen=True, slots=True)
