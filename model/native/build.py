@@ -349,9 +349,9 @@ def kernels_recipe() -> Recipe:
     versions = tuple(f"{dist}={_version(dist)}" for dist in ("mlx", "nanobind"))
     return Recipe(
         "mlxcel-kernels",
-        ("qmm_kernel.c", "attn_kernel.c", "pool.c"),
+        ("qmm_kernel.c", "attn_kernel.c", "layer_kernel.c", "pool.c"),
         (*_C_FLAGS, "-std=c11", "-fvisibility=hidden"),
-        ("kernels.cpp", "qmm_ext.cpp", "attn_ext.cpp", str(nb / "src" / "nb_combined.cpp")),
+        ("kernels.cpp", "qmm_ext.cpp", "attn_ext.cpp", "layer_ext.cpp", str(nb / "src" / "nb_combined.cpp")),
         ("-O2", "-std=c++20", "-fPIC", "-pthread", "-fvisibility=hidden", "-DNB_DOMAIN=mlx",
          "-DNDEBUG", f"-I{sysconfig.get_paths()['include']}", f"-I{nb / 'include'}",
          f"-I{nb / 'ext' / 'robin_map' / 'include'}", f"-I{mlx_root / 'include'}", f"-I{HERE}"),
