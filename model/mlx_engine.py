@@ -41,6 +41,7 @@ from mlxcel.model import flat_forward, forward
 from mlxcel.model.cache.prefix import CacheKind, PrefixCache, common_prefix
 from mlxcel.model.decode_batch import DecodeBatch
 from mlxcel.model.forward import KV
+from mlxcel.model.native.fused_layer import FusedLayers
 from mlxcel.model.penalties import RowPenalties, adjust
 from mlxcel.model.rows import ChunkRead, Row
 from mlxcel.model.sampling import Sampler, row_generator, token_logprob
@@ -66,6 +67,8 @@ class MlxEngine:
     sampler: Sampler = field(default_factory=Sampler)
     flat: bool = False
     """Decode rows and the step's prompt chunk share one forward (`flat_forward`)."""
+    fused: FusedLayers | None = None
+    """Each layer's work around attention as two native nodes (`native/fused_layer.py`)."""
     _waiting: deque[Row] = field(default_factory=deque)
     """Inserted, not yet admitted to reading (FIFO)."""
     _reading: dict[int, Row] = field(default_factory=dict)
@@ -111,9 +114,9 @@ class MlxEngine:
         if chunk is not None:
             logits, self._read = self._read_with(chunk, groups)
         elif len(groups) == 1:
-            logits = _decode_alone(self.model, groups[0])
+            logits = _decode_alone(self.model, groups[0], self.fused)
         else:  # several states (`decode_batch`): still one forward
-            logits = _joined(flat_forward.step_logits(self.model, groups))
+            logits = _joined(flat_forward.step_logits(self.model, groups, self.fused))
         tokens, logprobs = self._sample(logits, rows)
         self._suspect = False
         steps: list[TokenStep] = []
@@ -233,7 +236,7 @@ class MlxEngine:
         rows, parts, ending = self._parts(chunk)
         opened = forward.open_chunk(parts, [r.cache for r in rows if r.cache is not None])
         reading = flat_forward.Group(opened.tokens, opened.cache, opened.want(ending))
-        *decoded, firsts = flat_forward.step_logits(self.model, [*groups, reading])
+        *decoded, firsts = flat_forward.step_logits(self.model, [*groups, reading], self.fused)
         logits = _joined(decoded)
         caches = forward.close_chunk(opened)
         mx.eval(logits, firsts, [layer.state for kv in caches for layer in kv])
@@ -383,8 +386,10 @@ class MlxEngine:
             self.prefix_cache.store(tokens, cache, kind, row.spec.tenant)
 
 
-def _decode_alone(model: Any, group: flat_forward.Group) -> mx.array:
-    """One decode state's logits by the model's own forward, for its rows' slots only."""
+def _decode_alone(model: Any, group: flat_forward.Group, fused: FusedLayers | None) -> mx.array:
+    """One decode state's logits (the fused layers' when there are), for its rows' slots."""
+    if fused is not None:
+        return flat_forward.step_logits(model, [group], fused)[0]
     logits = forward.decode_logits(model, [t[0] for t in group.tokens], group.cache)
     live = [slot for slot, _ in group.want]
     return logits if len(live) == len(group.tokens) else logits[mx.array(live)]
