@@ -12,7 +12,23 @@
 #include <string.h>
 
 #include "attn_kernel.h"
+#include "pool.h"
 #include "qmm_kernel.h"
+
+/* Scratch up to this size is the calling thread's kept buffer: a decode step's layers reuse
+ * it rather than faulting in fresh pages at every call. A larger one (a long prompt chunk)
+ * is allocated and freed, so what stays allocated is bounded. */
+#define SCRATCH_KEPT ((size_t)1 << 20)
+
+static float *scratch_get(size_t floats) {
+  const size_t bytes = floats * sizeof(float);
+  if (bytes <= SCRATCH_KEPT) return mlxcel_thread_buffer(MLXCEL_BUF_LAYER, SCRATCH_KEPT);
+  return malloc(bytes);
+}
+
+static void scratch_put(float *p, size_t floats) {
+  if (floats * sizeof(float) > SCRATCH_KEPT) free(p);
+}
 
 /* y = x W^T (+ bias) for `m` rows of x. */
 static int linear(const mlxcel_qlinear *l, const float *x, long m, float *y) {
@@ -31,16 +47,25 @@ static void rms_norm(const float *x, const float *weight, float eps, long n, flo
   for (long i = 0; i < n; i++) out[i] = x[i] * inv * weight[i];
 }
 
-/* RoPE of `heads` heads of one token at `position`, in place (as mx.fast.rope: theta_i =
- * position * scale * base^(-i / (dims / 2)); pairs (i, i + dims/2), or (2i, 2i+1) when
- * traditional; numbers past `dims` untouched). */
-static void rope(float *x, long heads, long head_dim, const mlxcel_head_args *a, int32_t position,
-                 const float *inv_freq) {
-  const long half = a->rope_dims / 2;
+/* cos and sin of theta_i = position * scale * base^(-i / (dims / 2)), i < dims / 2, as
+ * mx.fast.rope computes them. */
+static void rope_angles(const mlxcel_head_args *a, int32_t position, const float *inv_freq,
+                        float *c, float *s) {
   const float pos = (float)position * a->rope_scale;
-  for (long i = 0; i < half; i++) {
+  for (long i = 0; i < a->rope_dims / 2; i++) {
     const float theta = pos * inv_freq[i];
-    const float c = cosf(theta), s = sinf(theta);
+    c[i] = cosf(theta);
+    s[i] = sinf(theta);
+  }
+}
+
+/* RoPE of `heads` heads of one token, in place: pairs (i, i + dims/2), or (2i, 2i+1) when
+ * traditional, turned by the angles' cos `cs` and sin `ss`; numbers past `dims` untouched. */
+static void rope(float *x, long heads, long head_dim, const mlxcel_head_args *a, const float *cs,
+                 const float *ss) {
+  const long half = a->rope_dims / 2;
+  for (long i = 0; i < half; i++) {
+    const float c = cs[i], s = ss[i];
     for (long hd = 0; hd < heads; hd++) {
       float *row = x + hd * head_dim;
       const long i1 = a->rope_traditional ? 2 * i : i;
@@ -63,9 +88,10 @@ static int head_ok(const mlxcel_head_args *a) {
 int mlxcel_layer_head(const mlxcel_head_args *a, const float *h, float *q, float *k, float *v) {
   if (!head_ok(a)) return 1;
   const long t = a->tokens, d = a->head_dim, half = a->rope_dims / 2;
-  float *x = malloc(sizeof(float) * (size_t)(t * a->dim + half + d));
+  const size_t floats = (size_t)(t * a->dim + 3 * half + d);
+  float *x = scratch_get(floats);
   if (x == NULL) return 3;
-  float *inv_freq = x + t * a->dim, *tmp = inv_freq + half;
+  float *inv_freq = x + t * a->dim, *cs = inv_freq + half, *ss = cs + half, *tmp = ss + half;
   for (long r = 0; r < t; r++) rms_norm(h + r * a->dim, a->norm, a->eps, a->dim, x + r * a->dim);
   int status = linear(&a->q, x, t, q);
   if (status == 0) status = linear(&a->k, x, t, k);
@@ -85,11 +111,12 @@ int mlxcel_layer_head(const mlxcel_head_args *a, const float *h, float *q, float
           memcpy(kr + hd * d, tmp, sizeof(float) * (size_t)d);
         }
       }
-      rope(qr, a->q_heads, d, a, a->positions[r], inv_freq);
-      rope(kr, a->kv_heads, d, a, a->positions[r], inv_freq);
+      rope_angles(a, a->positions[r], inv_freq, cs, ss);
+      rope(qr, a->q_heads, d, a, cs, ss);
+      rope(kr, a->kv_heads, d, a, cs, ss);
     }
   }
-  free(x);
+  scratch_put(x, floats);
   return status;
 }
 
@@ -102,7 +129,8 @@ static int tail_ok(const mlxcel_tail_args *a) {
 int mlxcel_layer_tail(const mlxcel_tail_args *a, const float *h, const float *attn, float *out) {
   if (!tail_ok(a)) return 1;
   const long t = a->tokens, dim = a->dim, inter = a->inter;
-  float *x = malloc(sizeof(float) * (size_t)(2 * t * dim + 3 * t * inter));
+  const size_t floats = (size_t)(2 * t * dim + 3 * t * inter);
+  float *x = scratch_get(floats);
   if (x == NULL) return 3;
   float *y = x + t * dim, *g = y + t * dim, *u = g + t * inter, *s = u + t * inter;
   int status = linear(&a->o, attn, t, out);
@@ -118,6 +146,6 @@ int mlxcel_layer_tail(const mlxcel_tail_args *a, const float *h, const float *at
   }
   if (status == 0)
     for (long i = 0; i < t * dim; i++) out[i] += y[i];
-  free(x);
+  scratch_put(x, floats);
   return status;
 }

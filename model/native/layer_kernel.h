@@ -17,7 +17,8 @@
  *
  * Layouts (row-major, contiguous): h, attn, out [tokens][dim]; q [tokens][q_heads][head_dim];
  * k, v [tokens][kv_heads][head_dim]; positions int32 [tokens]. The weights are read where
- * they are (no copy); scratch is allocated per call and freed before it returns.
+ * they are (no copy); scratch up to 1 MiB is the calling thread's kept buffer (pool.h), more
+ * is allocated per call and freed before it returns.
  */
 #ifndef MLXCEL_LAYER_KERNEL_H
 #define MLXCEL_LAYER_KERNEL_H
