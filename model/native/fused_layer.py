@@ -12,8 +12,10 @@ already hold (the same arrays: no copy of the weights) and their parameters. It 
 None, with the reason, for anything the kernels do not compute exactly as the modules do:
 MLX on a GPU, kernels unavailable, unquantized or non-affine weights, another RoPE than
 ``nn.RoPE``, another norm than ``nn.RMSNorm``. :func:`choose` adds the switch
-``MLXCEL_FUSED_LAYER`` (``0`` off, ``1`` on; unset: on) and logs which path runs, once per
-loaded model.
+``MLXCEL_FUSED_LAYER`` (``1`` on where it applies; unset or ``0``: off) and logs which path
+runs, once per loaded model. Off by default: it costs less CPU a step at one and at eight
+rows, but on two shared cores its wall-clock step at eight rows was not shorter
+(``docs/benchmarks.md``, "The fused layer").
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from mlxcel.model.native.kernels import current_module
 log = logging.getLogger(__name__)
 
 SWITCH = "MLXCEL_FUSED_LAYER"
-"""``0`` keeps the composed layer, ``1`` (or unset) uses the fused one where it applies."""
+"""``1`` uses the fused layer where it applies; unset or ``0`` keeps the composed one."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,11 +166,12 @@ def plan_layers(model: Any) -> FusedLayers:
 
 
 def choose(model: Any, flat: bool) -> FusedLayers | None:
-    """The fused plan when it applies and ``MLXCEL_FUSED_LAYER`` does not say 0; logs which
+    """The fused plan when ``MLXCEL_FUSED_LAYER=1`` asks for it and it applies; logs which
     layer runs in one line. ``flat``: ``flat_forward`` supports the model."""
     wanted = os.environ.get(SWITCH, "").strip()
-    if wanted == "0":
-        log.info("Layers: composed MLX operations (%s=0)", SWITCH)
+    if wanted != "1":
+        why = f"{SWITCH}=0" if wanted == "0" else f"the default; {SWITCH}=1 fuses"
+        log.info("Layers: composed MLX operations (%s)", why)
         return None
     try:
         if not flat:

@@ -1,7 +1,7 @@
 """End to end on the real model: the CPU acceleration as a user's environment sets it. A
 server told to build for an instruction set that does not exist, or to keep the kernels
 off, still starts and answers, and its log says in one line what runs. The fused layers
-(on by default) answer what the composed ones answer, over HTTP."""
+(``MLXCEL_FUSED_LAYER=1``) answer what the composed ones answer, over HTTP."""
 
 from __future__ import annotations
 
@@ -64,7 +64,7 @@ def test_an_unknown_instruction_set_is_refused_and_the_cpus_own_build_serves(
 def test_with_the_kernels_off_mlx_own_operations_serve_and_the_log_says_so(
     tmp_path: Path,
 ) -> None:
-    with serving(tmp_path, "off") as server:
+    with serving(tmp_path, "off", fused="1") as server:
         answers(server)
         line = acceleration_line(server)
         assert line.rstrip().endswith("CPU kernels: MLX's own operations (MLXCEL_CPU_ISA=off)")
@@ -101,12 +101,14 @@ def greedy_texts(server: RealServer) -> list[str]:
 
 @pytest.mark.skipif(not probe().runs("avx2"), reason="the kernels need AVX2 or AVX-512")
 def test_the_fused_layers_answer_what_the_composed_ones_answer(tmp_path: Path) -> None:
-    with serving(tmp_path / "fused") as server:
+    with serving(tmp_path / "fused", fused="1") as server:
         assert layers_lines(server)[0].startswith("Layers: fused (one native head and tail")
         fused = greedy_texts(server)
         answers(server)
-    with serving(tmp_path / "composed", fused="0") as server:
-        assert layers_lines(server) == ["Layers: composed MLX operations (MLXCEL_FUSED_LAYER=0)"]
+    with serving(tmp_path / "composed") as server:
+        assert layers_lines(server) == [
+            "Layers: composed MLX operations (the default; MLXCEL_FUSED_LAYER=1 fuses)"
+        ]
         composed = greedy_texts(server)
         answers(server)
     assert all(text.strip() for text in fused)

@@ -1,7 +1,7 @@
 """Greedy tokens of the real default model: the fused layers write what the composed ones do.
 
-The engine loads the model twice, once with the fused layers (the default on the CPU) and
-once with ``MLXCEL_FUSED_LAYER=0``, and writes greedy tokens for the parity prompts: all
+The engine loads the model twice, once with the fused layers (``MLXCEL_FUSED_LAYER=1``)
+and once with ``MLXCEL_FUSED_LAYER=0``, and writes greedy tokens for the parity prompts: all
 four in one batch (a decode batch of four rows beside prompt chunks), and the shortest
 alone (one row: the engine's decode-alone path). Every token must agree; the agreement
 rate is printed either way, for the benchmark notes.

@@ -186,21 +186,26 @@ def test_the_switch_and_the_log_line(
     model: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO, logger="mlxcel.model.native.fused_layer")
-    monkeypatch.delenv(SWITCH, raising=False)
+    monkeypatch.setenv(SWITCH, "1")
     assert choose(model, flat=True) is not None
+    assert choose(model, flat=False) is None
     monkeypatch.setenv(SWITCH, "0")
     assert choose(model, flat=True) is None
-    monkeypatch.setenv(SWITCH, "1")
-    assert choose(model, flat=False) is None
+    monkeypatch.delenv(SWITCH)
+    assert choose(model, flat=True) is None
     lines = [r.getMessage() for r in caplog.records]
-    assert lines[0].startswith("Layers: fused")
-    assert lines[1] == f"Layers: composed MLX operations ({SWITCH}=0)"
-    assert "does not apply: its blocks are not ones the flattened forward runs" in lines[2]
-    assert len(lines) == 3
+    assert lines[0].startswith("Layers: fused (one native head and tail per layer, 2 layers)")
+    assert "does not apply: its blocks are not ones the flattened forward runs" in lines[1]
+    assert lines[2] == f"Layers: composed MLX operations ({SWITCH}=0)"
+    assert lines[3] == f"Layers: composed MLX operations (the default; {SWITCH}=1 fuses)"
+    assert len(lines) == 4
 
 
-def test_an_unquantized_model_keeps_the_composed_layer(caplog: pytest.LogCaptureFixture) -> None:
+def test_an_unquantized_model_keeps_the_composed_layer(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     caplog.set_level(logging.INFO, logger="mlxcel.model.native.fused_layer")
+    monkeypatch.setenv(SWITCH, "1")
     assert choose(random_model("llama"), flat=True) is None
     assert "its projections are not affine-quantized" in caplog.records[-1].getMessage()
 
@@ -211,6 +216,7 @@ def test_without_the_kernels_the_composed_layer_runs(
     from mlxcel.model.native import fused_layer
 
     caplog.set_level(logging.INFO, logger="mlxcel.model.native.fused_layer")
+    monkeypatch.setenv(SWITCH, "1")
     monkeypatch.setattr(fused_layer, "current_module", lambda: None)
     assert choose(model, flat=True) is None
     assert "the CPU kernels are not loaded" in caplog.records[-1].getMessage()
