@@ -28,7 +28,8 @@ from typing import Any
 import mlx.core as mx
 from mlx_lm.models.base import create_attention_mask
 
-from mlxcel.model.forward import KV, head_of
+from mlxcel.model.forward import KV, decode_logits, head_of
+from mlxcel.model.native.fused_layer import FusedLayers
 
 _BLOCKS = frozenset({"mlx_lm.models.qwen2", "mlx_lm.models.qwen3", "mlx_lm.models.llama"})
 """Modules whose transformer blocks and attention this forward reproduces."""
@@ -62,9 +63,13 @@ def supports(model: Any) -> bool:
     )
 
 
-def step_logits(model: Any, groups: Sequence[Group]) -> list[mx.array]:
+def step_logits(
+    model: Any, groups: Sequence[Group], fused: FusedLayers | None = None
+) -> list[mx.array]:
     """One forward over every group's tokens; the logits `[W, V]` each group wants.
 
+    With `fused` (`native/fused_layer.py`), each layer's work around attention is two
+    native nodes instead of mlx-lm's modules; the same numbers within float rounding.
     The groups' caches are updated in place, as the separate forwards would update them.
     Lazy: nothing is evaluated here.
     """
@@ -75,7 +80,9 @@ def step_logits(model: Any, groups: Sequence[Group]) -> list[mx.array]:
     masks = [create_attention_mask(e, g.cache[0]) for e, g in zip(embedded, groups, strict=True)]
     h = mx.concatenate([e.reshape(1, -1, e.shape[-1]) for e in embedded], axis=1)
     bounds = _bounds(groups)
-    for index, layer in enumerate(inner.layers):
+    if fused is not None:
+        h = _fused_layers(fused, inner.layers, h[0], groups, bounds, masks)[None]
+    for index, layer in enumerate(inner.layers if fused is None else ()):
         attn = layer.self_attn
         x = layer.input_layernorm(h)
         q, k, v = attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)
@@ -125,3 +132,72 @@ def _attend(
     sdpa = sys.modules[type(attn).__module__].scaled_dot_product_attention
     out: mx.array = sdpa(q, k, v, cache=cache, scale=attn.scale, mask=mask)
     return out.transpose(0, 2, 1, 3).reshape(1, rows * length, -1)
+
+
+def _fused_layers(
+    fused: FusedLayers,
+    layers: Sequence[Any],
+    h: mx.array,
+    groups: Sequence[Group],
+    bounds: Sequence[tuple[int, int]],
+    masks: Sequence[Any],
+) -> mx.array:
+    """Every layer on `h` `[T, H]` with the fused head and tail; attention per group."""
+    positions = _positions(groups)  # read before layer 0's cache moves on
+    for index, layer in enumerate(layers):
+        attn = layer.self_attn
+        sdpa = sys.modules[type(attn).__module__].scaled_dot_product_attention
+        qkv = fused.head(index, h, positions)
+        parts = []
+        for g, (lo, hi), mask in zip(groups, bounds, masks, strict=True):
+            rows, length = g.shape
+            cache = g.cache[index]
+            q, k, v = (_heads_first(a if len(groups) == 1 else a[lo:hi], rows, length) for a in qkv)
+            k, v = cache.update_and_fetch(k, v)
+            out = sdpa(q, k, v, cache=cache, scale=attn.scale, mask=mask)
+            parts.append(_tokens_first(out))
+        h = fused.tail(index, h, parts[0] if len(parts) == 1 else mx.concatenate(parts))
+    return h
+
+
+def _heads_first(a: mx.array, rows: int, length: int) -> mx.array:
+    """`[rows * length, heads, D]` as attention reads it, `[rows, heads, length, D]`."""
+    if length == 1:  # a decode row: the same memory, one node fewer
+        return a.reshape(rows, a.shape[1], 1, a.shape[2])
+    return a.reshape(rows, length, *a.shape[1:]).transpose(0, 2, 1, 3)
+
+
+def _tokens_first(out: mx.array) -> mx.array:
+    """Attention's `[rows, heads, length, D]` as `[rows * length, heads * D]`."""
+    rows, heads, length, dim = out.shape
+    if length == 1:
+        return out.reshape(rows, heads * dim)
+    return out.transpose(0, 2, 1, 3).reshape(rows * length, heads * dim)
+
+
+def _positions(groups: Sequence[Group]) -> mx.array:
+    """Each token's position in its sequence (int32 `[T]`), from its group's cache offset."""
+    spans = []
+    for g in groups:
+        rows, length = g.shape
+        offset = g.cache[0].offset  # an int, or one per row (`BatchKVCache`)
+        steps = mx.arange(length, dtype=mx.int32)[None]
+        if isinstance(offset, int):
+            spans.append(mx.broadcast_to(steps + offset, (rows, length)).reshape(-1))
+        else:
+            spans.append((offset.astype(mx.int32)[:, None] + steps).reshape(-1))
+    return spans[0] if len(spans) == 1 else mx.concatenate(spans)
+
+
+def one_group_logits(model: Any, group: Group, fused: FusedLayers | None) -> mx.array:
+    """One decode state's logits (the fused layers' when there are), for its rows' slots."""
+    if fused is not None:
+        return step_logits(model, [group], fused)[0]
+    logits = decode_logits(model, [t[0] for t in group.tokens], group.cache)
+    live = [slot for slot, _ in group.want]
+    return logits if len(live) == len(group.tokens) else logits[mx.array(live)]
+
+
+def joined(parts: list[mx.array]) -> mx.array:
+    """The decode groups' logits as one `[B, V]`, in the batch's row order."""
+    return parts[0] if len(parts) == 1 else mx.concatenate(parts)

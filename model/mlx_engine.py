@@ -42,6 +42,7 @@ from mlxcel.model import flat_forward, forward
 from mlxcel.model.cache.prefix import CacheKind, PrefixCache, common_prefix
 from mlxcel.model.decode_batch import DecodeBatch
 from mlxcel.model.forward import KV
+from mlxcel.model.native.fused_layer import FusedLayers
 from mlxcel.model.penalties import RowPenalties, adjust
 from mlxcel.model.rows import ChunkRead, Row
 from mlxcel.model.sampling import Sampler, row_generator, token_logprob
@@ -67,6 +68,8 @@ class MlxEngine:
     sampler: Sampler = field(default_factory=Sampler)
     flat: bool = False
     """Decode rows and the step's prompt chunk share one forward (`flat_forward`)."""
+    fused: FusedLayers | None = None
+    """Each layer's work around attention as two native nodes (`native/fused_layer.py`)."""
     control: ControlMask = field(default_factory=lambda: ControlMask(()))
     """The special tokens no row may sample (`model/control_tokens.py`)."""
     _waiting: deque[Row] = field(default_factory=deque)
@@ -114,9 +117,9 @@ class MlxEngine:
         if chunk is not None:
             logits, self._read = self._read_with(chunk, groups)
         elif len(groups) == 1:
-            logits = _decode_alone(self.model, groups[0])
+            logits = flat_forward.one_group_logits(self.model, groups[0], self.fused)
         else:  # several states (`decode_batch`): still one forward
-            logits = _joined(flat_forward.step_logits(self.model, groups))
+            logits = flat_forward.joined(flat_forward.step_logits(self.model, groups, self.fused))
         tokens, logprobs = self._sample(logits, rows)
         self._suspect = False
         steps: list[TokenStep] = []
@@ -236,8 +239,8 @@ class MlxEngine:
         rows, parts, ending = self._parts(chunk)
         opened = forward.open_chunk(parts, [r.cache for r in rows if r.cache is not None])
         reading = flat_forward.Group(opened.tokens, opened.cache, opened.want(ending))
-        *decoded, firsts = flat_forward.step_logits(self.model, [*groups, reading])
-        logits = _joined(decoded)
+        *decoded, firsts = flat_forward.step_logits(self.model, [*groups, reading], self.fused)
+        logits = flat_forward.joined(decoded)
         caches = forward.close_chunk(opened)
         mx.eval(logits, firsts, [layer.state for kv in caches for layer in kv])
         ended = [i for i, e in enumerate(ending) if e]
@@ -385,15 +388,3 @@ class MlxEngine:
         """Keep a KV state of `row`'s as an entry of its tenant's."""
         if self.prefix_cache is not None and tokens and not self._suspect:
             self.prefix_cache.store(tokens, cache, kind, row.spec.tenant)
-
-
-def _decode_alone(model: Any, group: flat_forward.Group) -> mx.array:
-    """One decode state's logits by the model's own forward, for its rows' slots only."""
-    logits = forward.decode_logits(model, [t[0] for t in group.tokens], group.cache)
-    live = [slot for slot, _ in group.want]
-    return logits if len(live) == len(group.tokens) else logits[mx.array(live)]
-
-
-def _joined(parts: list[mx.array]) -> mx.array:
-    """The decode groups' logits as one `[B, V]`, in the batch's row order."""
-    return parts[0] if len(parts) == 1 else mx.concatenate(parts)

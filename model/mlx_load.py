@@ -35,6 +35,7 @@ from mlxcel.model.cache.prefix import PrefixCache
 from mlxcel.model.cache.spill_file import digest
 from mlxcel.model.mlx_engine import MlxEngine
 from mlxcel.model.native.cpu_forms import fast_log_softmax, install_cpu_forms
+from mlxcel.model.native.fused_layer import choose as choose_fused
 from mlxcel.model.native.qmm import install_quantized_forms
 from mlxcel.model.sampling import Sampler, reference_log_softmax
 
@@ -65,6 +66,8 @@ def load_mlx_model(
     model, tokenizer = load(str(path))[:2]
     fast = install_cpu_forms(model)  # on the CPU device only; Apple GPUs keep MLX's kernels
     quantized = install_quantized_forms(model)  # likewise
+    flat = flat_forward.supports(model)
+    fused = choose_fused(model, flat)  # logs which layer runs
     grammars = GrammarCompiler.for_hf_tokenizer(tokenizer._tokenizer)
     disk = None
     if prompt_cache_dir is not None and prompt_cache_bytes > 0 and prompt_cache_disk_bytes > 0:
@@ -78,7 +81,8 @@ def load_mlx_model(
         None,
         PrefixCache(prompt_cache_bytes, disk=disk) if prompt_cache_bytes > 0 else None,
         Sampler(fast_log_softmax if fast else reference_log_softmax),
-        flat_forward.supports(model),
+        flat,
+        fused,
         ControlMask(control_token_ids(tokenizer._tokenizer, tokenizer.eos_token_ids)),
         _stop=frozenset(tokenizer.eos_token_ids),
     )
@@ -86,6 +90,7 @@ def load_mlx_model(
     forms = ", CPU forms of exp-heavy ops" if fast else ""
     forms += f", CPU quantized matmul ({quantized} modules)" if quantized else ""
     forms += ", one forward per step" if engine.flat else ""
+    forms += ", fused layers" if fused is not None else ""
     backend = f"mlx {version} on {mx.default_device()}, BLAS: {blas.name}{forms}"
     model_type = json.loads((path / "config.json").read_text()).get("model_type")
     info = ModelInfo(

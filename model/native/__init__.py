@@ -3,8 +3,9 @@
 - ``blas``: the fast BLAS (OpenBLAS through a C shim, ``blas_shim.c`` with its skinny
   kernel ``blas_skinny.c``), loaded before MLX;
 - ``kernels``: the CPU kernels as one extension of MLX primitives (the quantized matmul
-  ``qmm_kernel.c``/``qmm_ext.cpp``, attention and SwiGLU ``attn_kernel.c``/``attn_ext.cpp``),
-  given to models by ``qmm.py`` and ``cpu_forms.py``;
+  ``qmm_kernel.c``/``qmm_ext.cpp``, attention and SwiGLU ``attn_kernel.c``/``attn_ext.cpp``,
+  a layer's head and tail ``layer_kernel.c``/``layer_ext.cpp``), given to models by ``qmm.py``
+  and ``cpu_forms.py``, and to the flattened forward by ``fused_layer.py``;
 - ``build``: the one CPU probe and build of both; ``pool.c`` their one thread pool and
   ``simd.h`` their vector operations; ``qmm_lib.py`` the kernel alone for its tests.
 

@@ -7,9 +7,10 @@ Two shared libraries come out, and they must stay two:
   ``RTLD_GLOBAL`` before ``mlx.core`` is first imported, so that MLX's ``cblas_sgemm`` binds
   to it (``blas.py``); it links OpenBLAS and nothing of MLX or Python, because it must be in
   place before either is loaded;
-- the kernels' extension (``kernels.cpp``, the primitives ``qmm_ext.cpp`` and
-  ``attn_ext.cpp`` over ``qmm_kernel.c``, ``attn_kernel.c``, ``pool.c``) is a Python module of
-  MLX primitives linked to ``libmlx`` through nanobind, so it can load only once MLX has.
+- the kernels' extension (``kernels.cpp``, the primitives ``qmm_ext.cpp``, ``attn_ext.cpp``
+  and ``layer_ext.cpp`` over ``qmm_kernel.c``, ``attn_kernel.c``, ``layer_kernel.c``,
+  ``pool.c``) is a Python module of MLX primitives linked to ``libmlx`` through nanobind, so
+  it can load only once MLX has.
 
 Both come out of :func:`compile_library`, with the same instruction set's flags, into
 ``cache_dir()/native``, each under a name hashing everything that shapes it (sources,
@@ -349,9 +350,9 @@ def kernels_recipe() -> Recipe:
     versions = tuple(f"{dist}={_version(dist)}" for dist in ("mlx", "nanobind"))
     return Recipe(
         "mlxcel-kernels",
-        ("qmm_kernel.c", "attn_kernel.c", "pool.c"),
+        ("qmm_kernel.c", "attn_kernel.c", "layer_kernel.c", "pool.c"),
         (*_C_FLAGS, "-std=c11", "-fvisibility=hidden"),
-        ("kernels.cpp", "qmm_ext.cpp", "attn_ext.cpp", str(nb / "src" / "nb_combined.cpp")),
+        ("kernels.cpp", "qmm_ext.cpp", "attn_ext.cpp", "layer_ext.cpp", str(nb / "src" / "nb_combined.cpp")),
         ("-O2", "-std=c++20", "-fPIC", "-pthread", "-fvisibility=hidden", "-DNB_DOMAIN=mlx",
          "-DNDEBUG", f"-I{sysconfig.get_paths()['include']}", f"-I{nb / 'include'}",
          f"-I{nb / 'ext' / 'robin_map' / 'include'}", f"-I{mlx_root / 'include'}", f"-I{HERE}"),

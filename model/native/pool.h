@@ -54,7 +54,7 @@ int mlxcel_pool_shared(void);
  * slot), kept for its next call and freed when the thread exits; NULL when out of
  * memory. Kernels keep their per-thread scratch here, so a chunk may run on any thread. */
 enum { MLXCEL_BUF_QMM = 0, MLXCEL_BUF_QMM_WEIGHTS, MLXCEL_BUF_QMM_X, MLXCEL_BUF_ATTN,
-       MLXCEL_BUF_SLOTS };
+       MLXCEL_BUF_LAYER, MLXCEL_BUF_SLOTS };
 void *mlxcel_thread_buffer(int slot, size_t bytes);
 
 #ifdef __cplusplus

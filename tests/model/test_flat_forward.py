@@ -68,7 +68,7 @@ def separate(model: Any) -> tuple[Any, Any, Any, list[Any]]:
     return decode, [logits[i] for i, e in enumerate(ENDING) if e], batch, caches
 
 
-def flattened(model: Any) -> tuple[Any, Any, Any, list[Any]]:
+def flattened(model: Any, fused: Any = None) -> tuple[Any, Any, Any, list[Any]]:
     import mlx.core as mx
 
     from mlxcel.model import flat_forward, forward
@@ -80,7 +80,7 @@ def flattened(model: Any) -> tuple[Any, Any, Any, list[Any]]:
         flat_forward.Group(lasts, batch, [(i, 0) for i in range(len(lasts))]),
         flat_forward.Group(opened.tokens, opened.cache, opened.want(ENDING)),
     ]
-    decode, firsts = flat_forward.step_logits(model, groups)
+    decode, firsts = flat_forward.step_logits(model, groups, fused)
     caches = forward.close_chunk(opened)
     mx.eval(decode, firsts, [layer.state for kv in caches for layer in kv])
     return decode, [firsts[n] for n in range(firsts.shape[0])], batch, caches
@@ -95,11 +95,12 @@ def next_logits(model: Any, batch: Any, caches: list[Any]) -> list[Any]:
     return out
 
 
-def assert_same(model: Any, atol: float) -> None:
+def assert_same(model: Any, atol: float, fused: Any = None) -> None:
+    """The flattened forward (with `fused` layers when given) against the separate ones."""
     import mlx.core as mx
 
     ref_decode, ref_firsts, ref_batch, ref_caches = separate(model)
-    decode, firsts, batch, caches = flattened(model)
+    decode, firsts, batch, caches = flattened(model, fused)
     assert decode.shape == ref_decode.shape
     assert mx.allclose(decode, ref_decode, atol=atol, rtol=1e-4).item()
     assert len(firsts) == len(ref_firsts) == sum(ENDING)
@@ -190,3 +191,28 @@ def test_the_real_model_gets_the_same_logits_and_states() -> None:
     assert is_ready(path), "the default model is fetched by the test command's set-up"
     model = load_folder(path)
     assert_same(model, atol=5e-4)
+    from mlxcel.model.native.fused_layer import plan_layers
+
+    assert_same(model, atol=5e-4, fused=plan_layers(model))
+
+
+def quantized(model: Any) -> Any:
+    """`model` with 4-bit weights (the fused layers take quantized ones only)."""
+    import mlx.core as mx
+    import mlx.nn as nn
+
+    from mlxcel.model.native.qmm import install_quantized_forms
+
+    nn.quantize(model, group_size=32, bits=4)
+    install_quantized_forms(model)
+    mx.eval(model.parameters())
+    return model
+
+
+@pytest.mark.parametrize("name", ["tiny", *sorted(MODELS)])
+def test_the_fused_layers_give_the_same_logits_and_states(name: str) -> None:
+    """Decode rows beside a chunk, and the next steps from the states they leave."""
+    from mlxcel.model.native.fused_layer import plan_layers
+
+    model = quantized(load_folder(ensure_tiny_model()) if name == "tiny" else MODELS[name]())
+    assert_same(model, atol=1e-4, fused=plan_layers(model))

@@ -150,9 +150,9 @@ def test_no_prefill_chunk_exceeds_the_step_budget(
             chunks.append((chunk.tokens, budget))
         return chunk
 
-    def step_spy(model: Any, groups: Any) -> Any:
+    def step_spy(model: Any, groups: Any, fused: Any = None) -> Any:
         shared.append(sum(len(g.tokens) * len(g.tokens[0]) for g in groups[1:]))
-        return step_logits(model, groups)
+        return step_logits(model, groups, fused)
 
     monkeypatch.setattr(mlx_engine, "plan_chunk", plan_spy)
     monkeypatch.setattr(flat_forward, "step_logits", step_spy)
