@@ -1,6 +1,8 @@
 """Build llama.cpp's own `llama-server` for the serving benchmark's llama.cpp row, once.
 
-    .venv/bin/python bench/llama_server.py build     # build (or find) it; print where and how
+    .venv/bin/python bench/llama_server.py build          # build (or find) it; print where and how
+    .venv/bin/python bench/llama_server.py build --amx    # with AMX (see below)
+    .venv/bin/python bench/llama_server.py where          # the build the benchmark runs
 
 The source is the llama.cpp that llama-cpp-python's sdist vendors, at the release pinned
 below, so the peer is a known llama.cpp and comes from the package registry like every
@@ -10,20 +12,22 @@ UI) on two jobs.
 
 The instruction sets are chosen here from `/proc/cpuinfo`, never by the compiler's
 `-march=native` (`GGML_NATIVE=OFF`): AVX, AVX2, FMA, F16C, BMI2, AVX-VNNI and AVX-512 (F with
-CD, VL, DQ and BW; VBMI, VNNI, BF16) as the CPU reports them, and AMX (tile, INT8, BF16) only
-when Linux also grants this process the tile state (`arch_prctl(ARCH_REQ_XCOMP_PERM)`, the
-same request our quantized matmul makes before its AMX path): a virtual machine can report
-AMX without enabling it for guests, and a llama.cpp built with AMX there dies at its first
-matrix product.
+CD, VL, DQ and BW; VBMI, VNNI, BF16) as the CPU reports them. AMX (tile, INT8, BF16) only
+with `--amx`, and then only when the CPU reports it and Linux grants this process the tile
+state (`arch_prctl(ARCH_REQ_XCOMP_PERM)`, the request our quantized matmul makes before its
+AMX path); why not by default: AMX_NOTE.
 
-The binary is kept in `cache_dir()/llama-server/<release>-<hash of the flags>/`, with
-`build.json` beside it (release, flags, CPU); a second run with the same flags finds it
-and builds nothing. cmake is the one on PATH, else the `cmake` wheel of the `bench` extra.
+The binary is kept in `cache_dir()/llama-server/<release>-<hash of the options>/`, with
+`build.json` beside it (release, flags, cmake options, CPU); a second run with the same
+options finds it and builds nothing. `current.json` there names the build made or found
+last, which the benchmark runs (while this CPU can run it). cmake is the one on PATH, else
+the `cmake` wheel of the `bench` extra.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import hashlib
 import importlib
@@ -43,6 +47,13 @@ LLAMA_CPP_PYTHON = "0.3.36"
 server options the benchmark passes were read from it)."""
 BINARY = "llama-server"
 JOBS = 2
+AMX_NOTE = (
+    "llama.cpp's AMX path in this release dies with SIGILL at its first matrix product when "
+    "built by GCC 12, even where Linux grants the tile state: the compiler drops the stores "
+    "that fill its tile configuration (a stack struct only ldtilecfg reads), so its tiles "
+    "stay unconfigured"
+)
+"""Why the default build leaves AMX out (seen in the disassembly of a build made here)."""
 
 # (cmake option, the /proc/cpuinfo flags it needs), in ggml's order.
 BASE_FLAGS: tuple[tuple[str, frozenset[str]], ...] = (
@@ -65,6 +76,7 @@ AMX_FLAGS: tuple[tuple[str, frozenset[str]], ...] = (
     ("GGML_AMX_INT8", frozenset({"amx_int8"})),
     ("GGML_AMX_BF16", frozenset({"amx_bf16"})),
 )
+ALL_FLAGS = frozenset(name for name, _ in BASE_FLAGS + AVX512_EXTRAS + AMX_FLAGS)
 FIXED_OPTIONS = (
     "-DCMAKE_BUILD_TYPE=Release",
     "-DBUILD_SHARED_LIBS=OFF",  # one self-contained file to cache
@@ -100,16 +112,17 @@ def cpu_model(cpuinfo: str) -> str:
     return ""
 
 
-def choose_flags(cpuinfo: str, amx_granted: bool) -> dict[str, bool]:
+def choose_flags(cpuinfo: str, amx_granted: bool, amx: bool = False) -> dict[str, bool]:
     """Every ggml instruction-set option, on or off, for the CPU `cpuinfo` describes.
 
-    AVX-512's extensions need AVX-512 itself, and AMX needs AVX-512 with VNNI (ggml's AMX
-    code is compiled only with both) and the OS's grant as well as the CPU's flags."""
+    AVX-512's extensions need AVX-512 itself. AMX is only built when asked for (`amx`; see
+    AMX_NOTE), and then needs AVX-512 with VNNI (ggml's AMX code is compiled only with
+    both) and the OS's grant as well as the CPU's flags."""
     flags = cpu_flags(cpuinfo)
     chosen = {name: needs <= flags for name, needs in BASE_FLAGS}
     for name, needs in AVX512_EXTRAS:
         chosen[name] = chosen["GGML_AVX512"] and needs <= flags
-    amx_base = chosen["GGML_AVX512_VNNI"] and amx_granted
+    amx_base = amx and chosen["GGML_AVX512_VNNI"] and amx_granted
     for name, needs in AMX_FLAGS:
         chosen[name] = amx_base and needs <= flags
     return chosen
@@ -148,14 +161,40 @@ def build_dir(version: str, flags: dict[str, bool]) -> Path:
     """Where the build for this release and these flags is kept."""
     key = json.dumps({"version": version, "options": cmake_options(flags)}, sort_keys=True)
     digest = hashlib.sha256(key.encode()).hexdigest()[:12]
-    root = importlib.import_module("mlxcel.config").cache_dir()
-    return Path(root) / "llama-server" / f"{version}-{digest}"
+    return _root() / f"{version}-{digest}"
 
 
 def cached_build(version: str = LLAMA_CPP_PYTHON) -> tuple[Path, dict[str, Any]] | None:
-    """This machine's build (the flags its CPU gets now), when it was made: the binary
-    and its build.json record."""
-    return _load(build_dir(version, choose_flags(read_cpuinfo(), amx_granted())))
+    """The build the benchmark runs, when there is one: the binary and its build.json
+    record. The one `current.json` names (the last made or found) when it is of this
+    release and this CPU runs every instruction set it was built for; else the default
+    build for this CPU."""
+    cpuinfo, granted = read_cpuinfo(), amx_granted()
+    runnable = choose_flags(cpuinfo, granted, amx=True)
+    with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+        name = json.loads((_root() / "current.json").read_text())["folder"]
+        found = _load(_root() / str(name))
+        same = found is not None and found[1]["llama_cpp_python"] == version
+        if found is not None and same and all(runnable.get(f) for f in built_flags(found[1])):
+            return found
+    return _load(build_dir(version, choose_flags(cpuinfo, granted)))
+
+
+def built_flags(record: dict[str, Any]) -> list[str]:
+    """The instruction-set options a build.json record says were on."""
+    options = (o.removeprefix("-D").split("=") for o in record["cmake_options"])
+    return [name for name, value in options if name in ALL_FLAGS and value == "ON"]
+
+
+def _root() -> Path:
+    return Path(importlib.import_module("mlxcel.config").cache_dir()) / "llama-server"
+
+
+def _make_current(folder: Path) -> None:
+    """Name `folder` as the build the benchmark runs (written whole, then renamed)."""
+    part = folder.parent / "current.json.part"
+    part.write_text(json.dumps({"folder": folder.name}) + "\n")
+    os.replace(part, folder.parent / "current.json")
 
 
 def _load(folder: Path) -> tuple[Path, dict[str, Any]] | None:
@@ -200,14 +239,20 @@ def download_source(version: str, work: Path, log: Path) -> Path:
     return source
 
 
-def build(version: str = LLAMA_CPP_PYTHON) -> tuple[Path, dict[str, Any]]:
-    """The binary for this CPU, built unless it is already in the cache; and its record."""
+def build(version: str = LLAMA_CPP_PYTHON, amx: bool = False) -> tuple[Path, dict[str, Any]]:
+    """The binary for this CPU, built unless it is already in the cache, and its record;
+    from now on the one the benchmark runs."""
     cpuinfo, granted = read_cpuinfo(), amx_granted()
-    flags = choose_flags(cpuinfo, granted)
+    flags = choose_flags(cpuinfo, granted, amx)
     folder = build_dir(version, flags)
-    found = _load(folder)
-    if found is not None:
-        return found
+    found = _load(folder) or _build(version, flags, folder, cpuinfo)
+    _make_current(folder)
+    return found
+
+
+def _build(
+    version: str, flags: dict[str, bool], folder: Path, cpuinfo: str
+) -> tuple[Path, dict[str, Any]]:
     cmake = find_cmake()
     folder.parent.mkdir(parents=True, exist_ok=True)
     log = folder.parent / f"{folder.name}.log"
@@ -231,7 +276,6 @@ def build(version: str = LLAMA_CPP_PYTHON) -> tuple[Path, dict[str, Any]]:
             "flags": flags_summary(flags),
             "cmake_options": cmake_options(flags),
             "cpu": cpu_model(cpuinfo),
-            "amx_granted": granted,
         }
         (staged / "build.json").write_text(json.dumps(record, indent=2) + "\n")
         shutil.rmtree(folder, ignore_errors=True)
@@ -243,9 +287,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("action", choices=["build", "where"], help="build it, or only look")
     parser.add_argument("--version", default=LLAMA_CPP_PYTHON, help="llama-cpp-python release")
+    parser.add_argument("--amx", action="store_true", help="with AMX, if granted; see AMX_NOTE")
     args = parser.parse_args(argv)
+    if args.amx and not amx_granted():
+        print("note: Linux does not grant this process AMX's tile state: built without AMX")
     try:
-        found = build(args.version) if args.action == "build" else cached_build(args.version)
+        if args.action == "build":
+            found: tuple[Path, dict[str, Any]] | None = build(args.version, args.amx)
+        else:
+            found = cached_build(args.version)
     except BuildError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

@@ -71,7 +71,9 @@ def bench_kind(kind: str, args: argparse.Namespace, lengths: list[int]) -> dict[
     gguf = ensure_default_gguf() if kind == "llamacpp" else None
     program = binary()[0] if kind == "llamacpp" else None
     n_ctx = context_size(max(lengths), 1, OUTPUT_TOKENS)
-    launch = Launch(model_dir, 1, 1, gguf, n_ctx, peer_dir, program)
+    launch = Launch(
+        model_dir, 1, 1, gguf=gguf, n_ctx=n_ctx, llama_server=program, peer_model_dir=peer_dir
+    )
     args.out.mkdir(parents=True, exist_ok=True)
     log = args.out / f"read-rate-{kind}.log"
     runs: dict[int, list[dict[str, Any]]] = {}

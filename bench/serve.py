@@ -194,7 +194,13 @@ def launch_for(
         gguf = gguf or ensure_default_gguf()
         program = llamacpp.binary()[0]
     return Launch(
-        plan.model_dir, parallel, prompt_concurrency, gguf, n_ctx, plan.peer_model_dir, program
+        plan.model_dir,
+        parallel,
+        prompt_concurrency,
+        gguf=gguf,
+        n_ctx=n_ctx,
+        llama_server=program,
+        peer_model_dir=plan.peer_model_dir,
     )
 
 

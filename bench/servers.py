@@ -215,8 +215,14 @@ def wait_healthy(server: Server, timeout: float) -> None:
 
 def _check_alive(server: Server) -> None:
     if server.proc is not None and (code := server.proc.poll()) is not None:
+        hint = ""
+        if server.kind == "llamacpp" and code in (-signal.SIGILL, -signal.SIGSEGV):
+            hint = (
+                " (a llama-server built with --amx? `bench/llama_server.py build` makes "
+                "the default build the one that runs again)"
+            )
         raise ServerStartError(
-            f"{server.kind} server exited with code {code} during start-up; "
+            f"{server.kind} server exited with code {code} during start-up{hint}; "
             f"log tail:\n{server.log_tail()}"
         )
 

@@ -1,10 +1,12 @@
 """The llama.cpp peer's build options come from /proc/cpuinfo: each instruction set as the
-CPU reports it, AVX-512's extensions only with AVX-512 itself, AMX only when the OS grants
-the tile state, and one cache folder per set of options."""
+CPU reports it, AVX-512's extensions only with AVX-512 itself, AMX only when asked for and
+the OS grants the tile state, and one cache folder per set of options; the benchmark runs
+the last build made while this CPU runs it."""
 
 from __future__ import annotations
 
 import importlib.util
+import json
 from pathlib import Path
 from types import ModuleType
 
@@ -47,25 +49,28 @@ def on(flags: dict[str, bool]) -> set[str]:
     return {name for name, value in flags.items() if value}
 
 
-def test_amx_is_built_only_when_the_os_grants_it() -> None:
-    granted = llama_server.choose_flags(cpuinfo(SAPPHIRE_RAPIDS), amx_granted=True)
-    refused = llama_server.choose_flags(cpuinfo(SAPPHIRE_RAPIDS), amx_granted=False)
+def test_amx_is_built_only_when_asked_for_and_the_os_grants_it() -> None:
+    text = cpuinfo(SAPPHIRE_RAPIDS)
+    granted = llama_server.choose_flags(text, amx_granted=True, amx=True)
+    refused = llama_server.choose_flags(text, amx_granted=False, amx=True)
+    default = llama_server.choose_flags(text, amx_granted=True)
     amx = {"GGML_AMX_TILE", "GGML_AMX_INT8", "GGML_AMX_BF16"}
     assert amx <= on(granted)
     assert not amx & on(refused)
-    assert on(granted) - amx == on(refused)
+    assert not amx & on(default)
+    assert on(granted) - amx == on(refused) == on(default)
     assert {"GGML_AVX512", "GGML_AVX512_VNNI", "GGML_AVX512_BF16", "GGML_AVX512_VBMI"} <= on(
         refused
     )
 
 
 def test_avx512_without_amx_and_avx2_only_cpus() -> None:
-    zen4 = llama_server.choose_flags(cpuinfo(ZEN4), amx_granted=True)
+    zen4 = llama_server.choose_flags(cpuinfo(ZEN4), amx_granted=True, amx=True)
     assert on(zen4) == {
         "GGML_AVX", "GGML_AVX2", "GGML_FMA", "GGML_F16C", "GGML_BMI2", "GGML_AVX512",
         "GGML_AVX512_VBMI", "GGML_AVX512_VNNI", "GGML_AVX512_BF16",
     }  # fmt: skip
-    haswell = llama_server.choose_flags(cpuinfo(AVX2_ONLY), amx_granted=True)
+    haswell = llama_server.choose_flags(cpuinfo(AVX2_ONLY), amx_granted=True, amx=True)
     assert on(haswell) == {"GGML_AVX", "GGML_AVX2", "GGML_FMA", "GGML_F16C", "GGML_BMI2"}
     # Every option is passed, on or off, so cmake's own defaults never decide.
     assert set(haswell) == set(zen4)
@@ -73,7 +78,7 @@ def test_avx512_without_amx_and_avx2_only_cpus() -> None:
 
 def test_avx512_extensions_need_the_whole_avx512_base() -> None:
     partial = AVX2_ONLY + " avx512f avx512vl avx512_vnni avx512_bf16 amx_tile amx_int8"
-    flags = llama_server.choose_flags(cpuinfo(partial), amx_granted=True)
+    flags = llama_server.choose_flags(cpuinfo(partial), amx_granted=True, amx=True)
     assert not {name for name in on(flags) if "AVX512" in name or "AMX" in name}
 
 
@@ -90,8 +95,8 @@ def test_options_and_cache_folder_follow_the_flags(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("MLXCEL_CACHE_DIR", str(tmp_path))
-    with_amx = llama_server.choose_flags(cpuinfo(SAPPHIRE_RAPIDS), amx_granted=True)
-    without = llama_server.choose_flags(cpuinfo(SAPPHIRE_RAPIDS), amx_granted=False)
+    with_amx = llama_server.choose_flags(cpuinfo(SAPPHIRE_RAPIDS), amx_granted=True, amx=True)
+    without = llama_server.choose_flags(cpuinfo(SAPPHIRE_RAPIDS), amx_granted=True)
     options = llama_server.cmake_options(with_amx)
     assert "-DGGML_NATIVE=OFF" in options
     assert "-DGGML_AMX_INT8=ON" in options
@@ -102,3 +107,30 @@ def test_options_and_cache_folder_follow_the_flags(
     assert folder != llama_server.build_dir("0.3.36", without)
     assert folder != llama_server.build_dir("0.3.37", with_amx)
     assert llama_server.flags_summary(without).split()[:3] == ["AVX", "AVX2", "FMA"]
+
+
+def _fake_build(flags: dict[str, bool]) -> Path:
+    folder = llama_server.build_dir("0.3.36", flags)
+    folder.mkdir(parents=True)
+    (folder / "llama-server").write_text("")
+    record = {"llama_cpp_python": "0.3.36", "cmake_options": llama_server.cmake_options(flags)}
+    (folder / "build.json").write_text(json.dumps(record))
+    return folder
+
+
+def test_the_benchmark_runs_the_last_build_this_cpu_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MLXCEL_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(llama_server, "read_cpuinfo", lambda: cpuinfo(SAPPHIRE_RAPIDS))
+    monkeypatch.setattr(llama_server, "amx_granted", lambda: True)
+    text = cpuinfo(SAPPHIRE_RAPIDS)
+    assert llama_server.cached_build("0.3.36") is None
+    default = _fake_build(llama_server.choose_flags(text, amx_granted=True))
+    with_amx = _fake_build(llama_server.choose_flags(text, amx_granted=True, amx=True))
+    assert llama_server.cached_build("0.3.36")[0].parent == default  # nothing named yet
+    llama_server._make_current(with_amx)
+    assert llama_server.cached_build("0.3.36")[0].parent == with_amx
+    assert llama_server.cached_build("0.3.37") is None  # another release: not this build
+    monkeypatch.setattr(llama_server, "amx_granted", lambda: False)
+    assert llama_server.cached_build("0.3.36")[0].parent == default  # AMX no longer runs
