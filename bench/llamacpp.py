@@ -1,40 +1,56 @@
-"""llama.cpp as a second peer: llama-cpp-python's OpenAI-compatible server on the default
-model's own GGUF (Q4_K_M), read through Chat Completions like mlx_lm.server.
+"""llama.cpp as a second peer: its own C++ `llama-server` on the default model's own GGUF
+(Q4_K_M), read through Chat Completions like mlx_lm.server.
 
-How it takes concurrent requests (llama-cpp-python 0.3.x, `llama_cpp/server/app.py`):
-one `Llama` object serves every request behind two `anyio.Lock`s (`llama_outer_lock`,
-`llama_inner_lock`), so requests run one at a time, each to its end, with no batching
-across requests; the others wait for the lock. By default (`interrupt_requests=True`) a
-streaming request is cut short, with a bare `[DONE]` and no finish reason, as soon as
-another request waits for the lock; the benchmark turns that off so that requests queue
-instead of failing. Between requests it reuses the longest prefix the new prompt shares
-with the previous one (its single KV sequence), which plays the role of a prompt cache.
+The binary is built once by `bench/llama_server.py build` (llama.cpp as vendored by the
+pinned llama-cpp-python release, for this CPU's instruction sets) and found in the cache.
 
-The server is started with as many threads as the other servers' BLAS uses (one per
-usable core, or `OPENBLAS_NUM_THREADS`), for decoding and prompt reading alike, and
-with `logits_all` off: it computes logits for the last position only, as the MLX
-servers do (the server's default computes them for every prompt token, which only
-logprobs need). Its streamed chunks carry no usage, so output tokens are counted as
-text deltas (one per token).
+How it takes concurrent requests: `-np P` slots with continuous batching, the same P as
+our `--parallel` (the largest level unless `--parallel` says otherwise), so at every level
+each request has a slot, as on ours, and one model load serves the sweep. The slots share
+one unified KV cache (`-kvu`), so an idle slot holds no memory and one long prompt may use
+the whole context; the context (`-c`) holds P prompts with their output at once, and the
+longest single prompt. Threads (`-t`, `-tb`: decode and prompt reading) are those of the
+MLX servers' OpenBLAS (one per usable core, or `OPENBLAS_NUM_THREADS`). Everything else is
+llama-server's default, including its prompt cache (each slot reuses the longest prefix it
+holds). Its streams carry usage when asked (`stream_options.include_usage`), as the other
+servers' do.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import sys
 from pathlib import Path
+
+import llama_server
 
 LLAMACPP_MODEL = "bench"
 """The alias the server lists and requests name."""
-HEALTH_PATH = "/v1/models"
-"""llama-cpp-python has no /health; it listens only once the model is loaded."""
+HEALTH_PATH = "/health"
+"""503 while the model loads, 200 once requests are served."""
 MIN_CTX = 4096
+SLOT_PROMPT_TOKENS = 256
+"""Room for one level prompt with its chat template (123 tokens for the default model)."""
+LONG_PROMPT_ROOM = 1024
+"""Room past the longest prompt's content: its chat template and output."""
 
 
 def installed() -> bool:
-    """True when llama-cpp-python and its server extra are importable here."""
-    return all(importlib.util.find_spec(m) is not None for m in ("llama_cpp", "sse_starlette"))
+    """True when `bench/llama_server.py build` has built llama-server for this CPU."""
+    return llama_server.cached_build() is not None
+
+
+def binary() -> tuple[Path, dict[str, object]]:
+    """The built binary and its build record; a llama_server.BuildError when not built."""
+    found = llama_server.cached_build()
+    if found is None:
+        raise llama_server.BuildError(NOT_BUILT)
+    return found
+
+
+NOT_BUILT = (
+    "llama-server is not built for this CPU: run `.venv/bin/python bench/llama_server.py "
+    "build` once (minutes), or leave llamacpp out of --only"
+)
 
 
 def threads() -> int:
@@ -47,32 +63,44 @@ def threads() -> int:
     return os.cpu_count() or 1
 
 
-def context_size(long_prompt_tokens: int | None) -> int:
-    """Room for the longest prompt the run sends plus its chat template and output."""
-    return max(MIN_CTX, (long_prompt_tokens or 0) + 1024)
+def context_size(
+    long_prompt_tokens: int | None, streams: int, stream_tokens: int, long_requests: int = 0
+) -> int:
+    """Tokens the shared KV cache must hold: `streams` level prompts with `stream_tokens`
+    of output each, plus `long_requests` long prompts, all at once; and never less than
+    the longest prompt alone with its room, or MIN_CTX."""
+    long_room = (long_prompt_tokens or 0) + LONG_PROMPT_ROOM
+    together = streams * (SLOT_PROMPT_TOKENS + stream_tokens) + long_requests * long_room
+    return max(MIN_CTX, long_room, together)
 
 
-def llamacpp_command(gguf: Path, port: int, n_threads: int, n_ctx: int) -> list[str]:
+def llamacpp_command(
+    program: Path, gguf: Path, port: int, n_threads: int, n_ctx: int, parallel: int
+) -> list[str]:
     return [
-        sys.executable,
-        "-m",
-        "llama_cpp.server",
+        str(program),
         "--model",
         str(gguf),
-        "--model_alias",
+        "--alias",
         LLAMACPP_MODEL,
         "--host",
         "127.0.0.1",
         "--port",
         str(port),
-        "--n_threads",
+        "--threads",
         str(n_threads),
-        "--n_threads_batch",
+        "--threads-batch",
         str(n_threads),
-        "--n_ctx",
+        "--ctx-size",
         str(n_ctx),
-        "--logits_all",
-        "False",
-        "--interrupt_requests",
-        "False",
+        "--parallel",
+        str(parallel),
+        "--kv-unified",
     ]
+
+
+def build_record() -> dict[str, object] | None:
+    """What the report keeps of the build: the binary, the release, its flags (None when
+    llama-server is not built)."""
+    found = llama_server.cached_build()
+    return None if found is None else {"binary": str(found[0]), **found[1]}

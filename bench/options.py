@@ -1,4 +1,5 @@
-"""The serving benchmark's command line (bench/serve.py): what is benched and how a run goes."""
+"""The serving benchmark's command line (bench/serve.py): what is benched and how a run
+goes, and which servers and model folder it names."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import importlib
 from pathlib import Path
 from typing import get_args
 
+import llamacpp
 from clients import Kind
 from load import OTHER_CPU_WARN_PCT
 from long_prompt import add_options
@@ -93,7 +95,8 @@ def add_target_options(p: argparse.ArgumentParser) -> None:
         type=parse_kinds,
         default=None,
         help="bench only these servers, comma-separated: ours, peer (mlx_lm.server), "
-        "llamacpp (default: ours and peer, and llamacpp when llama-cpp-python is installed)",
+        "llamacpp (default: ours and peer, and llamacpp when llama-server is built: "
+        "bench/llama_server.py build)",
     )
     p.add_argument(
         "--parallel",
@@ -122,7 +125,7 @@ def add_peer_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--llamacpp-url",
         default=None,
-        help="bench an already running llama-cpp-python server at this base URL",
+        help="bench an already running llama.cpp server (llama-server) at this base URL",
     )
     p.add_argument(
         "--prompt-concurrency",
@@ -190,3 +193,51 @@ def peer_model_dir_from(args: argparse.Namespace) -> Path | None:
         return None
     folder = Path(fetch.model_dir(fetch.DEFAULT_MODEL.at("float32")))
     return folder if (folder / "config.json").is_file() else None
+
+
+class UsageError(Exception):
+    """A command line that cannot run: its message is printed and the exit status is 2."""
+
+
+def default_model_dir() -> Path | None:
+    try:
+        fetch = importlib.import_module("mlxcel.model.provision.fetch")
+    except ImportError:
+        return None
+    return Path(fetch.default_model_dir())
+
+
+def kinds_from(args: argparse.Namespace) -> list[Kind]:
+    """--only, else ours and mlx_lm.server, and llama.cpp when llama-server is built or it
+    is asked for (--llamacpp-url, --gguf); a UsageError when llama.cpp cannot be started."""
+    asked = bool(args.llamacpp_url or args.gguf)
+    kinds: list[Kind] = args.only or [
+        "ours",
+        "peer",
+        *(["llamacpp"] if asked or llamacpp.installed() else []),
+    ]
+    if "llamacpp" in kinds and not args.llamacpp_url:
+        if not llamacpp.installed():
+            raise UsageError(llamacpp.NOT_BUILT)
+        if args.gguf and not args.gguf.expanduser().is_file():
+            raise UsageError(f"--gguf {args.gguf}: no such file")
+    return kinds
+
+
+def model_dir_from(args: argparse.Namespace, kinds: list[Kind]) -> Path | None:
+    """The model folder: --model or the default one; it must be an MLX model folder when
+    this run starts a server."""
+    model_dir: Path | None = args.model.expanduser().resolve() if args.model else None
+    needs_folder = ("ours" in kinds and not args.our_url) or ("peer" in kinds and not args.peer_url)
+    if model_dir is None:
+        model_dir = default_model_dir()
+        if needs_folder and model_dir is None:
+            raise UsageError("no --model given and the default model location is unknown")
+    if needs_folder:
+        assert model_dir is not None
+        if not (model_dir / "config.json").is_file():
+            raise UsageError(
+                f"{model_dir} is not an MLX model folder (no config.json); run "
+                "`mlxcel fetch-model` or pass --model"
+            )
+    return model_dir

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from gguf import ensure_default_gguf
-from llamacpp import context_size
+from llamacpp import binary, context_size
 from load import CpuSample, cpu_shares
 from probe import one_request
 from prompts import TokenCounter, make_long_prompt
@@ -69,7 +69,11 @@ def bench_kind(kind: str, args: argparse.Namespace, lengths: list[int]) -> dict[
     }
     peer_dir = fetch.model_dir(fetch.DEFAULT_MODEL.at("float32")) if kind == "peer" else None
     gguf = ensure_default_gguf() if kind == "llamacpp" else None
-    launch = Launch(model_dir, 1, 1, gguf, context_size(max(lengths)), peer_dir)
+    program = binary()[0] if kind == "llamacpp" else None
+    n_ctx = context_size(max(lengths), 1, OUTPUT_TOKENS)
+    launch = Launch(
+        model_dir, 1, 1, gguf=gguf, n_ctx=n_ctx, llama_server=program, peer_model_dir=peer_dir
+    )
     args.out.mkdir(parents=True, exist_ok=True)
     log = args.out / f"read-rate-{kind}.log"
     runs: dict[int, list[dict[str, Any]]] = {}

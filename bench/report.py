@@ -1,5 +1,6 @@
 """Numbers and presentation: percentiles, level summaries, ours/peer ratios, Markdown
-tables, PNG plots and a description of the machine."""
+tables, PNG plots and a description of the machine (its CPU, what our kernels use of it
+and how llama-server was built for it)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from llama_server import amx_granted
 
 if TYPE_CHECKING:
     from clients import RequestResult
@@ -206,10 +209,52 @@ def machine() -> dict[str, Any]:
         "usable_cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
         "mem_gib": mem,
         "python": platform.python_version(),
-        "versions": {
-            d: _version(d) for d in ("mlx", "mlx-lm", "mlxcel", "openai", "llama-cpp-python")
-        },
+        "versions": {d: _version(d) for d in ("mlx", "mlx-lm", "mlxcel", "openai")},
         "thread_env": {
             k: os.environ.get(k) for k in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MLXCEL_BLAS")
         },
+        "our_kernels": our_kernels(),
     }
+
+
+def our_kernels() -> dict[str, Any]:
+    """The CPU kernels our server builds here, and whether their AMX path runs: the kernels'
+    build (MLXCEL_CPU_ISA, else the CPU's widest; None for MLX's own operations) and, for
+    the AVX-512 build on a CPU with VBMI and AMX, MLXCEL_QMM_AMX not 0 and the OS's grant
+    of the tile state (the quantized matmul's own checks; it then multiplies 5 rows and
+    more on the tiles). Worked out in this process, with the environment the started
+    server inherits; a server given by --our-url may have been started otherwise."""
+    build = importlib.import_module("mlxcel.model.native.build")
+    cpu = build.probe()
+    isa = build.kernels_isa(cpu)
+    granted = amx_granted()
+    reasons = (
+        (not cpu.amx, "the CPU has no AMX with VBMI"),
+        (isa != "avx512", f"the kernels' build is {isa or 'off'}"),
+        (os.environ.get("MLXCEL_QMM_AMX") == "0", "MLXCEL_QMM_AMX=0"),
+        (not granted, "the OS does not grant the tile state"),
+    )
+    why_not = next((why for no, why in reasons if no), None)
+    return {
+        "cpu": cpu.describe(),
+        "isa": isa,
+        "amx": why_not is None,
+        "no_amx_because": why_not,
+        "amx_granted": granted,
+        "env": {k: os.environ.get(k) for k in ("MLXCEL_CPU_ISA", "MLXCEL_QMM_AMX")},
+    }
+
+
+def hardware_line(report: dict[str, Any]) -> str:
+    """One line for the console: the CPU, our kernels and AMX, llama-server's build."""
+    box = report["machine"]
+    kernels = box["our_kernels"]
+    ours = f"{kernels['isa']} kernels" if kernels["isa"] else "MLX's own operations"
+    amx = "AMX used" if kernels["amx"] else f"no AMX: {kernels['no_amx_because']}"
+    line = f"CPU: {box['cpu']}; ours: {ours}, {amx}"
+    build = report.get("llamacpp", {}).get("build")
+    if isinstance(build, dict):
+        line += f"; llama-server ({build['llama_cpp_python']}): {build['flags']}"
+    elif build == "external":
+        line += "; llama-server: an external server, its build unknown"
+    return line

@@ -1,5 +1,6 @@
 """Streaming benchmark: mlxcel-server against mlx_lm.server on the same model folder,
-and against llama.cpp (llama-cpp-python's server) on the same model's own GGUF.
+and against llama.cpp (its own llama-server, with as many slots) on the same model's own
+GGUF.
 
 For every concurrency level N it fires N streaming requests at once (one thread per
 client, official `openai` SDK), measures time to first token, inter-token latency, time
@@ -19,16 +20,15 @@ The servers are started one after the other, never together, and always stopped.
 
 This file holds the run; the parts live next to it: options.py (the command line),
 sweep.py (the levels against one server), probe.py (single requests), servers.py
-(starting, checking and stopping the servers), llamacpp.py and gguf.py (the llama.cpp
-peer and its GGUF), clients.py (the streaming requests), prompts.py, load.py (CPU
-readings), report.py (statistics, tables, plots) and long_prompt.py (the long-prompt
-level).
+(starting, checking and stopping the servers), llamacpp.py, llama_server.py and gguf.py
+(the llama.cpp peer, its build and its GGUF), clients.py (the streaming requests),
+prompts.py, load.py (CPU readings), report.py (statistics, tables, plots) and
+long_prompt.py (the long-prompt level).
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import re
 import sys
@@ -42,12 +42,13 @@ import httpx
 import llamacpp
 from clients import Kind, use_sampling
 from gguf import GgufUnavailable, ensure_default_gguf
+from llama_server import BuildError
 from load import wait_for_idle
 from long_prompt import LongConfig, bench_long, config_from, long_ratios, print_long
-from options import build_parser, peer_model_dir_from
+from options import UsageError, build_parser, kinds_from, model_dir_from, peer_model_dir_from
 from probe import HAIKU, probe_server, probe_table
 from prompts import PREFIX, PROMPT_TOKENS, TokenCounter, make_long_prompt, make_prompt
-from report import LABELS, machine, plot, ratio_table, ratios, server_table
+from report import LABELS, hardware_line, machine, plot, ratio_table, ratios, server_table
 from servers import (
     Launch,
     Server,
@@ -58,29 +59,12 @@ from servers import (
 )
 from sweep import bench_server
 
-LLAMACPP_NO_LONG = (
-    "llama.cpp serves one request at a time, so no stream decodes while a long prompt is "
-    "read: its long-prompt level is the read rate of the single requests"
-)
-
-
-def default_model_dir() -> Path | None:
-    try:
-        fetch = importlib.import_module("mlxcel.model.provision.fetch")
-    except ImportError:
-        return None
-    return Path(fetch.default_model_dir())
-
 
 def stopped(kind: Kind, server: Server) -> dict[str, Any] | None:
     """How the server stopped, with a note when SIGINT was not enough."""
     if server.stopped and server.stopped["signal"] != "SIGINT":
         print(f"note: {kind} server did not stop on SIGINT: {server.stopped}", flush=True)
     return server.stopped
-
-
-class UsageError(Exception):
-    """A command line that cannot run: its message is printed and the exit status is 2."""
 
 
 @dataclass(frozen=True)
@@ -137,45 +121,6 @@ def plan_from(args: argparse.Namespace) -> Plan:
     )
 
 
-def kinds_from(args: argparse.Namespace) -> list[Kind]:
-    """--only, else ours and mlx_lm.server, and llama.cpp when it is installed or asked
-    for (--llamacpp-url, --gguf); a UsageError when llama.cpp cannot be started."""
-    asked = bool(args.llamacpp_url or args.gguf)
-    kinds: list[Kind] = args.only or [
-        "ours",
-        "peer",
-        *(["llamacpp"] if asked or llamacpp.installed() else []),
-    ]
-    if "llamacpp" in kinds and not args.llamacpp_url:
-        if not llamacpp.installed():
-            raise UsageError(
-                "llama-cpp-python[server] is not installed: `pip install -e '.[bench]'` "
-                "(it builds llama.cpp from source) or leave llamacpp out of --only"
-            )
-        if args.gguf and not args.gguf.expanduser().is_file():
-            raise UsageError(f"--gguf {args.gguf}: no such file")
-    return kinds
-
-
-def model_dir_from(args: argparse.Namespace, kinds: list[Kind]) -> Path | None:
-    """The model folder: --model or the default one; it must be an MLX model folder when
-    this run starts a server."""
-    model_dir: Path | None = args.model.expanduser().resolve() if args.model else None
-    needs_folder = ("ours" in kinds and not args.our_url) or ("peer" in kinds and not args.peer_url)
-    if model_dir is None:
-        model_dir = default_model_dir()
-        if needs_folder and model_dir is None:
-            raise UsageError("no --model given and the default model location is unknown")
-    if needs_folder:
-        assert model_dir is not None
-        if not (model_dir / "config.json").is_file():
-            raise UsageError(
-                f"{model_dir} is not an MLX model folder (no config.json); run "
-                "`mlxcel fetch-model` or pass --model"
-            )
-    return model_dir
-
-
 @dataclass(frozen=True)
 class Prompts:
     """Fresh prompts for every attempt (its tag in them), so no prompt cache helps."""
@@ -219,7 +164,9 @@ def new_report(
         "single_requests": {"haiku": HAIKU, "repeats": plan.probe_repeats},
         "llamacpp": {
             "threads": llamacpp.threads(),
-            "n_ctx": llamacpp.context_size(plan.read_tokens),
+            "parallel": plan.parallel,
+            "n_ctx": llamacpp.context_size(plan.read_tokens, plan.parallel, args.max_tokens),
+            "build": llamacpp.build_record() if plan.urls["llamacpp"] is None else "external",
         },
         "prompt": {
             "target_tokens": PROMPT_TOKENS,
@@ -238,13 +185,23 @@ def new_report(
     }
 
 
-def launch_for(kind: Kind, plan: Plan, parallel: int, prompt_concurrency: int) -> Launch:
-    """What a started server of this kind loads; llama.cpp's GGUF is obtained here."""
-    gguf = plan.gguf
-    if kind == "llamacpp" and gguf is None and plan.urls[kind] is None:
-        gguf = ensure_default_gguf()
-    n_ctx = llamacpp.context_size(plan.read_tokens)
-    return Launch(plan.model_dir, parallel, prompt_concurrency, gguf, n_ctx, plan.peer_model_dir)
+def launch_for(
+    kind: Kind, plan: Plan, parallel: int, prompt_concurrency: int, n_ctx: int
+) -> Launch:
+    """What a started server of this kind loads; llama.cpp's GGUF and binary are found here."""
+    gguf, program = plan.gguf, None
+    if kind == "llamacpp" and plan.urls[kind] is None:
+        gguf = gguf or ensure_default_gguf()
+        program = llamacpp.binary()[0]
+    return Launch(
+        plan.model_dir,
+        parallel,
+        prompt_concurrency,
+        gguf=gguf,
+        n_ctx=n_ctx,
+        llama_server=program,
+        peer_model_dir=plan.peer_model_dir,
+    )
 
 
 def bench_kind(
@@ -261,11 +218,12 @@ def bench_kind(
     if plan.levels or plan.probe_repeats:
         wait_for_idle(args.wait_idle)
         log = out_dir / f"{stamp}-{kind}.log"
-        launch = launch_for(kind, plan, plan.parallel, plan.prompt_concurrency)
+        n_ctx = llamacpp.context_size(plan.read_tokens, plan.parallel, args.max_tokens)
+        launch = launch_for(kind, plan, plan.parallel, plan.prompt_concurrency, n_ctx)
         if kind == "llamacpp" and url is None:
             entry["detail"] = (
-                f"{launch.gguf.name if launch.gguf else 'GGUF'}, {llamacpp.threads()} threads, "
-                "one request at a time"
+                f"{launch.gguf.name if launch.gguf else 'GGUF'}, llama-server --parallel "
+                f"{launch.parallel} --kv-unified --ctx-size {n_ctx}, {llamacpp.threads()} threads"
             )
         with running(server_factory(kind, url, launch, log, startup)) as server:
             if plan.probe_repeats:
@@ -287,14 +245,13 @@ def bench_kind(
         entry["stopped"] = stopped(kind, server)
     if (long := plan.long) is None:
         return
-    if kind == "llamacpp":
-        entry["long_skipped"] = LLAMACPP_NO_LONG
-        print(f"[{LABELS[kind]}] no long-prompt level: {LLAMACPP_NO_LONG}", flush=True)
-        return
     # Its own server: one slot for every stream and every long request.
     wait_for_idle(args.wait_idle)
     log = out_dir / f"{stamp}-{kind}-long.log"
-    launch = launch_for(kind, plan, long.parallel, plan.long_prompt_concurrency)
+    n_ctx = llamacpp.context_size(
+        long.prompt_tokens, long.streams, long.stream_tokens, long.requests
+    )
+    launch = launch_for(kind, plan, long.parallel, plan.long_prompt_concurrency, n_ctx)
     with running(server_factory(kind, url, launch, log, startup)) as server:
         entry["long"] = bench_long(
             server,
@@ -333,6 +290,7 @@ def print_report(
         f"(shared prefix {report['prompt']['prefix_tokens']}), "
         f"temperature {args.temperature}, top_p {args.top_p}"
     )
+    print(hardware_line(report))
     if (probes := probe_table(servers)) is not None:
         print(f"\nsingle requests alone, through Chat Completions (medians)\n\n{probes}")
     for s in servers.values():
@@ -373,7 +331,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         report["servers"][kind] = entry
         try:
             bench_kind(kind, args, plan, prompts, entry, stamp)
-        except (ServerStartError, GgufUnavailable, httpx.HTTPError, OSError) as exc:
+        except (ServerStartError, GgufUnavailable, BuildError, httpx.HTTPError, OSError) as exc:
             failures.append(f"{kind}: {exc}")
             print(f"error: {kind} server: {exc}", file=sys.stderr, flush=True)
 

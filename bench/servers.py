@@ -1,5 +1,5 @@
 """The servers under test as subprocesses: mlxcel-server, mlx_lm.server and llama.cpp's
-server on free local ports, each in its own session, health-checked and warmed up before
+llama-server on free local ports, each in its own session, health-checked and warmed up before
 use, always stopped."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any
 
 import httpx
 from clients import STREAMERS, Kind, RequestResult, make_client, run_request
-from llamacpp import HEALTH_PATH, LLAMACPP_MODEL, llamacpp_command, threads
+from llamacpp import LLAMACPP_MODEL, llamacpp_command, threads
 
 OUR_ALIAS = "bench"
 PEER_MODEL = "default_model"  # mlx_lm.server's name for the folder given by --model
@@ -158,11 +158,13 @@ def wait_healthy(server: Server, timeout: float) -> None:
 
     The warm-up is needed as well: mlx_lm.server answers /health with 200 before its
     model is loaded, and the first request of either server pays one-off compile costs.
-    An empty `server.model` is filled in with the first model the server lists.
+    An empty `server.model` is filled in with the first model the server lists. A server
+    without /health (404: llama-cpp-python's, given by --llamacpp-url) is polled on
+    /v1/models instead, which it serves once its model is loaded.
     """
     deadline = time.monotonic() + timeout
     last = "no answer yet"
-    health = HEALTH_PATH if server.kind == "llamacpp" else "/health"
+    health = "/health"
     with httpx.Client(timeout=5.0) as http:
         while True:
             _check_alive(server)
@@ -170,6 +172,8 @@ def wait_healthy(server: Server, timeout: float) -> None:
                 reply = http.get(server.base_url + health)
                 if reply.status_code == 200:
                     break
+                if reply.status_code == 404 and health == "/health":
+                    health = "/v1/models"
                 last = f"HTTP {reply.status_code}: {reply.text[:200]}"
             except httpx.HTTPError as exc:
                 last = f"{type(exc).__name__}: {exc}"
@@ -211,8 +215,14 @@ def wait_healthy(server: Server, timeout: float) -> None:
 
 def _check_alive(server: Server) -> None:
     if server.proc is not None and (code := server.proc.poll()) is not None:
+        hint = ""
+        if server.kind == "llamacpp" and code in (-signal.SIGILL, -signal.SIGSEGV):
+            hint = (
+                " (a llama-server built with --amx? `bench/llama_server.py build` makes "
+                "the default build the one that runs again)"
+            )
         raise ServerStartError(
-            f"{server.kind} server exited with code {code} during start-up; "
+            f"{server.kind} server exited with code {code} during start-up{hint}; "
             f"log tail:\n{server.log_tail()}"
         )
 
@@ -230,14 +240,19 @@ class Launch:
     gguf: Path | None = None
     """The GGUF file llama.cpp loads."""
     n_ctx: int = 4096
-    """llama.cpp's context size."""
+    """llama.cpp's context size: its one KV cache, shared by its `parallel` slots."""
+    llama_server: Path | None = None
+    """The llama-server binary `bench/llama_server.py build` made."""
     peer_model_dir: Path | None = None
     """The folder mlx_lm.server loads when it differs from ours (its fastest: float32)."""
 
     def command(self, kind: Kind, port: int) -> list[str]:
         if kind == "llamacpp":
             assert self.gguf is not None
-            return llamacpp_command(self.gguf, port, threads(), self.n_ctx)
+            assert self.llama_server is not None
+            return llamacpp_command(
+                self.llama_server, self.gguf, port, threads(), self.n_ctx, self.parallel
+            )
         assert self.model_dir is not None
         if kind == "ours":
             return our_command(self.model_dir, port, self.parallel)
@@ -262,7 +277,9 @@ def server_factory(
             return server
         port = free_port()
         command = launch.command(kind, port)
-        slots = f"{threads()} threads" if kind == "llamacpp" else f"parallel {launch.parallel}"
+        slots = f"parallel {launch.parallel}"
+        if kind == "llamacpp":
+            slots += f", {threads()} threads, context {launch.n_ctx}"
         print(f"starting {kind} server on port {port} ({slots}) ...", flush=True)
         t0 = time.monotonic()
         server = start_server(kind, command, port, MODEL_NAMES[kind], log_path, startup_timeout)
