@@ -13,7 +13,13 @@ from mlxcel.generation import GenerationRequest, ServedModel
 from mlxcel.items import Item
 from mlxcel.prepare.compaction import CompactionRequest, rendered_tokens
 from mlxcel.prepare.context_management import build_managed
-from mlxcel.prepare.history import read_chain, read_history, resolve_items, resolve_references
+from mlxcel.prepare.history import (
+    check_call_outputs,
+    read_chain,
+    read_history,
+    resolve_items,
+    resolve_references,
+)
 from mlxcel.prepare.intake import build_request, input_items, intake_items, render
 from mlxcel.prepare.offload import off_loop
 from mlxcel.prepare.params import CompactionParams, ResponseParams
@@ -111,5 +117,6 @@ async def _intake(
     params = await off_loop(screen, params, policy, model.info)
     params = await resolve_references(params, store)
     history = await read_history(params, store, params.tenant)
+    check_call_outputs(history, params.input)
     items = await intake_items(params, model, history, echo)
     return params, history, items

@@ -11,7 +11,14 @@ import re
 from typing import Protocol
 
 from mlxcel.errors import InvalidRequest
-from mlxcel.items import Item, ItemReference, JsonValue
+from mlxcel.items import (
+    Compaction,
+    FunctionCall,
+    FunctionCallOutput,
+    Item,
+    ItemReference,
+    JsonValue,
+)
 from mlxcel.prepare.params import ResponseParams
 from mlxcel.store import StoreHandle
 
@@ -140,3 +147,30 @@ async def chain_items(store: StoreHandle, response_id: str, tenant: str) -> tupl
         items.extend(record.input_items)
         items.extend(record.output)
     return tuple(items)
+
+
+def check_call_outputs(history: tuple[Item, ...], items: tuple[Item, ...]) -> None:
+    """A 400 naming the first input item that answers a tool call the model never made:
+    its `call_id` matches no call in the history or the input (a compaction's preserved
+    turns included). The model would read a result to a question it never asked, and the
+    client's bug would surface later as a confused reply instead of here."""
+    if not any(isinstance(item, FunctionCallOutput) for item in items):
+        return
+    calls = _call_ids(history) | _call_ids(items)
+    for index, item in enumerate(items):
+        if isinstance(item, FunctionCallOutput) and item.call_id not in calls:
+            kind = "custom tool call output" if item.custom else "function call output"
+            raise InvalidRequest(
+                f"No tool call found for {kind} with call_id '{item.call_id[:64]}'.",
+                param=f"input[{index}].call_id",
+            )
+
+
+def _call_ids(items: tuple[Item, ...]) -> set[str]:
+    found: set[str] = set()
+    for item in items:
+        if isinstance(item, FunctionCall):
+            found.add(item.call_id)
+        elif isinstance(item, Compaction):
+            found |= _call_ids(item.preserved)
+    return found

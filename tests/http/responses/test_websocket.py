@@ -127,6 +127,32 @@ async def test_a_failed_continuation_forgets_the_response_it_named(
     await socket.aclose()
 
 
+async def test_a_bad_call_id_forgets_the_response_it_continued(
+    start_fake_server: StartServer,
+) -> None:
+    server = await start_fake_server()
+    socket = await open_socket(server)
+    call = '<tool_call>{"name": "f", "arguments": {}}</tool_call>'
+    tools = [{"type": "function", "name": "f", "parameters": {"type": "object"}}]
+    first = await _completed(socket, input=f"echo: {call}", tools=tools, store=False)
+    assert first["output"][0]["type"] == "function_call"
+    output = {"type": "function_call_output", "call_id": "call_nobody_made", "output": "x"}
+    await socket.create(input=[output], previous_response_id=first["id"], tools=tools)
+    error = await socket.receive()
+    assert error["type"] == "error"
+    assert error["status"] == 400
+    assert error["error"]["type"] == "invalid_request_error"
+    assert error["error"]["param"] == "input[0].call_id"
+    good = {**output, "call_id": first["output"][0]["call_id"]}
+    await socket.create(input=[good], previous_response_id=first["id"], tools=tools)
+    retry = await socket.receive()
+    assert retry["type"] == "error"
+    assert retry["error"]["code"] == "previous_response_not_found"
+    await _completed(socket, input="echo: still serving")
+    await socket.aclose()
+    await an_ordinary_request_completes(server)
+
+
 async def test_stored_responses_continue_from_any_socket(start_fake_server: StartServer) -> None:
     engine = FakeEngine(step_delay=0.002)
     server = await start_fake_server(engine)
