@@ -131,6 +131,8 @@ def openapi_document_for(app: Quart) -> dict[str, Any]:
     """The OpenAPI 3.1 document of every route `app` mounts."""
     paths: dict[str, dict[str, Any]] = {}
     for rule in app.url_map.iter_rules():
+        if rule.websocket:  # OpenAPI describes no WebSocket: the README does
+            continue
         path = _RULE_ARGUMENT.sub(r"{\1}", rule.rule)
         for method in sorted(set(rule.methods or ()) - _AUTOMATIC_METHODS):
             paths.setdefault(path, {})[method.lower()] = _operation(

@@ -49,7 +49,10 @@ def litellm() -> Iterator[Any]:
     litellm.in_memory_llm_clients_cache.flush_cache()  # type: ignore[no-untyped-call]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
-        loop = asyncio.get_event_loop_policy().get_event_loop()
+        try:
+            loop = asyncio.get_event_loop_policy().get_event_loop()
+        except RuntimeError:  # none is set (an earlier `asyncio.run` unset it): none made
+            return
     loop.close()
     asyncio.set_event_loop(None)
 
